@@ -1,0 +1,81 @@
+"""The Python API: `stream` yields events, `generate` consumes them and returns the result."""
+from __future__ import annotations
+
+import functools
+from typing import Iterator
+
+from specviz import engine
+from specviz import events as ev
+from specviz.drafters import make_drafter
+from specviz.errors import SpecvizError
+from specviz.sampling import Sampling
+
+
+@functools.lru_cache(maxsize=2)
+def _load(model: str, draft_model: str | None, device: str):
+    from specviz import models
+
+    return models.load(model, draft_model=draft_model, device=device)
+
+
+def encode_prompt(tokenizer, prompt: str, chat: bool = True) -> list[int]:
+    """Token ids of the prompt; instruct models get their chat template unless chat=False."""
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise SpecvizError("the prompt is empty")
+    if chat and getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return tokenizer(prompt)["input_ids"]
+
+
+def stream(
+    prompt: str,
+    model: str = "smollm2-135m",
+    drafter: str = "ngram",
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    k: int = 4,
+    seed: int = 0,
+    *,
+    draft_model: str | None = None,
+    models=None,
+    chat: bool = True,
+    device: str = "auto",
+    drafter_options: dict | None = None,
+    n_top: int = 5,
+) -> Iterator[ev.Event]:
+    """Decode `prompt` and yield a Start event, one Step per target forward and a Done event.
+
+    `models` takes already-loaded models (a specviz.models.LoadedModels, or `loaded(target, tokenizer, draft)`);
+    otherwise `model`/`draft_model` name a preset, a local folder or a hub id."""
+    settings = engine.RunSettings(max_new_tokens, Sampling(temperature, top_p, top_k), seed, n_top)
+    if models is None:
+        models = _load(model, draft_model, device)
+    prompt_ids = encode_prompt(models.tokenizer, prompt, chat)
+    the_drafter = make_drafter(drafter, models, k=k, options=drafter_options)
+    return engine.decode(
+        models.target, models.tokenizer, the_drafter, prompt_ids, settings, models.name, prompt, models.vocab_size
+    )
+
+
+def generate(prompt: str, **kwargs) -> engine.Result:
+    """Same arguments as `stream`; returns text, token_ids, stats and stop_reason."""
+    done = None
+    for event in stream(prompt, **kwargs):
+        done = event
+    return result_of(done)
+
+
+def result_of(done: ev.Done) -> engine.Result:
+    return engine.Result(text=done.text, token_ids=done.token_ids, stats=done.stats, stop_reason=done.stop_reason)
+
+
+def loaded(target, tokenizer, draft=None, name: str = "custom", draft_tokenizer=None):
+    """Wrap already-loaded transformers models for `stream(models=...)`; checks the vocabularies match."""
+    from specviz import models as m
+
+    if draft is not None:
+        m.check_same_vocabulary(target, draft, tokenizer, draft_tokenizer or tokenizer)
+    return m.LoadedModels(name=name, target=target, draft=draft, tokenizer=tokenizer, device=target.device, dtype=target.dtype)

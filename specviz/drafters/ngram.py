@@ -1,0 +1,43 @@
+"""Prompt lookup: find the last n tokens earlier in the context and propose what followed them.
+
+It has no q: each proposed token is a point mass, so verification accepts it with probability p(x)."""
+from __future__ import annotations
+
+import torch
+
+from specviz.drafters.base import Drafter, DraftRequest
+from specviz.tree import DraftTree
+
+
+class NgramDrafter(Drafter):
+    name = "ngram"
+
+    def __init__(self, k: int = 4, max_ngram: int = 3, min_ngram: int = 1):
+        self.k = k
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+
+    def options(self) -> dict:
+        return {"k": self.k, "max_ngram": self.max_ngram, "min_ngram": self.min_ngram}
+
+    def propose(self, request: DraftRequest) -> DraftTree:
+        tree = DraftTree()
+        for token in lookup(request.ids, min(self.k, request.max_nodes), self.max_ngram, self.min_ngram):
+            tree.add(token, parent=len(tree) - 1)
+        return tree
+
+
+def lookup(ids: torch.Tensor, k: int, max_ngram: int, min_ngram: int) -> list[int]:
+    """Continuation (up to k tokens) of the most recent earlier occurrence of the longest matching suffix."""
+    if k <= 0:
+        return []
+    length = ids.shape[0]
+    for n in range(max_ngram, min_ngram - 1, -1):
+        if length <= n:
+            continue
+        windows = ids[:-1].unfold(0, n, 1)  # (L - n, n): every earlier n-gram that has a continuation
+        starts = (windows == ids[-n:]).all(dim=1).nonzero().flatten()
+        if starts.numel():
+            start = int(starts[-1]) + n
+            return ids[start : start + k].tolist()
+    return []

@@ -1,0 +1,287 @@
+"""The event stream: what the engine reports at every step, as JSON-serialisable dataclasses.
+
+This is the contract the CLI, the pages and the benchmark consume; docs/events.md describes it and
+`SCHEMA` below validates it. Bump SCHEMA_VERSION on any incompatible change.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator, Union
+
+SCHEMA_VERSION = 1
+
+# A top-N list: [[token_id, text, prob], ...], most likely first.
+TopN = list
+
+
+@dataclass
+class Start:
+    model: str
+    drafter: str
+    sampling: dict  # {"temperature", "top_p", "top_k"}
+    options: dict  # drafter settings (k, tree parameters, ...)
+    seed: int
+    max_new_tokens: int
+    prompt_text: str
+    prompt_token_ids: list[int]
+    device: str
+    dtype: str
+    lossy: bool = False  # true only for an explicitly requested lossy acceptance rule
+    type: str = "start"
+    schema_version: int = SCHEMA_VERSION
+
+
+@dataclass
+class DraftNode:
+    id: int
+    token: int
+    text: str
+    parent: int  # -1 = the root (the last committed token)
+    depth: int
+    q: float | None  # q(token) under the draft distribution it was drawn from; None = point mass (no q)
+    score: float | None  # draft path score where the drafter ranks nodes
+    q_top: TopN | None  # top-N of that draft distribution
+    p: float  # target p(token) at the node's parent (before any residual update)
+
+
+@dataclass
+class TargetRow:
+    node: int  # -1 = after the root; else after that node
+    p_top: TopN
+
+
+@dataclass
+class Test:
+    node: int
+    token: int
+    text: str
+    p: float
+    q: float | None
+    alpha: float
+    u: float | None  # None when greedy (the decision is p's argmax)
+    accepted: bool
+    residual_top: TopN | None  # normalised residual after this rejection
+
+
+@dataclass
+class Committed:
+    token: int
+    text: str
+    kind: str  # "accepted" | "replacement" | "bonus" | "autoregressive"
+
+
+@dataclass
+class Step:
+    step: int
+    position: int  # sequence position of the root token
+    nodes: list[DraftNode]
+    build: list[dict]  # tree construction stages (EAGLE-2), may be empty
+    target: list[TargetRow]  # the target's top-N at the root and at each accepted node
+    tests: list[Test]
+    accepted_path: list[int]
+    final: dict  # {"token", "text", "kind", "dist_top"}: the replacement or bonus and what it was drawn from
+    committed: list[Committed]
+    text_delta: str  # text that became final in this step
+    timing: dict  # {"draft_ms", "verify_ms", "step_ms", "elapsed_s", "tokens_per_s"}
+    lossy: bool = False
+    type: str = "step"
+
+
+@dataclass
+class Done:
+    text: str
+    token_ids: list[int]
+    stop_reason: str  # "eos" | "max_new_tokens"
+    stats: dict
+    text_delta: str = ""
+    type: str = "done"
+
+
+Event = Union[Start, Step, Done]
+
+
+def to_dict(event: Event) -> dict:
+    return asdict(event)
+
+
+def write_trace(events: Iterable[Event | dict], path: str | Path) -> None:
+    """One JSON object a line; written to a temporary file and renamed, so a failure leaves nothing half-written."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for e in events:
+            f.write(json.dumps(e if isinstance(e, dict) else to_dict(e), ensure_ascii=False) + "\n")
+    tmp.replace(path)
+
+
+def read_trace(path: str | Path) -> list[dict]:
+    from specviz.errors import SpecvizError
+
+    events = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    events.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise SpecvizError(f"{path}: line {n} is not JSON ({e.msg})") from None
+    if not events or events[0].get("type") != "start":
+        raise SpecvizError(f"{path}: not a specviz trace (it must start with a 'start' event)")
+    if events[0].get("schema_version") != SCHEMA_VERSION:
+        raise SpecvizError(
+            f"{path}: trace schema version {events[0].get('schema_version')}, this specviz reads {SCHEMA_VERSION}"
+        )
+    return events
+
+
+def replay(events: Iterable[dict]) -> Iterator[dict]:
+    """Yield a trace's events again, for pages that animate a saved run without a model."""
+    yield from events
+
+
+def replayed_text(events: Iterable[dict]) -> tuple[str, list[int]]:
+    """Rebuild the generated text and token ids from the step events alone."""
+    text, ids = "", []
+    for e in events:
+        if e["type"] in ("step", "done"):
+            text += e["text_delta"]
+        if e["type"] == "step":
+            ids += [c["token"] for c in e["committed"]]
+    return text, ids
+
+
+# ---- JSON Schema (draft 2020-12) -------------------------------------------------------------------
+_num = {"type": "number"}
+_num_or_null = {"type": ["number", "null"]}
+_int = {"type": "integer"}
+_top = {
+    "type": "array",
+    "items": {"type": "array", "prefixItems": [_int, {"type": "string"}, _num], "minItems": 3, "maxItems": 3},
+}
+_top_or_null = {"anyOf": [_top, {"type": "null"}]}
+
+
+def _obj(props: dict, extra_required=()) -> dict:
+    return {"type": "object", "properties": props, "required": list(props) + list(extra_required)}
+
+
+SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "oneOf": [
+        _obj(
+            {
+                "type": {"const": "start"},
+                "schema_version": {"const": SCHEMA_VERSION},
+                "model": {"type": "string"},
+                "drafter": {"type": "string"},
+                "sampling": _obj({"temperature": _num, "top_p": _num, "top_k": _int}),
+                "options": {"type": "object"},
+                "seed": _int,
+                "max_new_tokens": _int,
+                "prompt_text": {"type": "string"},
+                "prompt_token_ids": {"type": "array", "items": _int},
+                "device": {"type": "string"},
+                "dtype": {"type": "string"},
+                "lossy": {"type": "boolean"},
+            }
+        ),
+        _obj(
+            {
+                "type": {"const": "step"},
+                "step": _int,
+                "position": _int,
+                "nodes": {
+                    "type": "array",
+                    "items": _obj(
+                        {
+                            "id": _int,
+                            "token": _int,
+                            "text": {"type": "string"},
+                            "parent": _int,
+                            "depth": _int,
+                            "q": _num_or_null,
+                            "score": _num_or_null,
+                            "q_top": _top_or_null,
+                            "p": _num,
+                        }
+                    ),
+                },
+                "build": {"type": "array", "items": {"type": "object"}},
+                "target": {"type": "array", "items": _obj({"node": _int, "p_top": _top})},
+                "tests": {
+                    "type": "array",
+                    "items": _obj(
+                        {
+                            "node": _int,
+                            "token": _int,
+                            "text": {"type": "string"},
+                            "p": _num,
+                            "q": _num_or_null,
+                            "alpha": _num,
+                            "u": _num_or_null,
+                            "accepted": {"type": "boolean"},
+                            "residual_top": _top_or_null,
+                        }
+                    ),
+                },
+                "accepted_path": {"type": "array", "items": _int},
+                "final": _obj(
+                    {
+                        "token": _int,
+                        "text": {"type": "string"},
+                        "kind": {"enum": ["replacement", "bonus", "autoregressive"]},
+                        "dist_top": _top,
+                    }
+                ),
+                "committed": {
+                    "type": "array",
+                    "items": _obj(
+                        {
+                            "token": _int,
+                            "text": {"type": "string"},
+                            "kind": {"enum": ["accepted", "replacement", "bonus", "autoregressive"]},
+                        }
+                    ),
+                },
+                "text_delta": {"type": "string"},
+                "timing": _obj(
+                    {"draft_ms": _num, "verify_ms": _num, "step_ms": _num, "elapsed_s": _num, "tokens_per_s": _num}
+                ),
+                "lossy": {"type": "boolean"},
+            }
+        ),
+        _obj(
+            {
+                "type": {"const": "done"},
+                "text": {"type": "string"},
+                "token_ids": {"type": "array", "items": _int},
+                "stop_reason": {"enum": ["eos", "max_new_tokens"]},
+                "text_delta": {"type": "string"},
+                "stats": _obj(
+                    {
+                        "steps": _int,
+                        "new_tokens": _int,
+                        "tau": _num,
+                        "acceptance_rate": _num_or_null,
+                        "drafted": _int,
+                        "accepted": _int,
+                        "per_position_acceptance": {"type": "array", "items": _num},
+                        "wall_s": _num,
+                        "tokens_per_s": _num,
+                        "draft_s": _num,
+                        "verify_s": _num,
+                    }
+                ),
+            }
+        ),
+    ],
+}
+
+
+def validate(event: Event | dict) -> None:
+    """Raise jsonschema.ValidationError when an event does not follow the documented schema."""
+    import jsonschema
+
+    jsonschema.validate(event if isinstance(event, dict) else to_dict(event), SCHEMA)

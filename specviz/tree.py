@@ -1,0 +1,92 @@
+"""A draft tree and what verification needs from it: attention mask, position ids, paths.
+
+A chain (the independent draft model, n-gram lookup) is the tree in which node i's parent is node i - 1.
+Node indices are topological: a node's parent always has a smaller index (-1 is the root, the last
+committed token, which is fed to the target together with the nodes).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+ROOT = -1
+
+
+@dataclass
+class DraftTree:
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    # q of each node's token under the draft distribution it was drawn from; None = no q (a point mass).
+    q: list[float | None] = field(default_factory=list)
+    # The (V,) processed draft distribution each node was drawn from, for the residual; None = point mass.
+    q_dist: list[torch.Tensor | None] = field(default_factory=list)
+    # The draft's path score (product of q along the path) where a drafter ranks nodes; else None.
+    scores: list[float | None] = field(default_factory=list)
+    # Top-N of the draft distribution each node was drawn from, as [token, prob] pairs, for display.
+    q_top: list[list | None] = field(default_factory=list)
+    # Construction stages for the UI (EAGLE-2 expansion and rerank); drafters may leave it empty.
+    build: list[dict] = field(default_factory=list)
+
+    def add(self, token: int, parent: int, q: float | None = None, q_dist=None, score=None, q_top=None) -> int:
+        assert parent < len(self.tokens), "parents must come before their children"
+        self.tokens.append(int(token))
+        self.parents.append(int(parent))
+        self.q.append(q)
+        self.q_dist.append(q_dist)
+        self.scores.append(score)
+        self.q_top.append(q_top)
+        return len(self.tokens) - 1
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def is_chain(self) -> bool:
+        return all(p == i - 1 for i, p in enumerate(self.parents))
+
+    def depths(self) -> list[int]:
+        """Depth of each node; the root's children have depth 1."""
+        out: list[int] = []
+        for p in self.parents:
+            out.append(1 if p == ROOT else out[p] + 1)
+        return out
+
+    def children(self) -> dict[int, list[int]]:
+        """Children of each node (and of ROOT) in index order: the order verification tries them."""
+        kids: dict[int, list[int]] = {ROOT: []}
+        for i, p in enumerate(self.parents):
+            kids.setdefault(i, [])
+            kids[p].append(i)
+        return kids
+
+    def path_to(self, node: int) -> list[int]:
+        path = []
+        while node != ROOT:
+            path.append(node)
+            node = self.parents[node]
+        return path[::-1]
+
+    def leaf_paths(self) -> list[list[int]]:
+        kids = self.children()
+        return [self.path_to(i) for i in range(len(self)) if not kids[i]]
+
+    def position_ids(self, past_len: int, device=None) -> torch.Tensor:
+        """(1, n + 1) positions of the root (at past_len) and of each node (past_len + depth)."""
+        return torch.tensor([[past_len] + [past_len + d for d in self.depths()]], device=device)
+
+    def attention_mask(self, past_len: int, dtype=torch.float32, device=None) -> torch.Tensor:
+        """(1, 1, n + 1, past_len + n + 1) additive mask: every input sees the cached context, the root and
+        its own ancestors (and itself), nothing else. Row 0 is the root."""
+        n = len(self)
+        allowed = torch.zeros(n + 1, n + 1, dtype=torch.bool)
+        allowed[:, 0] = True
+        for i, p in enumerate(self.parents):
+            allowed[i + 1, i + 1] = True
+            if p != ROOT:
+                allowed[i + 1] |= allowed[p + 1]
+        mask = torch.zeros(1, 1, n + 1, past_len + n + 1, dtype=dtype)
+        mask[0, 0, :, past_len:] = torch.zeros(n + 1, n + 1, dtype=dtype).masked_fill(
+            ~allowed, torch.finfo(dtype).min
+        )
+        return mask.to(device)

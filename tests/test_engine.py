@@ -1,0 +1,173 @@
+"""The engine on tiny random models: greedy identity, events, replay, reproducibility, clear errors."""
+import json
+import math
+
+import pytest
+import torch
+
+import specviz
+from specviz import engine, events
+from specviz.drafters import make_drafter
+from specviz.drafters.base import NoDraft
+from specviz.drafters.draft_model import DraftModelDrafter
+from specviz.drafters.ngram import NgramDrafter, lookup
+from specviz.errors import SpecvizError
+from specviz.sampling import Sampling
+from tiny import EOS, TinyTokenizer, hf_greedy, tiny_llama
+
+PROMPT = [5, 6, 7, 8, 5, 6, 7, 9, 10, 5, 6]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(scale=3.0)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return TinyTokenizer(64)
+
+
+def run(target, tok, drafter, prompt=PROMPT, **settings):
+    return list(engine.decode(target, tok, drafter, prompt, engine.RunSettings(**settings)))
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda t, k: NoDraft(),
+        lambda t, k: NgramDrafter(k),
+        lambda t, k: DraftModelDrafter(t, k),  # a perfect draft: everything accepted
+        lambda t, k: DraftModelDrafter(tiny_llama(seed=1, layers=1, scale=3.0), k),  # a poor one
+        lambda t, k: DraftModelDrafter(tiny_llama(seed=0, layers=2, scale=2.0), k),  # same argmax mostly
+    ],
+    ids=["none", "ngram", "draft-self", "draft-other", "draft-close"],
+)
+def test_greedy_output_equals_target_alone(target, tok, make, k):
+    reference = hf_greedy(target, PROMPT, 48)
+    done = run(target, tok, make(target, k), max_new_tokens=48)[-1]
+    assert done.token_ids == reference
+
+
+def test_greedy_stops_at_eos_like_the_target():
+    # a target whose argmax soon becomes the end-of-sequence token
+    model = tiny_llama(seed=5, scale=3.0)
+    with torch.no_grad():
+        model.lm_head.weight[EOS] += 0.3 * model.lm_head.weight.mean(0)
+    tok = TinyTokenizer(64)
+    reference = hf_greedy(model, PROMPT, 60)
+    for drafter in (NoDraft(), NgramDrafter(4), DraftModelDrafter(model, 4)):
+        done = run(model, tok, drafter, max_new_tokens=60)[-1]
+        assert done.token_ids == reference
+        assert done.stop_reason == ("eos" if EOS in reference else "max_new_tokens")
+
+
+def test_perfect_draft_accepts_everything_and_adds_a_bonus(target, tok):
+    done = run(target, tok, DraftModelDrafter(target, 4), max_new_tokens=40)[-1]
+    assert done.stats["acceptance_rate"] == 1.0
+    assert done.stats["tau"] == 5.0  # 4 accepted + the bonus token, every step
+    assert done.stats["per_position_acceptance"] == [1.0] * 4
+
+
+def test_every_event_validates_and_the_trace_replays(target, tok, tmp_path):
+    evs = run(target, tok, DraftModelDrafter(tiny_llama(seed=1, layers=1), 3), max_new_tokens=30, sampling=Sampling(1.0))
+    for e in evs:
+        events.validate(e)
+    path = tmp_path / "run.jsonl"
+    events.write_trace(evs, path)
+    loaded = events.read_trace(path)
+    assert [e["type"] for e in loaded] == [e.type for e in evs]
+    text, ids = events.replayed_text(loaded)
+    assert ids == evs[-1].token_ids
+    assert text == evs[-1].text == tok.decode(ids, skip_special_tokens=True)
+    # the committed tokens of each step are the accepted path plus the replacement/bonus token
+    # (cut short at end-of-sequence or at the token budget)
+    for step in loaded[1:-1]:
+        proposed = [step["nodes"][i]["token"] for i in step["accepted_path"]] + [step["final"]["token"]]
+        committed = [c["token"] for c in step["committed"]]
+        assert committed == proposed[: len(committed)]
+        assert all(t["accepted"] == (t["node"] in step["accepted_path"]) for t in step["tests"])
+
+
+def test_a_corrupt_event_fails_validation(target, tok):
+    step = events.to_dict(run(target, tok, NgramDrafter(2), max_new_tokens=5)[1])
+    step["tests"] = [{"node": 0}]
+    with pytest.raises(Exception):
+        events.validate(step)
+
+
+def test_same_seed_same_output_and_events(target, tok):
+    drafter = lambda: DraftModelDrafter(tiny_llama(seed=1, layers=1), 3)
+    a = run(target, tok, drafter(), max_new_tokens=30, sampling=Sampling(0.8, top_p=0.9), seed=7)
+    b = run(target, tok, drafter(), max_new_tokens=30, sampling=Sampling(0.8, top_p=0.9), seed=7)
+    c = run(target, tok, drafter(), max_new_tokens=30, sampling=Sampling(0.8, top_p=0.9), seed=8)
+    strip = lambda evs: [json.dumps({k: v for k, v in events.to_dict(e).items() if k not in ("timing", "stats")}) for e in evs]
+    assert strip(a) == strip(b)
+    assert a[-1].token_ids != c[-1].token_ids
+
+
+def test_ngram_lookup_proposes_the_continuation_of_the_latest_match():
+    ids = torch.tensor([1, 2, 3, 9, 9, 1, 2, 3, 4, 5, 1, 2])
+    assert lookup(ids, 3, max_ngram=3, min_ngram=1) == [3, 4, 5]
+    assert lookup(torch.tensor([7, 8]), 3, 3, 1) == []
+
+
+def test_api_accepts_loaded_models(target, tok):
+    models = specviz.loaded(target, tok, draft=tiny_llama(seed=1, layers=1))
+    result = specviz.generate("abcabc", models=models, drafter="draft", max_new_tokens=12, k=2)
+    assert len(result.token_ids) == 12
+    for key in ("steps", "tau", "acceptance_rate", "per_position_acceptance", "tokens_per_s", "wall_s"):
+        assert key in result.stats
+
+
+# ---- bad input ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(prompt=""), "empty"),
+        (dict(prompt="   "), "empty"),
+        (dict(max_new_tokens=0), "max_new_tokens"),
+        (dict(max_new_tokens=-3), "max_new_tokens"),
+        (dict(max_new_tokens=10_000), "context"),
+        (dict(prompt="a" * 300), "context"),
+        (dict(drafter="medusa-typo"), "unknown drafter"),
+        (dict(temperature=-0.5), "temperature"),
+        (dict(temperature=float("nan")), "temperature"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(k=0), "k"),
+    ],
+)
+def test_bad_input_is_a_clear_error(target, tok, kwargs, message):
+    models = specviz.loaded(target, tok)
+    args = dict(prompt="abc", models=models, drafter="ngram", max_new_tokens=8) | kwargs
+    with pytest.raises(SpecvizError, match=message):
+        specviz.generate(**args)
+
+
+def test_draft_drafter_without_a_draft_model_says_so(target, tok):
+    with pytest.raises(SpecvizError, match="no draft model"):
+        specviz.generate("abc", models=specviz.loaded(target, tok), drafter="draft")
+
+
+def test_nan_logits_are_reported(tok):
+    broken = tiny_llama(seed=2)
+    with torch.no_grad():
+        broken.lm_head.weight[3, 0] = float("nan")
+    with pytest.raises(SpecvizError, match="NaN"):
+        specviz.generate("abc", models=specviz.loaded(broken, tok), drafter="none", max_new_tokens=4)
+
+
+def test_mismatched_vocabularies_are_refused(target, tok):
+    with pytest.raises(SpecvizError, match="vocab"):
+        specviz.loaded(target, tok, draft=tiny_llama(vocab_size=80, seed=1), draft_tokenizer=TinyTokenizer(80))
+
+
+def test_a_draft_with_extra_padding_rows_still_matches_the_target(target, tok):
+    padded = tiny_llama(vocab_size=80, seed=1)  # same tokenizer, embedding padded to 80 rows
+    models = specviz.loaded(target, tok, draft=padded)
+    result = specviz.generate("abcabc", models=models, drafter="draft", max_new_tokens=20, k=3)
+    assert result.token_ids == hf_greedy(target, tok("abcabc")["input_ids"], 20)
