@@ -9,6 +9,14 @@ from specviz.errors import SpecvizError
 DRAFTERS = ("none", "ngram", "draft")
 
 
+def available(models) -> list[str]:
+    """The drafters that can run on these models (the draft model and heads may be missing)."""
+    names = ["none", "ngram"]
+    if getattr(models, "draft", None) is not None:
+        names.append("draft")
+    return names
+
+
 def make_drafter(name: str, models, k: int = 4, options: dict | None = None) -> Drafter:
     """models: a specviz.models.LoadedModels (target, draft, heads ...). options: drafter-specific settings."""
     options = dict(options or {})
@@ -28,4 +36,4 @@ def make_drafter(name: str, models, k: int = 4, options: dict | None = None) -> 
     raise SpecvizError(f"unknown drafter '{name}'; choose one of: {', '.join(DRAFTERS)}")
 
 
-__all__ = ["DRAFTERS", "Drafter", "DraftRequest", "NoDraft", "Outcome", "make_drafter"]
+__all__ = ["DRAFTERS", "available", "Drafter", "DraftRequest", "NoDraft", "Outcome", "make_drafter"]
