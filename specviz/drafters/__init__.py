@@ -3,17 +3,21 @@ from __future__ import annotations
 
 from specviz.drafters.base import Drafter, DraftRequest, NoDraft, Outcome
 from specviz.drafters.draft_model import DraftModelDrafter
+from specviz.drafters.eagle import EagleDrafter, TreeShape
+from specviz.drafters.medusa import MedusaDrafter
 from specviz.drafters.ngram import NgramDrafter
+from specviz.costs import forward_latency, interpolate
 from specviz.errors import SpecvizError
 
-DRAFTERS = ("none", "ngram", "draft")
+DRAFTERS = ("none", "ngram", "draft", "medusa", "eagle2")
 
 
 def available(models) -> list[str]:
     """The drafters that can run on these models (the draft model and heads may be missing)."""
     names = ["none", "ngram"]
-    if getattr(models, "draft", None) is not None:
-        names.append("draft")
+    for name, part in (("draft", "draft"), ("medusa", "medusa"), ("eagle2", "eagle")):
+        if getattr(models, part, None) is not None:
+            names.append(name)
     return names
 
 
@@ -33,6 +37,18 @@ def make_drafter(name: str, models, k: int = 4, options: dict | None = None) -> 
                 "(or draft_model=... in the API), or pick another drafter"
             )
         return DraftModelDrafter(models.draft, k=k, vocab_size=models.vocab_size, **options)
+    if name in ("eagle2", "medusa"):
+        part = "eagle" if name == "eagle2" else "medusa"
+        heads = getattr(models, part, None)
+        if heads is None:
+            raise SpecvizError(f"no {name} head is available for '{models.name}'; train one with `python -m specviz train {part}`")
+        if name == "medusa":
+            return MedusaDrafter(heads, models.target, draft_vocab=heads.draft_vocab, **options)
+        shape = TreeShape(**{key: options.pop(key) for key in ("depth", "top_k", "total_tokens") if key in options})
+        if options:
+            raise SpecvizError(f"unknown eagle2 options: {', '.join(options)}")
+        cost = interpolate(forward_latency(models.target)) if shape.total_tokens == "auto" else None
+        return EagleDrafter(heads, models.target, shape, draft_vocab=heads.draft_vocab, verify_cost=cost)
     raise SpecvizError(f"unknown drafter '{name}'; choose one of: {', '.join(DRAFTERS)}")
 
 

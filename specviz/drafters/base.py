@@ -12,7 +12,7 @@ from specviz.tree import DraftTree
 @dataclass
 class DraftRequest:
     ids: torch.Tensor  # (L,) committed token ids on the CPU; the last one (the root) is not in any cache yet
-    max_nodes: int  # no more nodes than this (the engine's token budget and context limit)
+    max_depth: int  # no deeper than this: a step commits at most max_depth drafted tokens (the token budget)
     sampling: Sampling  # q is processed with the same settings as p
     generator: torch.Generator  # CPU generator: every random draw of a run comes from it, in order
     n_top: int  # size of the top-N lists kept for display

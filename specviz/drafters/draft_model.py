@@ -28,7 +28,7 @@ class DraftModelDrafter(Drafter):
         tree = DraftTree()
         ids = request.ids.tolist()
         new = ids[self._reuse(ids) :]
-        for _ in range(min(self.k, request.max_nodes)):
+        for _ in range(min(self.k, request.max_depth)):
             logits = self._forward(new)  # (V,) for the next position
             sampling.check_finite(logits, "draft")
             shown = sampling.display_probs(logits, request.sampling)

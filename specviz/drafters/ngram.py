@@ -22,7 +22,7 @@ class NgramDrafter(Drafter):
 
     def propose(self, request: DraftRequest) -> DraftTree:
         tree = DraftTree()
-        for token in lookup(request.ids, min(self.k, request.max_nodes), self.max_ngram, self.min_ngram):
+        for token in lookup(request.ids, min(self.k, request.max_depth), self.max_ngram, self.min_ngram):
             tree.add(token, parent=len(tree) - 1)
         return tree
 

@@ -1,0 +1,199 @@
+"""EAGLE-2: a one-layer head drafts over the target's features and grows a dynamic tree.
+
+The head reads (f_t, emb(x_{t+1})) and predicts f_{t+1}; q = softmax(lm_head(f̂)) over the draft vocabulary.
+Tree (EAGLE-2): at each depth expand the `top_k` children of each of the current `top_k` frontier nodes,
+score every node by the product of q along its path, keep the best `top_k` as the next frontier, and at the
+end keep the best `total_tokens` nodes of the whole tree. Children are deterministic (top-k), so verification
+treats each as a point mass; that keeps the output exactly the target's.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from specviz.drafters.base import Drafter, DraftRequest, Outcome
+from specviz.kvcache import crop_cache
+from specviz.tree import ROOT, DraftTree
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    depth: int = 5
+    top_k: int = 8
+    total_tokens: int | str = 24  # or "auto": chosen per step from the measured verify-cost curve
+
+
+@dataclass
+class Candidate:
+    cid: int
+    parent: int  # parent cid, ROOT for depth 1
+    token: int
+    q: float
+    log_score: float  # sum of log q along the path
+    depth: int
+    entry: int = -1  # index of its head-cache entry once expanded
+    hidden: torch.Tensor | None = None  # (H,) the head's prediction at this node once expanded
+
+
+class EagleDrafter(Drafter):
+    name = "eagle2"
+    needs_features = True
+
+    def __init__(self, head, target, shape: TreeShape = TreeShape(), draft_vocab: torch.Tensor | None = None,
+                 verify_cost=None):
+        """head: specviz.heads.EagleHead; target: the target model (its embedding and LM head are reused).
+        draft_vocab: (Vd,) token ids the head may propose (None = all). verify_cost: n -> seconds, for "auto"."""
+        self.head = head
+        self.embed = target.get_input_embeddings()
+        lm_head = target.get_output_embeddings().weight  # (V, H)
+        self.vocab = draft_vocab
+        self.w_draft = lm_head if draft_vocab is None else lm_head[draft_vocab.to(lm_head.device)]  # (Vd, H)
+        self.shape = shape
+        self.verify_cost = verify_cost
+        self.cache = DynamicCache(config=head.config)
+        self.committed = 0  # head-cache entries that belong to committed tokens
+        self.pending: tuple[torch.Tensor, list[int]] | None = None  # features and tokens not yet fed
+        self.last = None  # (H,) head output of the last committed entry: it predicts the root's successor
+
+    def options(self) -> dict:
+        return {"depth": self.shape.depth, "top_k": self.shape.top_k, "total_tokens": self.shape.total_tokens,
+                "draft_vocab": None if self.vocab is None else int(self.vocab.numel())}
+
+    # ---- per-run state: the head's cache follows the committed sequence --------------------------------------
+    def start(self, prompt_ids: torch.Tensor, features: torch.Tensor | None) -> None:
+        if features is not None and features.shape[0] > 0:
+            self.pending = (features, prompt_ids[1:].tolist())  # pairs (f_t, x_{t+1}), t = 0 .. L - 2
+
+    def observe(self, outcome: Outcome) -> None:
+        # The root and each accepted node now have true features; pair them with the tokens that follow them.
+        self.pending = (outcome.features, outcome.committed)
+
+    @torch.inference_mode()
+    def _catch_up(self) -> None:
+        crop_cache(self.cache, self.committed)
+        if self.pending is None:
+            return
+        features, tokens = self.pending
+        n = min(features.shape[0], len(tokens))
+        device = self.w_draft.device
+        positions = torch.arange(self.committed, self.committed + n, device=device)[None]
+        out = self.head(
+            features[None, :n].to(self.w_draft.dtype),
+            self.embed(torch.tensor([tokens[:n]], device=device)),
+            positions,
+            self.cache,
+        )  # (1, n, H)
+        self.committed += n
+        self.last = out[0, -1]
+        self.pending = None
+
+    # ---- drafting -----------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def propose(self, request: DraftRequest) -> DraftTree:
+        self._catch_up()
+        shape = self.shape
+        depth = min(shape.depth, request.max_depth)
+        if self.last is None or depth <= 0:
+            return DraftTree()
+        candidates: list[Candidate] = []
+        build: list[dict] = []
+        frontier = self._children(self.last[None], [None], candidates, shape.top_k)
+        entries: list[int] = []  # head-cache entry index -> candidate cid, for the tree mask
+        for d in range(1, depth + 1):
+            kept = sorted(frontier, key=lambda c: -c.log_score)[: shape.top_k]
+            build.append(self._stage(d, frontier, kept))
+            if d == depth:
+                break
+            hidden = self._expand(kept, candidates, entries)  # (k, H) predicted features of the kept nodes
+            frontier = self._children(hidden, kept, candidates, shape.top_k)
+        return self._rerank(candidates, build)
+
+    def _children(self, hidden: torch.Tensor, parents: list, candidates: list[Candidate], k: int) -> list[Candidate]:
+        """top-k tokens of q for each parent: hidden (P, H) → new candidates."""
+        log_q = torch.log_softmax((hidden @ self.w_draft.T).float(), dim=-1)  # (P, Vd)
+        values, ids = log_q.topk(k, dim=-1)
+        if self.vocab is not None:
+            ids = self.vocab.to(ids.device)[ids]
+        new = []
+        for parent, vals, toks in zip(parents, values.tolist(), ids.tolist()):
+            base = 0.0 if parent is None else parent.log_score
+            for lq, tok in zip(vals, toks):
+                c = Candidate(len(candidates), ROOT if parent is None else parent.cid, tok, math.exp(lq),
+                              base + lq, 1 if parent is None else parent.depth + 1)
+                candidates.append(c)
+                new.append(c)
+        return new
+
+    def _expand(self, kept: list[Candidate], candidates: list[Candidate], entries: list[int]) -> torch.Tensor:
+        """Feed the kept nodes to the head (each sees the committed entries and its own ancestors)."""
+        device = self.w_draft.device
+        n_before = len(entries)
+        parents_hidden = torch.stack([self._hidden_of(c, candidates) for c in kept])  # (k, H)
+        tokens = torch.tensor([[c.token for c in kept]], device=device)
+        positions = torch.tensor([[self.committed - 1 + c.depth for c in kept]], device=device)
+        total = self.committed + n_before + len(kept)
+        mask = torch.full((1, 1, len(kept), total), torch.finfo(parents_hidden.dtype).min, device=device)
+        mask[..., : self.committed] = 0.0
+        for row, c in enumerate(kept):
+            c.entry = n_before + row
+            entries.append(c.cid)
+            node = c
+            while node is not None and node.entry >= 0:
+                mask[0, 0, row, self.committed + node.entry] = 0.0
+                node = candidates[node.parent] if node.parent != ROOT else None
+        out = self.head(parents_hidden[None], self.embed(tokens), positions, self.cache, mask)[0]  # (k, H)
+        for c, h in zip(kept, out):
+            c.hidden = h
+        return out
+
+    def _hidden_of(self, c: Candidate, candidates: list[Candidate]) -> torch.Tensor:
+        """The feature that precedes candidate c: the head's prediction at its parent (or at the root)."""
+        return self.last if c.parent == ROOT else candidates[c.parent].hidden
+
+    def _rerank(self, candidates: list[Candidate], build: list[dict]) -> DraftTree:
+        ranked = sorted(candidates, key=lambda c: (-c.log_score, c.depth))
+        budget = self.shape.total_tokens
+        if budget == "auto":  # the cut that maximises expected tokens per second on this machine
+            budget = best_budget([c.log_score for c in ranked], self.verify_cost)
+        chosen = ranked[:budget]
+        chosen_ids = {c.cid for c in chosen}
+        # a parent always scores at least its child, but guard ties: drop nodes whose parent was cut
+        chosen = [c for c in chosen if c.parent == ROOT or c.parent in chosen_ids]
+        chosen.sort(key=lambda c: (c.depth, -c.log_score))  # parents before children; better siblings first
+        tree, node_of = DraftTree(), {}
+        for c in chosen:
+            if c.parent != ROOT and c.parent not in node_of:
+                continue
+            parent = ROOT if c.parent == ROOT else node_of[c.parent]
+            node_of[c.cid] = tree.add(c.token, parent, q=c.q, score=math.exp(c.log_score))
+        build.append({"stage": "rerank", "total_tokens": len(tree), "kept": list(node_of),
+                      "node_ids": [[cid, n] for cid, n in node_of.items()]})
+        tree.build = build
+        return tree
+
+    @staticmethod
+    def _stage(depth: int, frontier: list[Candidate], kept: list[Candidate]) -> dict:
+        return {
+            "stage": "expand",
+            "depth": depth,
+            "candidates": [{"cid": c.cid, "parent_cid": c.parent, "token": c.token, "q": round(c.q, 6),
+                            "score": round(math.exp(c.log_score), 8)} for c in frontier],
+            "kept": [c.cid for c in kept],
+        }
+
+
+def best_budget(log_scores: list[float], verify_cost) -> int:
+    """The number of nodes N that maximises expected tokens per second: (1 + Σ top-N path scores) / cost(N + 1).
+
+    The path score (product of q along the path) estimates the chance that the node is accepted, so the sum
+    over the tree estimates the accepted length (EAGLE-2's argument); +1 for the replacement/bonus token."""
+    best, best_rate, expected = 0, 1.0 / verify_cost(1), 1.0
+    for n, s in enumerate(log_scores, 1):
+        expected += math.exp(s)
+        rate = expected / verify_cost(n + 1)
+        if rate > best_rate:
+            best, best_rate = n, rate
+    return best

@@ -1,0 +1,87 @@
+"""Medusa: K heads on the target's last feature f_t; head k proposes x_{t+2+k}. A fixed sparse tree picks
+which top-ranked tokens of each head to combine; verification is the shared tree rule (lossless)."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from specviz.drafters.base import Drafter, DraftRequest, Outcome
+from specviz.tree import ROOT, DraftTree
+from specviz.verify import top_n
+
+# Each path lists, per depth, the rank of the token taken from that depth's head: [0, 1] is head 0's best
+# token followed by head 1's second best. 20 nodes: small enough that verifying them stays cheap on a CPU.
+DEFAULT_TREE = (
+    (0,), (1,), (2,), (3,),
+    (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0),
+    (0, 0, 0), (0, 0, 1), (0, 1, 0), (1, 0, 0), (0, 0, 2),
+    (0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 1, 0), (0, 1, 0, 0), (1, 0, 0, 0),
+)
+
+
+def check_tree(paths, num_heads: int) -> tuple[tuple[int, ...], ...]:
+    """Paths sorted parents-first; every prefix must be present and no deeper than the number of heads."""
+    from specviz.errors import SpecvizError
+
+    paths = tuple(sorted({tuple(p) for p in paths}, key=lambda p: (len(p), p)))
+    for p in paths:
+        if not p or len(p) > num_heads or min(p) < 0:
+            raise SpecvizError(f"Medusa tree path {list(p)}: needs 1..{num_heads} non-negative ranks")
+        if len(p) > 1 and p[:-1] not in paths:
+            raise SpecvizError(f"Medusa tree path {list(p)} has no parent {list(p[:-1])} in the tree")
+    return paths
+
+
+class MedusaDrafter(Drafter):
+    name = "medusa"
+    needs_features = True
+
+    def __init__(self, heads, target, tree=DEFAULT_TREE, draft_vocab: torch.Tensor | None = None):
+        self.heads = heads
+        self.lm_head = target.get_output_embeddings().weight  # (V, H)
+        self.vocab = draft_vocab
+        self.paths = check_tree(tree, heads.num_heads)
+        self.max_rank = max(max(p) for p in self.paths) + 1
+        self.feature = None  # (H,) the target's feature just before the root
+
+    def options(self) -> dict:
+        return {"heads": self.heads.num_heads, "tree_nodes": len(self.paths),
+                "draft_vocab": None if self.vocab is None else int(self.vocab.numel())}
+
+    def start(self, prompt_ids: torch.Tensor, features: torch.Tensor | None) -> None:
+        self.feature = None if features is None or features.shape[0] == 0 else features[-1]
+
+    def observe(self, outcome: Outcome) -> None:
+        self.feature = outcome.features[-1]
+
+    @torch.inference_mode()
+    def propose(self, request: DraftRequest) -> DraftTree:
+        tree = DraftTree()
+        if self.feature is None:
+            return tree
+        hidden = self.heads(self.feature[None, None].to(self.lm_head.dtype))  # (1, 1, K, H)
+        logits = self.heads.logits(hidden, self.lm_head, self.vocab)[0, 0].float()  # (K, Vd)
+        q = torch.softmax(logits, dim=-1)
+        probs, ranked = q.topk(self.max_rank, dim=-1)  # (K, R)
+        if self.vocab is not None:
+            ranked = self.vocab.to(ranked.device)[ranked]
+        node_of: dict[tuple, int] = {}
+        for path in self.paths:
+            if len(path) > request.max_depth:
+                continue
+            head, rank = len(path) - 1, path[-1]
+            parent = ROOT if len(path) == 1 else node_of[path[:-1]]
+            parent_score = 1.0 if parent == ROOT else tree.scores[parent]
+            q_tok = float(probs[head, rank])
+            node_of[path] = tree.add(
+                int(ranked[head, rank]), parent, q=q_tok, score=parent_score * q_tok,
+                q_top=self._top(q[head], request.n_top),
+            )
+        return tree
+
+    def _top(self, q_head: torch.Tensor, n: int) -> list:
+        pairs = top_n(q_head, n)
+        if self.vocab is not None:
+            pairs = [[int(self.vocab[i]), p] for i, p in pairs]
+        return pairs

@@ -1,0 +1,201 @@
+"""Tree verification: mask and positions, cache gather, greedy identity, statistical losslessness."""
+import pytest
+import torch
+from transformers import DynamicCache
+
+from specviz import engine
+from specviz import verify as verify_module
+from specviz.drafters.eagle import EagleDrafter, TreeShape, best_budget
+from specviz.drafters.medusa import MedusaDrafter, check_tree
+from specviz.errors import SpecvizError
+from specviz.heads import EagleHead, MedusaHeads
+from specviz.kvcache import keep_cache_entries
+from specviz.sampling import Sampling
+from specviz.tree import DraftTree
+from stats import chi_square_p_value, exact_two_tokens, sampled_two_tokens
+from tiny import TinyTokenizer, hf_greedy, tiny_llama
+from tree_drafters import TopBTree
+
+PROMPT = [5, 6, 7, 8, 5, 6, 7, 9, 10, 5, 6]
+
+
+def random_tree(n=12, vocab=64, seed=0) -> DraftTree:
+    g = torch.Generator().manual_seed(seed)
+    tree = DraftTree()
+    for i in range(n):
+        parent = int(torch.randint(-1, i, (1,), generator=g)) if i else -1
+        tree.add(int(torch.randint(1, vocab, (1,), generator=g)), parent)
+    return tree
+
+
+@torch.no_grad()
+def test_tree_logits_equal_running_each_path_sequentially():
+    model = tiny_llama(scale=3.0)
+    target = engine.Target(model)
+    tree = random_tree()
+    cache = DynamicCache(config=model.config)
+    target.forward(PROMPT[:-1], cache)
+    past = len(PROMPT) - 1
+    mask = tree.attention_mask(past)
+    _, logits = target.forward([PROMPT[-1]] + tree.tokens, cache, tree.position_ids(past), mask)
+    full = lambda ids: model(torch.tensor([ids])).logits[0, -1]
+    torch.testing.assert_close(logits[0], full(PROMPT), atol=1e-4, rtol=1e-4)
+    for node in range(len(tree)):
+        path = [tree.tokens[i] for i in tree.path_to(node)]
+        torch.testing.assert_close(logits[node + 1], full(PROMPT + path), atol=1e-4, rtol=1e-4)
+
+
+def test_mask_positions_and_paths_of_a_small_tree():
+    tree = DraftTree()
+    a = tree.add(11, -1)
+    b = tree.add(12, -1)
+    c = tree.add(13, a)
+    assert tree.depths() == [1, 1, 2]
+    assert tree.position_ids(10).tolist() == [[10, 11, 11, 12]]
+    assert tree.leaf_paths() == [[b], [a, c]]
+    allowed = tree.attention_mask(2)[0, 0] == 0
+    assert allowed[:, :2].all()  # everyone sees the cached context
+    assert allowed[:, 2:].tolist() == [
+        [True, False, False, False],  # root
+        [True, True, False, False],  # a
+        [True, False, True, False],  # b: not a
+        [True, True, False, True],  # c: root, a, itself
+    ]
+
+
+@torch.no_grad()
+def test_keeping_a_tree_path_leaves_the_cache_of_that_sequence():
+    model = tiny_llama(scale=3.0)
+    target = engine.Target(model)
+    tree = random_tree(n=10, seed=3)
+    leaf_path = max(tree.leaf_paths(), key=len)
+    cache = DynamicCache(config=model.config)
+    target.forward(PROMPT[:-1], cache)
+    past = len(PROMPT) - 1
+    target.forward([PROMPT[-1]] + tree.tokens, cache, tree.position_ids(past), tree.attention_mask(past))
+    keep_cache_entries(cache, past, leaf_path)
+    follow = 7
+    _, logits = target.forward([follow], cache)
+    sequence = PROMPT + [tree.tokens[i] for i in leaf_path] + [follow]
+    torch.testing.assert_close(logits[0], model(torch.tensor([sequence])).logits[0, -1], atol=1e-4, rtol=1e-4)
+
+
+def run(target, drafter, **settings):
+    return list(engine.decode(target, TinyTokenizer(64), drafter, PROMPT, engine.RunSettings(**settings)))
+
+
+@pytest.mark.parametrize("cheat", [False, True])
+def test_greedy_tree_output_equals_target_alone(cheat):
+    target = tiny_llama(scale=3.0)
+    draft = tiny_llama(seed=1, layers=1, scale=3.0)
+    reference = hf_greedy(target, PROMPT, 40)
+    evs = run(target, TopBTree(draft, b=2 if cheat else 3, depth=3, cheat_target=target if cheat else None), max_new_tokens=40)
+    assert evs[-1].token_ids == reference
+    if cheat:  # the right child is the last sibling, so deep non-contiguous paths were accepted
+        assert evs[-1].stats["tau"] > 3
+
+
+def tiny_heads(target):
+    torch.manual_seed(0)
+    eagle = EagleHead(target.config).eval()
+    medusa = MedusaHeads(target.config, num_heads=3).eval()
+    for module in (eagle, medusa):
+        for p in module.parameters():
+            p.data.normal_(0, 0.3)
+    return eagle, medusa
+
+
+@pytest.mark.parametrize("total_tokens", [6, 20])
+def test_eagle_and_medusa_greedy_equal_target_alone(total_tokens):
+    target = tiny_llama(scale=3.0)
+    eagle, medusa = tiny_heads(target)
+    reference = hf_greedy(target, PROMPT, 40)
+    vocab = torch.arange(0, 64, 2)  # a reduced draft vocabulary
+    drafters = [
+        EagleDrafter(eagle, target, TreeShape(depth=3, top_k=3, total_tokens=total_tokens)),
+        EagleDrafter(eagle, target, TreeShape(depth=4, top_k=2, total_tokens=total_tokens), draft_vocab=vocab),
+        MedusaDrafter(medusa, target, tree=[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]),
+        MedusaDrafter(medusa, target, tree=[(0,), (0, 0), (0, 0, 0)], draft_vocab=vocab),
+    ]
+    for drafter in drafters:
+        evs = run(target, drafter, max_new_tokens=40)
+        assert evs[-1].token_ids == reference, drafter.name
+        assert all(len(e.nodes) <= total_tokens for e in evs[1:-1])
+
+
+def test_eagle_build_stages_describe_the_tree():
+    target = tiny_llama(scale=3.0)
+    eagle, _ = tiny_heads(target)
+    evs = run(target, EagleDrafter(eagle, target, TreeShape(depth=3, top_k=2, total_tokens=5)), max_new_tokens=6)
+    step = evs[1]
+    stages = step.build
+    assert [s["stage"] for s in stages] == ["expand", "expand", "expand", "rerank"]
+    assert [len(s["candidates"]) for s in stages[:3]] == [2, 4, 4]  # top_k children of the top_k frontier
+    assert all(len(s["kept"]) == 2 for s in stages[:3])
+    rerank = stages[-1]
+    assert rerank["total_tokens"] == len(step.nodes) == 5
+    by_cid = {c["cid"]: c for s in stages[:3] for c in s["candidates"]}
+    for cid, node in rerank["node_ids"]:
+        assert step.nodes[node].token == by_cid[cid]["token"]
+    scores = sorted((c["score"] for c in by_cid.values()), reverse=True)
+    assert sorted((n.score for n in step.nodes), reverse=True) == pytest.approx(scores[:5], rel=1e-5)
+
+
+def test_auto_budget_stops_where_extra_nodes_cost_more_than_they_bring():
+    flat = lambda n: 1.0  # verification is free: take every node that has any chance
+    assert best_budget([-0.1, -0.5, -3.0], flat) == 3
+    steep = lambda n: float(n)  # each node costs as much as a whole step: never worth it
+    assert best_budget([-0.1, -0.5, -3.0], steep) == 0
+    knee = lambda n: 1.0 if n <= 3 else 10.0
+    assert best_budget([-0.01, -0.02, -0.03, -0.04], knee) == 2
+
+
+def test_medusa_tree_paths_are_checked():
+    with pytest.raises(SpecvizError, match="no parent"):
+        check_tree([(0,), (1, 0)], num_heads=4)
+    with pytest.raises(SpecvizError, match="ranks"):
+        check_tree([(0,), (0, 0), (0, 0, 0)], num_heads=2)
+
+
+# ---- statistical losslessness of the tree rule ------------------------------------------------------------
+
+VOCAB = 8
+
+
+@pytest.fixture(scope="module")
+def small():
+    target = tiny_llama(vocab_size=VOCAB, hidden=16, layers=1, scale=20.0, eos=None)
+    bad = tiny_llama(vocab_size=VOCAB, hidden=16, layers=1, seed=3, scale=40.0, eos=None)
+    return target, bad
+
+
+def tree_p_value(small, sampling, b, draft="bad", n=1500):
+    target, bad = small
+    tree_from = {"bad": bad, "target": target}[draft]  # children: top-b of a far-off q, or of p itself
+    make = lambda: TopBTree(tree_from, b=b, depth=2)
+    counts = sampled_two_tokens(target, TinyTokenizer(VOCAB, eos=None), make, [1, 2, 3], sampling, n)
+    return chi_square_p_value(counts, exact_two_tokens(target, [1, 2, 3], sampling))
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.mark.parametrize("draft", ["bad", "target"])
+@pytest.mark.parametrize("sampling", [Sampling(1.0), Sampling(0.7, top_p=0.8)], ids=["T=1", "T=0.7,top-p=0.8"])
+def test_tree_sampling_matches_the_target(small, sampling, draft):
+    assert tree_p_value(small, sampling, b=3, draft=draft) > 1e-3
+
+
+def test_tree_test_catches_an_unnormalised_residual(small, monkeypatch):
+    def unnormalised(p, x, q_dist):
+        r = p.clone()
+        r[x] = 0.0
+        return r  # the next sibling is then accepted with too small a probability
+
+    monkeypatch.setattr(verify_module, "_residual", unnormalised)
+    assert tree_p_value(small, Sampling(1.0), b=3, draft="target") < 1e-6
