@@ -88,6 +88,12 @@ def cmd_train(args) -> int:
     return train.main(args.rest)
 
 
+def cmd_bench(args) -> int:
+    from specviz import bench
+
+    return bench.main(args.rest)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m specviz", description="Speculative decoding you can watch.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -111,6 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr = sub.add_parser("train", help="train draft heads / the draft model (see `train --help`)", add_help=False)
     tr.add_argument("rest", nargs=argparse.REMAINDER)
     tr.set_defaults(run=cmd_train)
+    be = sub.add_parser("bench", help="every drafter vs autoregressive and vs transformers (see `bench --help`)", add_help=False)
+    be.add_argument("rest", nargs=argparse.REMAINDER)
+    be.set_defaults(run=cmd_bench)
     return parser
 
 

@@ -1,0 +1,239 @@
+"""The benchmark on tiny random models: a valid report, a mismatch detector that fires, the GPU script's CPU path."""
+import copy
+import importlib.util
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+import torch
+
+from specviz import bench, engine
+from specviz.drafters import make_drafter
+from specviz.drafters.base import Drafter
+from specviz.errors import SpecvizError
+from specviz.heads import EagleHead, MedusaHeads
+from specviz.models import LoadedModels
+from specviz.tree import DraftTree
+from tiny import TinyTokenizer, tiny_llama
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMPT_ROWS = [
+    {"question_id": 7, "turns": ["abc abc abc abc", "a second turn, ignored"]},
+    {"id": "cat", "instruction": "the cat sat on the mat. the cat"},
+]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny matrices gain nothing from threads, and on a busy machine threads wait on each other."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """A tiny target with every kind of drafter: a draft model, an EAGLE head and Medusa heads (random)."""
+    target = tiny_llama(scale=3.0)
+    draft = tiny_llama(seed=0, layers=2, scale=2.0)  # the target's weights with a flatter head: mostly agrees
+    torch.manual_seed(0)
+    eagle, medusa = EagleHead(target.config).eval(), MedusaHeads(target.config).eval()
+    for p in [*eagle.parameters(), *medusa.parameters()]:
+        p.data.normal_(0, 0.3)
+    return LoadedModels("tiny", target, draft, TinyTokenizer(64), target.device, target.dtype, eagle=eagle, medusa=medusa)
+
+
+@pytest.fixture
+def prompts_file(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in PROMPT_ROWS))
+    return path
+
+
+def small(**overrides) -> bench.BenchSettings:
+    return bench.quick_settings(**{"max_new_tokens": 12, "verify_sizes": (1, 2, 4), "cost_repeats": 1,
+                                   "bandwidth_mb": 8, "bandwidth_repeats": 1, "context_len": 32, **overrides})
+
+
+def cli(tmp_path, prompts_file, *extra) -> list[str]:
+    return ["--prompts", str(prompts_file), "--max-new-tokens", "12", "--verify-sizes", "1,2,4", "--context-len", "32",
+            "--bandwidth-mb", "8", "--json-out", str(tmp_path / "b.json"), "--md-out", str(tmp_path / "b.md"), *extra]
+
+
+def test_prompts_use_the_first_turn_or_the_instruction(prompts_file):
+    prompts = bench.load_prompts(prompts_file)
+    assert prompts == [bench.Prompt("7", "abc abc abc abc"), bench.Prompt("cat", PROMPT_ROWS[1]["instruction"])]
+    assert len(bench.load_prompts(prompts_file, limit=1)) == 1
+    builtin = bench.load_prompts()
+    assert 12 <= len(builtin) <= 20 and len({p.id for p in builtin}) == len(builtin)
+
+
+def test_a_bad_prompts_file_is_a_clear_error(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"turns": []}\n')
+    with pytest.raises(SpecvizError, match="bad.jsonl:1"):
+        bench.load_prompts(bad)
+
+
+def test_cli_on_a_tiny_model_writes_a_report_that_validates(tmp_path, prompts_file, tiny, monkeypatch, capsys):
+    monkeypatch.setattr(bench, "_load_models", lambda args: tiny)
+    assert bench.main(cli(tmp_path, prompts_file)) == 0
+    report = json.loads((tmp_path / "b.json").read_text())
+    jsonschema.validate(report, bench.BENCH_SCHEMA)
+    assert list(report["drafters"]) == ["none", "ngram", "draft", "medusa", "eagle2"]
+    assert set(report["peers"]) == {"generate", "generate_assisted", "generate_prompt_lookup"}
+    assert report["outputs_match_none"] is True and report["mismatching_prompts"] == []
+    for name, d in report["drafters"].items():
+        assert d["outputs_match_none"] is True and d["tau"] >= 1.0, name
+    assert report["drafters"]["none"]["acceptance_rate"] is None and report["drafters"]["draft"]["acceptance_rate"] > 0
+    assert report["drafters"]["eagle2"]["tree"] and not report["drafters"]["draft"]["tree"]  # priced on the tree curve
+    assert all(p["outputs_match_generate"] for p in report["peers"].values())  # the peers got our settings
+    assert list(report["verify_cost_ms"]) == ["1", "2", "4"] and list(report["tree_verify_cost_ms"]) == ["1", "2", "4"]
+    assert report["floor"]["weight_bytes"] > 0 and report["floor_ms_per_token"] > 0
+    assert len(report["runs"]) == 2 * 8  # two prompts × (5 drafters + 3 peers)
+    markdown = (tmp_path / "b.md").read_text()
+    assert markdown.startswith("# specviz bench") and "python -m specviz bench --prompts" in markdown
+    assert markdown in capsys.readouterr().out
+
+
+def test_sampling_and_repeats_validate_and_skip_the_identity_check(tiny, prompts_file):
+    prompts = bench.load_prompts(prompts_file)
+    report = bench.run_bench(tiny, prompts, small(temperature=0.8, top_p=0.9, repeats=2, drafters=("ngram",)))
+    bench.validate(report)
+    assert report["outputs_match_none"] is None and report["drafters"]["ngram"]["outputs_match_none"] is None
+    assert len(report["runs"]) == 2 * 2 * 5
+    assert tiny.draft.generation_config.num_assistant_tokens is None  # the shared draft was not mutated
+
+
+class ConstantDrafter(Drafter):
+    """Proposes token 3 k times: wrong almost everywhere."""
+
+    name = "ngram"
+
+    def propose(self, request):
+        tree = DraftTree()
+        for _ in range(min(2, request.max_depth)):
+            tree.add(3, len(tree) - 1)
+        return tree
+
+
+def plant_a_wrong_token(monkeypatch):
+    """Replace `ngram` by a constant drafter and break verification so that it accepts every drafted token."""
+    real_verify = engine.verify
+
+    def accept_everything(tree, p, greedy, generator, n_top=5):
+        verdict = real_verify(tree, p, greedy, generator, n_top)
+        if len(tree):
+            verdict.path, verdict.token, verdict.kind = list(range(len(tree))), int(p[-1].argmax()), "bonus"
+        return verdict
+
+    monkeypatch.setattr(engine, "verify", accept_everything)
+    monkeypatch.setattr(bench, "make_drafter",
+                        lambda name, models, k=4, options=None: ConstantDrafter() if name == "ngram" else make_drafter(name, models, k, options))
+
+
+def test_the_mismatch_detector_fires_on_a_planted_wrong_token(tiny, prompts_file, tmp_path, monkeypatch, capsys):
+    plant_a_wrong_token(monkeypatch)
+    report = bench.run_bench(tiny, bench.load_prompts(prompts_file), small(drafters=("ngram",), peers=False))
+    bench.validate(report)
+    ngram = report["drafters"]["ngram"]
+    assert ngram["outputs_match_none"] is False and report["outputs_match_none"] is False
+    assert {m["prompt"] for m in ngram["mismatches"]} == {"7", "cat"} == set(report["mismatching_prompts"])
+    assert all(m["got"] == 3 for m in ngram["mismatches"])
+    assert report["drafters"]["none"]["outputs_match_none"] is True
+    assert bench.exit_code(report) == 1 and bench.exit_code(report, allow_mismatch=True) == 0
+
+    monkeypatch.setattr(bench, "_load_models", lambda args: tiny)
+    assert bench.main(cli(tmp_path, prompts_file, "--drafters", "ngram", "--no-peers")) == 1
+    err = capsys.readouterr().err
+    assert "MISMATCH: drafter 'ngram' differs from 'none' on prompt 7" in err
+    assert "**MISMATCH" in (tmp_path / "b.md").read_text()
+    assert bench.main(cli(tmp_path, prompts_file, "--drafters", "ngram", "--no-peers", "--allow-mismatch")) == 0
+
+
+def test_an_unavailable_drafter_is_refused_before_measuring(tiny, prompts_file):
+    no_draft = copy.copy(tiny)
+    no_draft.draft = None
+    with pytest.raises(SpecvizError, match="'draft' is not available"):
+        bench.run_bench(no_draft, bench.load_prompts(prompts_file), small(drafters=("draft",)))
+
+
+def test_tree_shape_rotation_and_streamed_bytes():
+    tree = bench.full_tree(9, 4)
+    assert tree.parents == [-1, -1, -1, -1, 0, 0, 0, 0, 1] and not tree.is_chain
+    assert bench.method_order(["a", "b", "c"], 4) == ["b", "c", "a"]
+    model = tiny_llama()  # untied: the input embedding is not streamed, the LM head is
+    total = sum(p.numel() * 4 for p in model.parameters())
+    assert bench.streamed_weight_bytes(model) == total - 64 * 32 * 4
+
+
+def test_the_schema_rejects_a_report_without_its_drafters(tiny, prompts_file):
+    report = bench.run_bench(tiny, bench.load_prompts(prompts_file, limit=1), small(peers=False, drafters=("none",), verify_sizes=()))
+    bench.validate(report)
+    assert report["verify_cost_ms"] == {} and report["predicted_speedup"] == {}
+    del report["drafters"]["none"]["tau"]
+    with pytest.raises(jsonschema.ValidationError):
+        bench.validate(report)
+
+
+def load_gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
+def test_gpu_check_without_a_gpu_says_so_and_writes_json(tmp_path, capsys):
+    gpu_check = load_gpu_check()
+    assert gpu_check.main(["--out", str(tmp_path / "g.json")]) == 0
+    assert "no CUDA GPU" in json.loads((tmp_path / "g.json").read_text())["skipped"]
+    assert "skipped" in capsys.readouterr().err
+
+
+def test_gpu_check_parts_run_on_tiny_models(tiny, monkeypatch):
+    gpu_check = load_gpu_check()
+    monkeypatch.setattr(bench, "load_prompts", lambda path=None, limit=None: [bench.Prompt("p", "abcabc abc")])
+    shape = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=4,
+                 intermediate_size=64, vocab_size=64, max_position_embeddings=128)
+    result = gpu_check.run_checks(tiny, shape, small(drafters=("none", "ngram")), limit=1)
+    bench.validate(result["embedded"]["bench"])
+    assert set(result["embedded"]["verify_cost_ms"]) == {"1", "2", "4"}
+    assert result["large"]["parameters"] > 0 and set(result["large"]["tree_verify_cost_ms"]) == {"1", "2", "4"}
+    json.dumps(result)  # one JSON document
+
+
+def test_gpu_check_stand_in_tokenizer_round_trips():
+    tok = load_gpu_check().ByteTokenizer()
+    assert tok.decode(tok("héllo")["input_ids"]) == "héllo"
+
+
+def test_the_benchmarks_page_runs_a_bench_and_shows_a_saved_report(tiny_model_dir, tmp_path, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    from specviz.ui.state import ENV_MODEL
+
+    monkeypatch.setenv(ENV_MODEL, str(tiny_model_dir))
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)
+    at.run()
+    at.switch_page("pages/benchmarks.py")
+    at.run()
+    assert not at.exception and [t.value for t in at.title] == ["Benchmarks"]
+    at.slider(key="bench_limit").set_value(1)
+    at.slider(key="bench_max_new").set_value(4)
+    at.button(key="bench_run").click()
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    assert len(at.get("plotly_chart")) == 5  # rates, spread, verify cost, predicted, acceptance
+    assert "python -m specviz bench --model" in at.code[0].value
+
+    saved = tmp_path / "saved.json"
+    saved.write_text('{"not": "a report"}')
+    at.radio(key="bench_source").set_value("a file on the server")
+    at.run()
+    at.text_input(key="bench_path").set_value(str(saved))
+    at.run()
+    assert "is not a specviz bench report" in at.error[0].value
