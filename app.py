@@ -1,24 +1,31 @@
-"""Placeholder until the app issue lands: generate with the engine and show the tokens by how they were made."""
-import html
+"""specviz: speculative decoding you can watch. Entry point: page config, the shared sidebar, the pages.
+
+Run with `make run` (streamlit run app.py). SPECVIZ_DEFAULT_MODEL=<preset or folder> picks the model the
+sidebar starts with."""
+from pathlib import Path
 
 import streamlit as st
 
-import specviz
+from specviz.ui import state
 
-st.set_page_config(page_title="specviz", layout="wide")
-st.title("specviz: speculative decoding you can watch")
-prompt = st.text_area("Prompt", "Write a Python function that reverses a string.")
-drafter = st.selectbox("Drafter", ["ngram", "none"])
-if st.button("Run"):
-    colours = {"accepted": "#c8f7c5", "replacement": "#ffd6a5", "bonus": "#a0c4ff", "autoregressive": "#e0e0e0"}
-    out = st.empty()
-    pieces = []
-    try:
-        for event in specviz.stream(prompt, drafter=drafter, max_new_tokens=64):
-            if event.type == "step":
-                pieces += [f'<span style="background:{colours[c.kind]}">{html.escape(c.text)}</span>' for c in event.committed]
-                out.markdown("".join(pieces), unsafe_allow_html=True)
-            elif event.type == "done":
-                st.json(event.stats)
-    except specviz.SpecvizError as e:
-        st.error(str(e))
+st.set_page_config(page_title="specviz", page_icon=":material/fast_forward:", layout="wide")
+
+HERE = Path(__file__).parent
+PAGES = [
+    st.Page("pages/overview.py", title="Why it works", icon=":material/lightbulb:", default=True),
+    st.Page("pages/live.py", title="Live decoding", icon=":material/play_arrow:"),
+    st.Page("pages/tree.py", title="EAGLE tree explorer", icon=":material/account_tree:"),
+    st.Page("pages/lab.py", title="Rejection sampling lab", icon=":material/casino:"),
+    st.Page("pages/race.py", title="Topology race", icon=":material/sports_score:"),
+    st.Page("pages/cost.py", title="Cost and scale", icon=":material/payments:"),
+    st.Page("pages/lossless.py", title="Is it really lossless?", icon=":material/balance:"),
+]
+if (HERE / "pages" / "benchmarks.py").is_file():  # written separately; listed once it exists
+    PAGES.append(st.Page("pages/benchmarks.py", title="Benchmarks", icon=":material/bar_chart:"))
+
+st.session_state[state.IN_APP] = True  # pages check it: see state.intro
+try:
+    state.sidebar()
+    st.navigation(PAGES).run()
+finally:
+    st.session_state[state.IN_APP] = False

@@ -124,7 +124,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args, extra = build_parser().parse_known_args(argv)
+    if extra and args.command not in ("train", "bench"):
+        build_parser().parse_args(argv)  # reports the unknown arguments and exits
+    if extra:
+        args.rest = [*extra, *args.rest]  # options such as --help before any positional argument
     try:
         return args.run(args)
     except SpecvizError as e:

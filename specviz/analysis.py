@@ -1,0 +1,260 @@
+"""The numbers the app's pages compute besides decoding: bandwidth arithmetic, cost, predicted speedup,
+the speculative sampling rule on small hand-made distributions, and two-sample statistics.
+
+Pure Python (numpy, scipy, torch for the measurements); never imports streamlit. p = target, q = draft.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+# Datasheet figures (not measured here). Sources: NVIDIA H100 Tensor Core GPU datasheet (H100 SXM: 3.35 TB/s
+# HBM3, 989 TFLOPS dense BF16 tensor core, i.e. half the 1,979 quoted with sparsity) and NVIDIA H200 datasheet
+# (4.8 TB/s HBM3e, same compute as H100 SXM).
+GPU_DATASHEET = {
+    "H100 SXM": {"bandwidth_tb_s": 3.35, "bf16_tflops": 989.0, "source": "NVIDIA H100 datasheet"},
+    "H200": {"bandwidth_tb_s": 4.8, "bf16_tflops": 989.0, "source": "NVIDIA H200 datasheet"},
+}
+
+# A published industry guide's worked example (quoted in issue 4; not measured here): an 8×H100 node serving
+# a 70B model at 16-bit. (ms per token, tokens/s, $ per million output tokens) as the guide gives them.
+GUIDE_EXAMPLE = (
+    {"label": "plain autoregressive", "ms_per_token": 42.1, "tokens_per_s": 23.7, "usd_per_million": 18.40},
+    {"label": "with speculative decoding", "ms_per_token": 12.3, "tokens_per_s": None, "usd_per_million": 5.38},
+)
+
+
+# ------------------------------------------------------------------------------------------ bandwidth
+
+
+def ms_per_token(params: float, bytes_per_param: float, bandwidth_bytes_per_s: float) -> float:
+    """Lower bound on one decode step at batch 1: every weight is read from memory once per token."""
+    return params * bytes_per_param / bandwidth_bytes_per_s * 1e3
+
+
+def weight_bytes(model) -> int:
+    """Bytes of a torch model's parameters, counting tied (shared) tensors once."""
+    seen, total = set(), 0
+    for tensor in model.parameters():
+        key = tensor.data_ptr()
+        if key not in seen:
+            seen.add(key)
+            total += tensor.numel() * tensor.element_size()
+    return total
+
+
+def measure_copy_bandwidth(n_bytes: int = 256 << 20, repeats: int = 5, device: str = "cpu") -> float:
+    """Memory traffic of a large tensor copy, in bytes/s (best of `repeats`).
+
+    A copy reads n_bytes and writes n_bytes, so traffic = 2 · n_bytes / time. 256 MiB is far larger than any
+    CPU cache, so the copy runs at memory speed."""
+    import torch
+
+    src = torch.ones(n_bytes // 4, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    best = math.inf
+    for _ in range(repeats):
+        if device != "cpu":
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        dst.copy_(src)
+        if device != "cpu":
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - started)
+    return 2 * n_bytes / best
+
+
+# ----------------------------------------------------------------------------------------------- cost
+
+
+def usd_per_million(usd_per_gpu_hour: float, n_gpus: int, tokens_per_s: float) -> float:
+    """$ per million output tokens = $/hour for the GPUs ÷ tokens per hour × 1e6."""
+    if tokens_per_s <= 0:
+        return math.inf
+    return usd_per_gpu_hour * n_gpus / (tokens_per_s * 3600) * 1e6
+
+
+def implied_usd_per_hour(usd_per_million_tokens: float, tokens_per_s: float) -> float:
+    """The hourly price that a $/M figure and a tokens/s figure imply together (inverse of usd_per_million)."""
+    return usd_per_million_tokens * tokens_per_s * 3600 / 1e6
+
+
+def guide_rows() -> list[dict]:
+    """The guide's example with tokens/s (1000 / ms when the guide gives none) and the implied $/hour."""
+    rows = []
+    for row in GUIDE_EXAMPLE:
+        tps = row["tokens_per_s"] or 1000 / row["ms_per_token"]
+        rows.append({**row, "tokens_per_s": tps, "implied_usd_per_hour": implied_usd_per_hour(row["usd_per_million"], tps)})
+    return rows
+
+
+# -------------------------------------------------------------------------------------------- speedup
+
+
+def expected_tokens_per_step(alpha: float, k: int) -> float:
+    """E[tokens per target forward] for a chain of k drafted tokens each accepted with probability α
+    independently, counting the replacement/bonus token: (1 − α^(k+1)) / (1 − α)."""
+    if alpha >= 1.0:
+        return k + 1.0
+    return (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def predicted_speedup(alpha: float, k: int, step_cost: float) -> float:
+    """Expected tokens per step ÷ the step's cost in units of one plain target forward."""
+    return expected_tokens_per_step(alpha, k) / step_cost
+
+
+@dataclass
+class RunSummary:
+    """What the speedup comparison needs from one run's done event and step events."""
+
+    drafter: str
+    k: int
+    tokens_per_s: float
+    tau: float
+    acceptance_rate: float | None
+    draft_ms_per_step: float
+    verify_ms_per_step: float
+
+    @property
+    def ms_per_step(self) -> float:
+        return self.draft_ms_per_step + self.verify_ms_per_step
+
+
+def summarise(events: list[dict]) -> RunSummary:
+    start, done = events[0], events[-1]
+    steps = [e for e in events if e["type"] == "step"]
+    n = max(len(steps), 1)
+    return RunSummary(
+        drafter=start["drafter"],
+        k=int(start["options"].get("k") or start["options"].get("depth") or 0),  # chains: K; trees: their depth
+        tokens_per_s=done["stats"]["tokens_per_s"],
+        tau=done["stats"]["tau"],
+        acceptance_rate=done["stats"]["acceptance_rate"],
+        draft_ms_per_step=sum(s["timing"]["draft_ms"] for s in steps) / n,
+        verify_ms_per_step=sum(s["timing"]["verify_ms"] for s in steps) / n,
+    )
+
+
+def speedup_comparison(baseline: RunSummary, spec: RunSummary) -> dict:
+    """Predicted (from measured α and measured step cost) next to measured speedup over the baseline."""
+    alpha = spec.acceptance_rate or 0.0
+    step_cost = spec.ms_per_step / baseline.ms_per_step  # in plain target forwards
+    return {
+        "alpha": alpha,
+        "k": spec.k,
+        "expected_tokens_per_step": expected_tokens_per_step(alpha, spec.k),
+        "measured_tau": spec.tau,
+        "step_cost": step_cost,
+        "predicted_speedup": predicted_speedup(alpha, spec.k, step_cost),
+        "measured_speedup": spec.tokens_per_s / baseline.tokens_per_s if baseline.tokens_per_s else math.nan,
+    }
+
+
+def batch_speedup_model(batch_sizes, params: float, bytes_per_param: float, bandwidth_bytes_per_s: float,
+                        flops_per_s: float, alpha: float, k: int, draft_cost: float) -> list[float]:
+    """A roofline MODEL (not a measurement) of speculative speedup against batch size.
+
+    One forward over n tokens takes max(weights / bandwidth, 2 · params · n / FLOPS): memory-bound at small n,
+    compute-bound at large n. Autoregressive: n = B. Speculative: the target verifies B · (k + 1) tokens, and
+    the draft costs `draft_cost` plain target forwards per drafted token. KV-cache reads are ignored."""
+    def forward_s(n_tokens):
+        return max(params * bytes_per_param / bandwidth_bytes_per_s, 2 * params * n_tokens / flops_per_s)
+
+    gain = expected_tokens_per_step(alpha, k)
+    out = []
+    for b in batch_sizes:
+        plain = forward_s(b)
+        spec = forward_s(b * (k + 1)) + k * draft_cost * plain
+        out.append(gain * plain / spec)
+    return out
+
+
+# ------------------------------------------------------------------------------ the speculative rule
+
+
+def normalise(weights) -> np.ndarray:
+    w = np.clip(np.asarray(weights, dtype=float), 0, None)
+    total = w.sum()
+    if total <= 0:
+        raise ValueError("a distribution needs at least one positive weight")
+    return w / total
+
+
+def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray | None:
+    """max(0, p − q) normalised; None when p == q (a rejection then never happens)."""
+    r = np.clip(p - q, 0, None)
+    return r / r.sum() if r.sum() > 1e-12 else None
+
+
+def speculative_samples(p, q, n: int, seed: int = 0, skip_residual: bool = False) -> tuple[np.ndarray, int]:
+    """n independent draws with the speculative rule: x ~ q, accept when u ≤ min(1, p(x)/q(x)), else draw from
+    the residual. Returns (tokens (n,), number accepted). skip_residual=True plants a bug (redraw from q
+    instead of the residual) so a learner can watch the statistics catch it."""
+    p, q = normalise(p), normalise(q)
+    rng = np.random.default_rng(seed)
+    x = rng.choice(len(q), size=n, p=q)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        alpha = np.minimum(1.0, p[x] / q[x])
+    accepted = rng.random(n) <= alpha
+    r = q if skip_residual else residual(p, q)
+    out = x.copy()
+    n_rejected = int((~accepted).sum())
+    if n_rejected and r is not None:
+        out[~accepted] = rng.choice(len(p), size=n_rejected, p=r)
+    return out, int(accepted.sum())
+
+
+def total_variation(a, b) -> float:
+    """½ Σ |a − b| over two distributions (or count vectors, normalised first)."""
+    a, b = normalise(a), normalise(b)
+    return 0.5 * float(np.abs(a - b).sum())
+
+
+def goodness_of_fit(counts, p) -> dict:
+    """Chi-square test of observed counts against the distribution p. A count where p is 0 is an
+    impossible outcome: the statistic is then infinite and the p-value 0."""
+    from scipy import stats
+
+    counts, p = np.asarray(counts, dtype=float), normalise(p)
+    n = counts.sum()
+    support = p > 0
+    if (counts[~support] > 0).any():
+        return {"n": int(n), "chi2": math.inf, "dof": int(support.sum() - 1), "p_value": 0.0, "tv": total_variation(counts, p)}
+    chi2, p_value = stats.chisquare(counts[support], n * p[support])
+    return {"n": int(n), "chi2": float(chi2), "dof": int(support.sum() - 1), "p_value": float(p_value),
+            "tv": total_variation(counts, p)}
+
+
+def two_sample_test(samples_a: list, samples_b: list, min_expected: float = 5.0) -> dict:
+    """Are two lists of outcomes drawn from the same distribution? Chi-square test of homogeneity on the
+    2 × C contingency table, with outcomes whose expected count is below `min_expected` pooled into one
+    "other" column (the chi-square approximation needs it), and the total variation distance between the
+    two empirical distributions (unpooled)."""
+    from collections import Counter
+
+    from scipy import stats
+
+    ca, cb = Counter(samples_a), Counter(samples_b)
+    na, nb = len(samples_a), len(samples_b)
+    outcomes = sorted(set(ca) | set(cb), key=lambda o: -(ca[o] + cb[o]))
+    tv = 0.5 * sum(abs(ca[o] / na - cb[o] / nb) for o in outcomes) if na and nb else math.nan
+    share_a = na / (na + nb) if na + nb else 0
+    common = [o for o in outcomes if min(share_a, 1 - share_a) * (ca[o] + cb[o]) >= min_expected]
+    rare = [o for o in outcomes if o not in common]
+    table = [[ca[o] for o in common], [cb[o] for o in common]]
+    if rare:
+        table[0].append(sum(ca[o] for o in rare))
+        table[1].append(sum(cb[o] for o in rare))
+    result = {"n_a": na, "n_b": nb, "tv": tv, "columns": len(table[0]), "pooled": len(rare), "chi2": math.nan,
+              "dof": 0, "p_value": math.nan}
+    if len(table[0]) >= 2:
+        chi2, p_value, dof, _ = stats.chi2_contingency(np.array(table), correction=False)
+        result.update(chi2=float(chi2), dof=int(dof), p_value=float(p_value))
+    elif len(outcomes) == 1:
+        result.update(chi2=0.0, p_value=1.0)  # one outcome only: both samples agree completely
+    # else every outcome is rare: no test is possible (p_value stays NaN); more samples are needed
+    return result

@@ -1,0 +1,368 @@
+"""Plotly figures and HTML snippets built from events in their JSON form (dicts). No streamlit here.
+
+Every token text that reaches HTML or a plotly label goes through `escape`: tokens can contain markup, and
+plotly interprets a subset of HTML tags in labels and hover text.
+"""
+from __future__ import annotations
+
+import html
+
+import networkx as nx
+import plotly.graph_objects as go
+
+KIND_COLOURS = {"accepted": "#b7efc5", "replacement": "#ffd6a5", "bonus": "#a0c4ff", "autoregressive": "#e4e4e4"}
+KIND_LABELS = {
+    "accepted": "accepted draft token",
+    "replacement": "replacement (from the residual)",
+    "bonus": "bonus (all drafts accepted)",
+    "autoregressive": "autoregressive (nothing drafted)",
+}
+STATUS_COLOURS = {
+    "root": "#1f3b73",
+    "accepted": "#2ca02c",
+    "rejected": "#d62728",
+    "untested": "#b8b8b8",
+    "replacement": "#ff7f0e",
+    "bonus": "#1f77b4",
+    "autoregressive": "#7f7f7f",
+    "kept": "#1f77b4",
+    "dropped": "#dddddd",
+    "expanded": "#9ecae1",
+}
+STATUS_LABELS = {
+    "root": "root (last committed token)",
+    "accepted": "accepted path",
+    "rejected": "tested, rejected",
+    "untested": "never tested",
+    "replacement": "replacement token",
+    "bonus": "bonus token",
+    "autoregressive": "target's own token",
+    "kept": "kept",
+    "dropped": "dropped",
+    "expanded": "kept at an earlier depth",
+}
+
+
+def escape(text: str) -> str:
+    return html.escape(text, quote=True)
+
+
+def visible(text: str) -> str:
+    """Token text with whitespace made visible, for labels (· space, ↵ newline, ⇥ tab); not escaped."""
+    if text == "":
+        return "∅"
+    return text.replace(" ", "·").replace("\n", "↵").replace("\t", "⇥")
+
+
+def label(text: str) -> str:
+    return escape(visible(text))
+
+
+def md_code(text: str) -> str:
+    """Token text as a Markdown code span that survives backticks inside it (Markdown renders no HTML there)."""
+    import re
+
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
+    return f"{fence} {visible(text)} {fence}"
+
+
+def fmt(x, digits: int = 3) -> str:
+    return "—" if x is None else f"{x:.{digits}f}"
+
+
+# ------------------------------------------------------------------------------------------ live text
+
+
+def legend_html() -> str:
+    chips = "".join(
+        f'<span style="background:{KIND_COLOURS[k]};padding:2px 6px;border-radius:4px;margin-right:8px">'
+        f"{escape(KIND_LABELS[k])}</span>"
+        for k in KIND_COLOURS
+    )
+    return f'<div style="font-size:0.85em;margin-bottom:6px">{chips}</div>'
+
+
+def tokens_html(steps: list[dict], prompt: str | None = None) -> str:
+    """The generated text as coloured spans, one per committed token; hover shows step and kind."""
+    spans = []
+    for s in steps:
+        for c in s["committed"]:
+            spans.append(
+                f'<span class="specviz-token" title="step {s["step"]}: {escape(KIND_LABELS[c["kind"]])}" '
+                f'style="background:{KIND_COLOURS[c["kind"]]};border-radius:3px;padding:1px 0">{escape(c["text"])}</span>'
+            )
+    body = "".join(spans) or '<span style="color:#888">(no tokens yet)</span>'
+    head = ""
+    if prompt is not None:
+        head = f'<div style="color:#666;margin-bottom:4px"><b>Prompt:</b> {escape(prompt)}</div>'
+    return (
+        f'<div class="specviz-output">{head}<div style="white-space:pre-wrap;font-family:monospace;'
+        f'line-height:1.7;border:1px solid #ddd;border-radius:6px;padding:10px">{body}</div></div>'
+    )
+
+
+# ------------------------------------------------------------------------------------------- charts
+
+
+def steps_chart(steps: list[dict]) -> go.Figure:
+    """Tokens/s so far (line) and tokens committed per step by kind (stacked bars)."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("tokens/s so far", "tokens per step (by how they were made)"))
+    xs = [s["step"] for s in steps]
+    fig.add_trace(go.Scatter(x=xs, y=[s["timing"]["tokens_per_s"] for s in steps], mode="lines+markers",
+                             name="tokens/s", line={"color": "#444"}, showlegend=False), row=1, col=1)
+    for kind in KIND_COLOURS:
+        ys = [sum(c["kind"] == kind for c in s["committed"]) for s in steps]
+        if any(ys):
+            fig.add_trace(go.Bar(x=xs, y=ys, name=KIND_LABELS[kind], marker_color=KIND_COLOURS[kind],
+                                 marker_line={"color": "#888", "width": 0.5}), row=1, col=2)
+    fig.update_layout(barmode="stack", height=300, margin={"l": 10, "r": 10, "t": 30, "b": 10},
+                      legend={"orientation": "h", "y": -0.3})
+    fig.update_xaxes(title_text="step")
+    return fig
+
+
+def distribution_bars(top: list | None, title: str, colour: str, highlight: int | None = None,
+                      point_mass: tuple[int, str] | None = None) -> go.Figure:
+    """Bars over a top-N list [[id, text, prob], ...]; `highlight` outlines one token id.
+    point_mass=(id, text) draws q = 1 on one token (a drafter with no q, such as n-gram lookup)."""
+    rows = [[point_mass[0], point_mass[1], 1.0]] if point_mass else (top or [])
+    names = unique_labels([(r[0], r[1]) for r in rows])
+    fig = go.Figure(go.Bar(
+        x=names, y=[r[2] for r in rows],
+        marker_color=[colour] * len(rows),
+        marker_line={"color": ["black" if r[0] == highlight else colour for r in rows],
+                     "width": [3 if r[0] == highlight else 0 for r in rows]},
+        hovertext=[f"{label(r[1])} (id {r[0]}): {r[2]:.4f}" for r in rows], hoverinfo="text",
+    ))
+    fig.update_layout(title=title, height=260, margin={"l": 10, "r": 10, "t": 40, "b": 10},
+                      yaxis={"range": [0, 1], "title": "probability"})
+    return fig
+
+
+def unique_labels(pairs: list[tuple[int, str]]) -> list[str]:
+    """Display labels for (token id, text), with the id added where two texts look the same."""
+    shown = [label(t) for _, t in pairs]
+    return [f"{s} ({i})" if shown.count(s) > 1 else s for s, (i, _) in zip(shown, pairs)]
+
+
+def u_gauge(alpha: float, u: float | None) -> go.Figure:
+    """The unit interval split at α: u below α accepts, above rejects."""
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=[alpha], y=[""], orientation="h", marker_color="#2ca02c", name="accept (u ≤ α)",
+                         hoverinfo="skip"))
+    fig.add_trace(go.Bar(x=[1 - alpha], y=[""], orientation="h", marker_color="#f4a6a6", name="reject (u > α)",
+                         hoverinfo="skip"))
+    if u is not None:
+        fig.add_trace(go.Scatter(x=[u], y=[""], mode="markers+text", marker={"symbol": "triangle-down", "size": 18,
+                      "color": "black"}, text=[f"<b>u = {u:.3f}</b>"], textposition="bottom center",
+                      textfont={"color": "white", "size": 14}, name="u"))
+    fig.update_layout(barmode="stack", height=160, margin={"l": 10, "r": 10, "t": 30, "b": 10},
+                      xaxis={"range": [0, 1]}, legend={"orientation": "h", "y": -0.4},
+                      title=f"α = {alpha:.3f}" + ("" if u is not None else " (greedy: no u, α is 1 or 0)"))
+    return fig
+
+
+def histogram_pair(labels: list[str], series: dict[str, list[float]], title: str, colours: dict | None = None) -> go.Figure:
+    fig = go.Figure()
+    for name, ys in series.items():
+        fig.add_trace(go.Bar(x=labels, y=ys, name=name, marker_color=(colours or {}).get(name)))
+    fig.update_layout(barmode="group", title=title, height=320, margin={"l": 10, "r": 10, "t": 40, "b": 10},
+                      yaxis={"title": "share"}, legend={"orientation": "h", "y": -0.25})
+    return fig
+
+
+# -------------------------------------------------------------------------------------------- trees
+
+
+def tree_layout(parents: dict, root=-1) -> dict:
+    """(x, y) for each node id of a tree given as {id: parent}: x = depth, leaves on consecutive rows in the
+    order children are listed (the verification order), each parent centred on its children."""
+    graph = nx.DiGraph()
+    graph.add_node(root)
+    for node, parent in parents.items():
+        graph.add_edge(parent, node)
+    depth = nx.shortest_path_length(graph, root)
+    pos, next_row = {}, 0
+    for node in nx.dfs_postorder_nodes(graph, root):
+        kids = list(graph.successors(node))
+        if kids:
+            y = sum(pos[k][1] for k in kids) / len(kids)
+        else:
+            y, next_row = next_row, next_row + 1
+        pos[node] = (depth[node], y)
+    return pos
+
+
+def _tree_figure(items: list[dict], title: str, height: int | None = None) -> go.Figure:
+    """items: {"id", "parent", "label", "hover", "status"}; drawn left to right from the root (id -1)."""
+    pos = tree_layout({it["id"]: it["parent"] for it in items if it["id"] != -1})
+    fig = go.Figure()
+    ex, ey = [], []
+    for it in items:
+        if it["id"] != -1:
+            (x0, y0), (x1, y1) = pos[it["parent"]], pos[it["id"]]
+            ex += [x0, x1, None]
+            ey += [y0, y1, None]
+    fig.add_trace(go.Scatter(x=ex, y=ey, mode="lines", line={"color": "#999", "width": 1}, hoverinfo="skip",
+                             showlegend=False))
+    for status in STATUS_COLOURS:
+        group = [it for it in items if it["status"] == status]
+        if not group:
+            continue
+        fig.add_trace(go.Scatter(
+            x=[pos[it["id"]][0] for it in group], y=[pos[it["id"]][1] for it in group],
+            mode="markers+text", text=[it["label"] for it in group], textposition="top center",
+            textfont={"family": "monospace", "size": 13},
+            marker={"size": 16, "color": STATUS_COLOURS[status], "line": {"color": "#333", "width": 1}},
+            hovertext=[it["hover"] for it in group], hoverinfo="text", name=STATUS_LABELS[status],
+        ))
+    rows = max((y for _, y in pos.values()), default=0) + 1
+    depth = max((x for x, _ in pos.values()), default=0)
+    fig.update_layout(
+        title={"text": title, "y": 0.98, "yanchor": "top"}, height=height or max(300, min(900, 44 * rows + 150)),
+        margin={"l": 10, "r": 10, "t": 90, "b": 10},
+        legend={"orientation": "h", "y": 1.0, "yanchor": "bottom", "x": 0},
+        xaxis={"title": "depth (root = 0)", "dtick": 1, "range": [-0.4, depth + 0.6], "zeroline": False},
+        yaxis={"visible": False, "range": [rows - 0.5, -0.9]}, plot_bgcolor="white",  # reversed: first child on top
+    )
+    return fig
+
+
+def step_tree_figure(step: dict) -> go.Figure:
+    """The verified draft tree of one step: accepted path, rejected and never-tested nodes, and the token
+    that ended the step (replacement or bonus) hanging off the last accepted node."""
+    tests = {t["node"]: t for t in step["tests"]}
+    path = set(step["accepted_path"])
+    items = [{"id": -1, "parent": None, "label": "root", "hover": "root: the last committed token", "status": "root"}]
+    for n in step["nodes"]:
+        t = tests.get(n["id"])
+        status = "accepted" if n["id"] in path else ("rejected" if t else "untested")
+        hover = [f"<b>{label(n['text'])}</b> (id {n['token']}, node {n['id']}, depth {n['depth']})",
+                 f"q = {fmt(n['q'])}" + (" (point mass: no q)" if n["q"] is None else ""),
+                 f"path score = {fmt(n['score'])}", f"p = {fmt(n['p'])}"]
+        if t:
+            hover.append(f"tested: p = {fmt(t['p'])}, α = {fmt(t['alpha'])}, u = {fmt(t['u'])} → "
+                         + ("accepted" if t["accepted"] else "rejected"))
+        else:
+            hover.append("never tested (a sibling or an ancestor decided first)")
+        items.append({"id": n["id"], "parent": n["parent"], "label": label(n["text"]), "hover": "<br>".join(hover),
+                      "status": status})
+    final = step["final"]
+    items.append({"id": len(step["nodes"]), "parent": step["accepted_path"][-1] if step["accepted_path"] else -1,
+                  "label": label(final["text"]), "status": final["kind"],
+                  "hover": f"<b>{label(final['text'])}</b>: {final['kind']} token, drawn from "
+                           + ("the residual max(0, p − q)" if final["kind"] == "replacement" else "p")})
+    n_tested = len(step["tests"])
+    title = (f"step {step['step']}: {len(step['nodes'])} drafted, {n_tested} tested, "
+             f"{len(step['accepted_path'])} accepted, then 1 {final['kind']}")
+    return _tree_figure(items, title)
+
+
+def build_stage_figure(step: dict, stage_index: int) -> go.Figure:
+    """The tree as the drafter built it, up to stage `stage_index` of `step['build']`."""
+    stages = step["build"][: stage_index + 1]
+    current = stages[-1]
+    candidates, kept_before = {}, set()
+    for st in stages:
+        if st["stage"] == "expand":
+            for c in st["candidates"]:
+                candidates[c["cid"]] = c
+    for st in stages[:-1]:
+        if st["stage"] == "expand":
+            kept_before |= set(st["kept"])
+    kept_now = set(current["kept"])
+    items = [{"id": -1, "parent": None, "label": "root", "hover": "root", "status": "root"}]
+    for cid, c in candidates.items():
+        if current["stage"] == "rerank":
+            status = "kept" if cid in kept_now else "dropped"
+        elif cid in kept_now:
+            status = "kept"
+        elif cid in kept_before:
+            status = "expanded"
+        else:
+            status = "dropped"
+        hover = f"<b>{label(c['text'])}</b> (id {c['token']})<br>q = {fmt(c['q'])}<br>path score = {fmt(c['score'])}"
+        parent = c["parent_cid"] if c["parent_cid"] in candidates else -1  # a malformed trace still draws
+        items.append({"id": cid, "parent": parent, "label": label(c["text"]), "hover": hover, "status": status})
+    if current["stage"] == "expand":
+        title = (f"expand depth {current['depth']}: {len(current['candidates'])} candidates, "
+                 f"the {len(kept_now)} best by path score are expanded next")
+    else:
+        title = f"rerank: the best {current['total_tokens']} candidates of the whole tree by path score become the draft"
+    return _tree_figure(items, title)
+
+
+def ancestors_mask(parents: list[int]) -> list[list[int]]:
+    """(n + 1) × (n + 1): row i may attend column j when j is the root, i itself or an ancestor of i.
+    Row/column 0 is the root, row i + 1 is node i."""
+    n = len(parents)
+    mask = [[0] * (n + 1) for _ in range(n + 1)]
+    mask[0][0] = 1
+    for i in range(n):
+        row = mask[i + 1]
+        row[0] = 1
+        node = i
+        while node != -1:
+            row[node + 1] = 1
+            node = parents[node]
+    return mask
+
+
+def mask_figure(step: dict) -> go.Figure:
+    names = unique_labels([(-1, "root")] + [(n["id"], f"{n['id']}:{n['text']}") for n in step["nodes"]])
+    mask = ancestors_mask([n["parent"] for n in step["nodes"]])
+    fig = go.Figure(go.Heatmap(
+        z=mask, x=names, y=names, colorscale=[[0, "#f4f4f4"], [1, "#1f3b73"]], showscale=False,
+        hovertext=[[f"{names[i]} {'sees' if mask[i][j] else 'does not see'} {names[j]}" for j in range(len(names))]
+                   for i in range(len(names))], hoverinfo="text", xgap=1, ygap=1,
+    ))
+    size = max(260, min(700, 22 * len(names) + 120))
+    fig.update_layout(title="tree attention mask (row attends to column)", height=size,
+                      margin={"l": 10, "r": 10, "t": 40, "b": 10},
+                      yaxis={"autorange": "reversed", "tickfont": {"family": "monospace"}},
+                      xaxis={"tickangle": -60, "tickfont": {"family": "monospace"}})
+    return fig
+
+
+# --------------------------------------------------------------------------------------------- race
+
+
+def race_timeline(name: str, steps: list[dict]) -> go.Figure:
+    """Which tokens each step produced: one stacked bar per step, a segment per token coloured by kind."""
+    fig = go.Figure()
+    for kind in KIND_COLOURS:
+        xs, ys, texts, hovers = [], [], [], []
+        for s in steps:
+            for pos, c in enumerate(s["committed"]):
+                if c["kind"] == kind:
+                    xs.append(s["step"])
+                    ys.append(1)
+                    texts.append(label(c["text"]))
+                    hovers.append(f"step {s['step']}, token {pos + 1}: {label(c['text'])} ({kind})")
+        if xs:
+            fig.add_trace(go.Bar(x=xs, y=ys, name=KIND_LABELS[kind], marker_color=KIND_COLOURS[kind],
+                                 marker_line={"color": "#777", "width": 0.5}, text=texts, textposition="inside",
+                                 insidetextanchor="middle", textfont={"family": "monospace", "size": 10},
+                                 hovertext=hovers, hoverinfo="text"))
+    fig.update_layout(barmode="stack", title=f"{name}: tokens per step", height=260,
+                      margin={"l": 10, "r": 10, "t": 40, "b": 10}, showlegend=False,
+                      xaxis={"title": "step (one target forward)"}, yaxis={"title": "tokens", "dtick": 1})
+    return fig
+
+
+def timing_breakdown(runs: dict[str, list[dict]]) -> go.Figure:
+    """Draft and verify milliseconds per step, one pair of stacked bars per drafter."""
+    fig = go.Figure()
+    for name, steps in runs.items():
+        xs = [s["step"] for s in steps]
+        fig.add_trace(go.Bar(x=xs, y=[s["timing"]["verify_ms"] for s in steps], name=f"{name} verify",
+                             offsetgroup=name, legendgroup=name))
+        fig.add_trace(go.Bar(x=xs, y=[s["timing"]["draft_ms"] for s in steps], name=f"{name} draft",
+                             offsetgroup=name, legendgroup=name, base=[s["timing"]["verify_ms"] for s in steps],
+                             marker_pattern_shape="/"))
+    fig.update_layout(barmode="group", title="time per step: verify (target forward + test) and draft (hatched)",
+                      height=320, margin={"l": 10, "r": 10, "t": 40, "b": 10},
+                      xaxis={"title": "step"}, yaxis={"title": "ms"}, legend={"orientation": "h", "y": -0.25})
+    return fig

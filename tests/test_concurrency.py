@@ -1,0 +1,74 @@
+"""Several sessions sharing one loaded model: runs are serialised by the lock, each gets what it gets alone,
+and a session that stops or fails mid-run leaves the model usable."""
+import threading
+import time
+
+import pytest
+
+from specviz.errors import SpecvizError
+from specviz.ui.runner import SharedModels
+
+JOBS = [  # four sessions with different settings
+    {"prompt": "Write a haiku about the sea.", "drafter": "ngram", "temperature": 0.0, "seed": 0},
+    {"prompt": "List three colours.", "drafter": "ngram", "temperature": 1.0, "seed": 1},
+    {"prompt": "Count to five.", "drafter": "none", "temperature": 0.8, "seed": 2},
+    {"prompt": "Say hello.", "drafter": "ngram", "temperature": 1.2, "seed": 3, "k": 2},
+]
+
+
+def tokens(events):
+    return events[-1]["token_ids"]
+
+
+def test_four_simultaneous_sessions_each_get_their_solo_output(tiny_models):
+    shared = SharedModels(tiny_models)
+    alone = [tokens(shared.run(max_new_tokens=12, **job)) for job in JOBS]
+    results, spans, errors = [None] * len(JOBS), [None] * len(JOBS), []
+    waited = []
+    barrier = threading.Barrier(len(JOBS))
+
+    def session(i):
+        try:
+            barrier.wait()
+            with shared.events(max_new_tokens=12, on_wait=lambda: waited.append(i), **JOBS[i]) as stream:
+                events = []
+                for event in stream:
+                    if not events:
+                        began = time.perf_counter()
+                    events.append(event)
+                spans[i] = (began, time.perf_counter())
+            results[i] = events[-1].token_ids
+        except Exception as err:  # reported below, in the main thread
+            errors.append(err)
+
+    threads = [threading.Thread(target=session, args=(i,)) for i in range(len(JOBS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors
+    assert results == alone
+    assert len(waited) >= 1  # at least one session found the model busy and queued
+    ordered = sorted(spans)
+    assert all(a[1] <= b[0] for a, b in zip(ordered, ordered[1:]))  # runs never overlapped
+    assert not shared.lock.locked()
+
+
+def test_a_stopped_or_failed_session_releases_the_model(tiny_models):
+    shared = SharedModels(tiny_models)
+    stream = shared.stream("Say hello.", drafter="ngram", max_new_tokens=20)
+    next(stream)  # the start event: the run now holds the lock
+    assert shared.lock.locked()
+    stream.close()  # the browser session went away mid-run
+    assert not shared.lock.locked()
+
+    with pytest.raises(RuntimeError):
+        with shared.events("Say hello.", drafter="ngram", max_new_tokens=20) as events:
+            for _ in events:
+                raise RuntimeError("the page failed while rendering")
+    assert not shared.lock.locked()
+
+    with pytest.raises(SpecvizError, match="empty"):
+        shared.run("   ", drafter="ngram")
+    assert not shared.lock.locked()
+    assert tokens(shared.run("Say hello.", drafter="ngram", max_new_tokens=4))  # still usable
