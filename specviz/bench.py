@@ -288,7 +288,7 @@ def verify_costs(model, sizes, context_len: int = 256, repeats: int = 5, branchi
     generator = torch.Generator().manual_seed(0)
     vocab = model.get_input_embeddings().weight.shape[0]
     cache = DynamicCache(config=model.config)
-    target.forward(torch.randint(vocab, (context_len,), generator=generator).tolist(), cache, logits_for_last_only=True)
+    target.forward(torch.randint(vocab, (context_len,), generator=generator).tolist(), cache, logits=False)
     inputs = {}  # (shape, n) -> (ids, position_ids, mask)
     for n in sizes:
         ids = torch.randint(vocab, (n,), generator=generator).tolist()

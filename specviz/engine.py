@@ -49,8 +49,8 @@ class Target:
         self.max_positions = getattr(model.config, "max_position_embeddings", None) or 2**31
 
     @torch.inference_mode()
-    def forward(self, ids: list[int], cache, position_ids=None, mask=None, logits_for_last_only=False):
-        """ids of T new tokens → hidden (T, H) and logits (T or 1, V) as float32."""
+    def forward(self, ids: list[int], cache, position_ids=None, mask=None, logits=True):
+        """ids of T new tokens → hidden (T, H) and logits (T, V) as float32 (None when logits=False)."""
         out = self.decoder(
             input_ids=torch.tensor([ids], device=self.device),
             cache=cache,
@@ -59,8 +59,9 @@ class Target:
             use_cache=True,
         )
         hidden = out.last_hidden_state[0]
-        logits = self.head(hidden[-1:] if logits_for_last_only else hidden)[:, : self.vocab_size]
-        return hidden, logits.float()
+        if not logits:
+            return hidden, None
+        return hidden, self.head(hidden)[:, : self.vocab_size].float()
 
 
 class TokenText:
@@ -235,8 +236,7 @@ class _Run:
         """Cache every prompt token but the last: the last is the root of the first step."""
         features = None
         if len(ids) > 1:
-            hidden, logits = self.target.forward(ids[:-1], self.cache, logits_for_last_only=True)
-            sampling.check_finite(logits, "target")
+            hidden = self.target.forward(ids[:-1], self.cache, logits=False)[0]
             features = hidden if self.drafter.needs_features else None
         self.drafter.start(torch.tensor(ids), features)
 
@@ -248,8 +248,8 @@ class _Run:
             position_ids = tree.position_ids(past_len, device=device)
             mask = tree.attention_mask(past_len, dtype=self.target.model.dtype, device=device)
         hidden, logits = self.target.forward([root] + tree.tokens, self.cache, position_ids, mask)
-        sampling.check_finite(logits, "target")
         p = sampling.display_probs(logits, self.settings.sampling).cpu()  # (n + 1, V)
+        sampling.check_probs(p, "target")
         greedy = self.settings.sampling.greedy
         return hidden, p, verify(tree, p, greedy, self.generator, self.settings.n_top)
 

@@ -30,8 +30,8 @@ class DraftModelDrafter(Drafter):
         new = ids[self._reuse(ids) :]
         for _ in range(min(self.k, request.max_depth)):
             logits = self._forward(new)  # (V,) for the next position
-            sampling.check_finite(logits, "draft")
             shown = sampling.display_probs(logits, request.sampling)
+            sampling.check_probs(shown, "draft")
             if request.sampling.greedy:
                 token, q_dist = int(logits.argmax()), None
             else:
