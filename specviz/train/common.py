@@ -1,0 +1,54 @@
+"""Paths, target loading and small helpers shared by the data job and the trainers."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+
+TARGET_NAME = "smollm2-135m"
+
+
+def cache_root() -> Path:
+    """`$SPECVIZ_CACHE`, else `~/.cache/specviz`."""
+    return Path(os.environ.get("SPECVIZ_CACHE") or Path.home() / ".cache" / "specviz")
+
+
+def default_model_path() -> Path:
+    return cache_root() / TARGET_NAME
+
+
+def default_data_dir() -> Path:
+    return cache_root() / "train" / TARGET_NAME
+
+
+def set_seed(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def load_target(model_path: str | Path):
+    """The frozen fp32 target and its tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
+    model.eval().requires_grad_(False)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+    return model, tokenizer
+
+
+def write_json_atomic(path: Path, obj) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2))
+    os.replace(tmp, path)
+
+
+def save_torch_atomic(path: Path, obj) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)

@@ -1,0 +1,288 @@
+"""Self-distillation data: the target answers instruction prompts, then its final hidden states are cached.
+
+Layout of the cache folder (default `<SPECVIZ_CACHE or ~/.cache/specviz>/train/smollm2-135m/`):
+
+    index.json            config, target, list of finished shards (rewritten atomically after each shard)
+    val-00000.safetensors one shard: `tokens` (N,) int32 prompt+response ids of every sequence, concatenated
+    train-00000.safetensors         `features` (N, H) fp16 target final hidden state (input of the LM head)
+                                    `offsets` (n+1,) int64 sequence starts in `tokens`
+                                    `prompt_lens` (n,) int64
+                                    `token_counts` (V,) int64 target token frequency over the responses
+
+Features cover every position (prompt too), because an EAGLE head attends over the prompt's features at
+inference. Position t holds f_t, which the target's LM head maps to the distribution of token t+1.
+Responses are greedy (temperature 0, the headline benchmark setting), stop at eos, and keep the eos.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from .common import default_data_dir, default_model_path, load_target, write_json_atomic
+
+log = logging.getLogger("specviz.train.data")
+
+PROMPTS_PATH = "/work/shared/data/instruct_mix.jsonl"
+FORBIDDEN_PROMPTS = ("mt_bench",)  # benchmark prompts must never become training data
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    model_path: str = str(default_model_path())
+    out_dir: str = str(default_data_dir())
+    prompts_path: str = PROMPTS_PATH
+    n_prompts: int = 3000  # training prompts (validation prompts come on top)
+    n_val: int = 128  # held-out prompts: the first n_val of the shuffled order, fixed whatever n_prompts is
+    seed: int = 0
+    max_new_tokens: int = 144
+    max_prompt_tokens: int = 320  # longer prompts are skipped (rare; keeps batches compact)
+    shard_size: int = 64
+    batch_size: int = 16
+    max_minutes: float | None = None  # stop cleanly after the shard that crosses this; rerun to resume
+
+
+@dataclass
+class FeatureSet:
+    """All sequences of one split, concatenated."""
+
+    tokens: torch.Tensor  # (N,) int64
+    features: torch.Tensor  # (N, H) fp16
+    offsets: torch.Tensor  # (n+1,) int64
+    prompt_lens: torch.Tensor  # (n,) int64
+
+    def __len__(self) -> int:
+        return len(self.prompt_lens)
+
+    def sequence(self, i: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+        return self.tokens[a:b], self.features[a:b], int(self.prompt_lens[i])
+
+
+# ---------------------------------------------------------------------------------------------- prompts
+
+
+def read_instructions(path: str) -> list[str]:
+    if any(name in Path(path).name for name in FORBIDDEN_PROMPTS):
+        raise ValueError(f"{path} is a benchmark file; it must not be used for training")
+    with open(path) as f:
+        return [json.loads(line)["instruction"] for line in f if line.strip()]
+
+
+def chat_prompt_ids(tokenizer, instruction: str) -> list[int]:
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": instruction}], add_generation_prompt=True, tokenize=True
+    )
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # transformers may return a BatchEncoding
+        ids = ids["input_ids"]
+    return list(ids)
+
+
+def select_prompts(cfg: DataConfig, tokenizer) -> tuple[list[list[int]], list[list[int]]]:
+    """(val, train) prompt token lists: seeded shuffle, skip over-long prompts, val first."""
+    instructions = read_instructions(cfg.prompts_path)
+    order = np.random.default_rng(cfg.seed).permutation(len(instructions))
+    wanted = cfg.n_val + cfg.n_prompts
+    chosen: list[list[int]] = []
+    for i in order:
+        ids = chat_prompt_ids(tokenizer, instructions[i])
+        if len(ids) <= cfg.max_prompt_tokens:
+            chosen.append(ids)
+        if len(chosen) == wanted:
+            break
+    return chosen[: cfg.n_val], chosen[cfg.n_val :]
+
+
+def shard_plan(val: list, train: list, shard_size: int) -> list[tuple[str, list]]:
+    plan = []
+    for split, prompts in (("val", val), ("train", train)):
+        for k in range(0, len(prompts), shard_size):
+            plan.append((f"{split}-{k // shard_size:05d}", prompts[k : k + shard_size]))
+    return plan
+
+
+# ---------------------------------------------------------------------------------------------- generation
+
+
+def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)  # (B, P)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)  # (B, P)
+    for row, s in enumerate(seqs):
+        ids[row, width - len(s) :] = torch.tensor(s)
+        mask[row, width - len(s) :] = 1
+    return ids, mask
+
+
+def right_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)  # (B, L)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)  # (B, L)
+    for row, s in enumerate(seqs):
+        ids[row, : len(s)] = torch.tensor(s)
+        mask[row, : len(s)] = 1
+    return ids, mask
+
+
+def cut_at_eos(new_tokens: list[int], eos_id: int) -> list[int]:
+    """Keep the response up to and including its first eos (the heads must learn to predict eos)."""
+    return new_tokens[: new_tokens.index(eos_id) + 1] if eos_id in new_tokens else new_tokens
+
+
+@torch.inference_mode()
+def greedy_with_features(target, prompts: list[list[int]], max_new_tokens: int, eos_id: int):
+    """Greedy responses and the final hidden state of every prompt+response position, from one `generate`.
+
+    The prefill yields the prompt's features and each decode step the feature of the token it was fed; one extra
+    step feeds the last generated column so that every row's final token has its feature too. Rows that stopped
+    early are fed eos (= pad) afterwards, which is exactly their final token. Returns [(tokens, (n, H) fp16)].
+    """
+    ids, mask = left_pad(prompts, eos_id)  # (B, P)
+    out = target.generate(
+        input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+        eos_token_id=eos_id, pad_token_id=eos_id, return_dict_in_generate=True, output_hidden_states=True,
+    )
+    seq = out.sequences  # (B, P + new)
+    steps = [h[-1] for h in out.hidden_states]  # the last entry is the normed final hidden state
+    full_mask = torch.cat([mask, torch.ones_like(seq[:, ids.shape[1] :])], dim=1)  # (B, P + new)
+    last = target.model(
+        input_ids=seq[:, -1:], attention_mask=full_mask, cache=out.past_key_values,
+        position_ids=full_mask.sum(1, keepdim=True) - 1,
+    ).last_hidden_state  # (B, 1, H)
+    hidden = torch.cat([*steps, last], dim=1)  # (B, P + new, H), aligned with seq
+    results = []
+    for row, prompt in enumerate(prompts):
+        response = cut_at_eos(seq[row, ids.shape[1] :].tolist(), eos_id)
+        start, end = ids.shape[1] - len(prompt), ids.shape[1] + len(response)
+        results.append((prompt + response, hidden[row, start:end].to(torch.float16)))
+    return results
+
+
+@torch.inference_mode()
+def final_hidden_states(target, seqs: list[list[int]], eos_id: int) -> list[torch.Tensor]:
+    """One unpadded-equivalent forward per sequence (right padding leaves causal positions untouched)."""
+    ids, mask = right_pad(seqs, eos_id)
+    hidden = target.model(input_ids=ids, attention_mask=mask).last_hidden_state  # (B, L, H)
+    return [hidden[row, : len(s)].to(torch.float16) for row, s in enumerate(seqs)]
+
+
+def build_shard(target, prompts: list[list[int]], cfg: DataConfig, eos_id: int, vocab_size: int) -> dict:
+    order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))  # similar lengths share a batch
+    seqs, prompt_lens, feats = [], [], []
+    counts = torch.zeros(vocab_size, dtype=torch.int64)
+    for k in range(0, len(order), cfg.batch_size):
+        batch = [prompts[i] for i in order[k : k + cfg.batch_size]]
+        for prompt, (tokens, feat) in zip(batch, greedy_with_features(target, batch, cfg.max_new_tokens, eos_id)):
+            seqs.append(tokens)
+            feats.append(feat)
+            prompt_lens.append(len(prompt))
+            counts += torch.bincount(torch.tensor(tokens[len(prompt) :], dtype=torch.long), minlength=vocab_size)
+    lengths = torch.tensor([len(s) for s in seqs])
+    return {
+        "tokens": torch.tensor([t for s in seqs for t in s], dtype=torch.int32),
+        "features": torch.cat(feats),
+        "offsets": torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]),
+        "prompt_lens": torch.tensor(prompt_lens, dtype=torch.int64),
+        "token_counts": counts,
+    }
+
+
+# ---------------------------------------------------------------------------------------------- the job
+
+
+def read_index(out_dir: str | Path) -> dict:
+    path = Path(out_dir) / "index.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def build_dataset(cfg: DataConfig, target=None, tokenizer=None) -> dict:
+    """Generate and cache every shard not yet on disk. Returns the index."""
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if target is None:
+        target, tokenizer = load_target(cfg.model_path)
+    eos_id = int(tokenizer.eos_token_id)
+    index = read_index(out)
+    if index and index.get("config", {}).get("seed") != cfg.seed:
+        raise ValueError(f"{out} holds data made with another seed; choose another --data-dir")
+    done = {s["name"]: s for s in index.get("shards", [])}
+    val, train = select_prompts(cfg, tokenizer)
+    plan = shard_plan(val, train, cfg.shard_size)
+    log.info("data: %d val + %d train prompts in %d shards, %d already done", len(val), len(train), len(plan), len(done))
+    start = time.time()
+    for name, prompts in plan:
+        if name in done and (out / f"{name}.safetensors").exists():
+            continue
+        t0 = time.time()
+        shard = build_shard(target, prompts, cfg, eos_id, target.config.vocab_size)
+        tmp = out / f"{name}.safetensors.tmp"
+        save_file(shard, str(tmp))
+        tmp.replace(out / f"{name}.safetensors")
+        n_resp = int(shard["token_counts"].sum())
+        done[name] = {
+            "name": name, "split": name.split("-")[0], "n_seqs": len(prompts),
+            "n_tokens": int(shard["tokens"].numel()), "n_response_tokens": n_resp,
+            "seconds": round(time.time() - t0, 1),
+        }
+        index = {
+            "config": asdict(cfg), "hidden_size": target.config.hidden_size,
+            "vocab_size": target.config.vocab_size, "eos_token_id": eos_id,
+            "shards": sorted(done.values(), key=lambda s: s["name"]),
+        }
+        write_json_atomic(out / "index.json", index)
+        log.info("shard %s: %d seqs, %d response tokens, %.0f s (%.1f resp tok/s)",
+                 name, len(prompts), n_resp, time.time() - t0, n_resp / (time.time() - t0))
+        if cfg.max_minutes is not None and time.time() - start > 60 * cfg.max_minutes:
+            log.info("data: time budget reached; rerun with the same arguments to resume")
+            break
+    return index
+
+
+# ---------------------------------------------------------------------------------------------- reading
+
+
+def load_split(data_dir: str | Path, split: str, max_seqs: int | None = None) -> FeatureSet:
+    data_dir = Path(data_dir)
+    shards = [s for s in read_index(data_dir).get("shards", []) if s["split"] == split]
+    if not shards:
+        raise FileNotFoundError(f"no finished {split} shards in {data_dir}; run `train data` first")
+    tokens, feats, lengths, plens = [], [], [], []
+    for s in shards:
+        d = load_file(str(data_dir / f"{s['name']}.safetensors"))
+        tokens.append(d["tokens"].long())
+        feats.append(d["features"])
+        lengths.append(d["offsets"].diff())
+        plens.append(d["prompt_lens"])
+        if max_seqs is not None and sum(len(p) for p in plens) >= max_seqs:
+            break
+    lengths_t, plens_t = torch.cat(lengths), torch.cat(plens)
+    n = len(plens_t) if max_seqs is None else min(max_seqs, len(plens_t))
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths_t.cumsum(0)])
+    end = int(offsets[n])
+    return FeatureSet(torch.cat(tokens)[:end], torch.cat(feats)[:end], offsets[: n + 1], plens_t[:n])
+
+
+def token_counts(data_dir: str | Path) -> torch.Tensor:
+    """Target token frequency over the training responses. (V,) int64"""
+    data_dir = Path(data_dir)
+    total = None
+    for s in read_index(data_dir)["shards"]:
+        if s["split"] != "train":
+            continue
+        c = load_file(str(data_dir / f"{s['name']}.safetensors"))["token_counts"]
+        total = c if total is None else total + c
+    return total
+
+
+def draft_vocabulary(counts: torch.Tensor, size: int, eos_id: int) -> torch.Tensor:
+    """The `size` most frequent response tokens, always including eos, sorted by id. (Vd,) int64"""
+    counts = counts.clone().double()
+    counts[eos_id] = float("inf")
+    return torch.topk(counts, size).indices.sort().values

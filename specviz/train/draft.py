@@ -1,0 +1,100 @@
+"""Train the small independent draft: a few decoder layers of the target's family that see only token ids,
+share the target's embedding (input and tied output), and are distilled with KL(p || q) over the full vocabulary
+on response positions. Its layers start as copies of some of the target's layers, its norm as the target's."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from ..heads import draft_config, save_draft_model, share_embedding
+from .loop import Batch, TrainConfig
+
+log = logging.getLogger("specviz.train.draft")
+
+
+def init_draft(target, layers: tuple[int, ...]):
+    """A `*ForCausalLM` with len(layers) layers copied from the target, its final norm, and its embedding."""
+    from transformers import AutoModelForCausalLM
+
+    draft = AutoModelForCausalLM.from_config(draft_config(target.config, len(layers)), dtype=torch.float32)
+    for i, src in enumerate(layers):
+        draft.model.layers[i].load_state_dict(target.model.layers[src].state_dict())
+    draft.model.norm.load_state_dict(target.model.norm.state_dict())
+    share_embedding(draft, target)  # frozen: the target has requires_grad False
+    return draft
+
+
+def draft_and_target(draft, w: torch.Tensor, batch: Batch):
+    """(log q, log p) at response positions, each (N, V)."""
+    hidden = draft.model(input_ids=batch.tokens, position_ids=batch.position_ids).last_hidden_state  # (B, L, H)
+    mask = batch.response & batch.valid  # (B, L)
+    logq = torch.log_softmax(hidden[mask] @ w.T, dim=-1)  # (N, V)
+    with torch.no_grad():
+        logp = torch.log_softmax(batch.features[mask] @ w.T, dim=-1)  # (N, V)
+    return logq, logp
+
+
+def make_step_loss(draft, w: torch.Tensor):
+    def step_loss(batch: Batch):
+        logq, logp = draft_and_target(draft, w, batch)
+        kl = (logp.exp() * (logp - logq)).sum(-1).mean()
+        with torch.no_grad():
+            acc = (logq.argmax(-1) == logp.argmax(-1)).float().mean()
+        return kl, {"kl": kl.item(), "acc": acc.item()}
+
+    return step_loss
+
+
+@torch.no_grad()
+def evaluate(draft, target, batches) -> dict:
+    """top1: argmax q equals argmax p (greedy acceptance of one drafted token); kl: mean KL(p || q);
+    expected_accept: mean of sum_x min(p, q) (acceptance rate of one token under sampling at temperature 1)."""
+    w = target.lm_head.weight
+    n = hit = 0
+    kl = overlap = 0.0
+    for batch in batches:
+        logq, logp = draft_and_target(draft, w, batch)
+        n += len(logq)
+        hit += int((logq.argmax(-1) == logp.argmax(-1)).sum())
+        kl += float((logp.exp() * (logp - logq)).sum())
+        overlap += float(torch.minimum(logp.exp(), logq.exp()).sum())
+    return {"top1": round(hit / max(1, n), 4), "kl": round(kl / max(1, n), 4),
+            "expected_accept_T1": round(overlap / max(1, n), 4), "positions": n}
+
+
+def train_draft(cfg: TrainConfig, target=None) -> dict:
+    from .common import load_target, set_seed
+    from .data import load_split
+    from .eagle import fp16_round_trip
+    from .loop import eval_batches, train
+    from .report import write_provenance
+
+    set_seed(cfg.seed)
+    target = target if target is not None else load_target(cfg.model_path)[0]
+    train_set, val_set = load_split(cfg.data_dir, "train"), load_split(cfg.data_dir, "val")
+    draft = init_draft(target, cfg.draft_layers)
+    baseline = evaluate(draft, target, eval_batches(val_set, cfg))
+    log.info("draft: initial %s", baseline)
+    history = train(cfg, draft, make_step_loss(draft, target.lm_head.weight), train_set)
+    metrics = {"fp32": evaluate(draft, target, eval_batches(val_set, cfg))}
+    fp16_round_trip(draft.model.layers)
+    fp16_round_trip(draft.model.norm)
+    metrics["fp16 (shipped)"] = evaluate(draft, target, eval_batches(val_set, cfg))
+    metrics["initial (copied layers, untrained)"] = baseline
+    log.info("draft: %s", metrics)
+    save_draft_model(draft, cfg.out, {"target": "smollm2-135m", "init_from_target_layers": list(cfg.draft_layers),
+                                      "val": metrics})
+    own = sum(p.numel() for n, p in draft.named_parameters() if "embed_tokens" not in n)
+    notes = [
+        f"Model: {len(cfg.draft_layers)} decoder layers of the target's family (hidden {target.config.hidden_size}), "
+        f"initialised from target layers {list(cfg.draft_layers)} and the target's final norm; embedding and tied "
+        f"LM head are the target's (not stored); {own} own parameters.",
+        "Loss: KL(p || q) over the full vocabulary at response positions (p from the cached target features); "
+        "the draft sees token ids only.",
+        "Build it with `specviz.heads.build_draft_model(target, 'assets/draft-smollm2-135m')`.",
+        "Shipped fp16; validation numbers are measured before and after rounding to fp16.",
+    ]
+    write_provenance(cfg, "Small independent draft for SmolLM2-135M-Instruct", history, metrics, notes)
+    return metrics
