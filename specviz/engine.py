@@ -19,7 +19,7 @@ from specviz.kvcache import keep_cache_entries
 from specviz.metrics import Metrics
 from specviz.sampling import Sampling
 from specviz.tree import DraftTree
-from specviz.verify import Verdict, top_n, verify
+from specviz.verify import Verdict, top_n, verify, verify_typical
 
 
 @dataclass
@@ -251,6 +251,8 @@ class _Run:
         p = sampling.display_probs(logits, self.settings.sampling).cpu()  # (n + 1, V)
         sampling.check_probs(p, "target")
         greedy = self.settings.sampling.greedy
+        if self.drafter.lossy and not greedy:  # an explicitly requested lossy rule (Medusa's typical acceptance)
+            return hidden, p, verify_typical(tree, p, self.drafter.typical, self.generator, self.settings.n_top)
         return hidden, p, verify(tree, p, greedy, self.generator, self.settings.n_top)
 
     def _truncate(self, new: list[int], kinds: list[str], budget: int):

@@ -14,6 +14,7 @@ argmax instead: accept the child equal to it, else the argmax is the replacement
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -76,6 +77,42 @@ def verify(
     if greedy:
         verdict.token = int(p[node + 1].argmax())
         verdict.final_dist_top = top_n(p[node + 1], n_top)
+    return verdict
+
+
+@dataclass(frozen=True)
+class Typical:
+    """Medusa's typical acceptance: accept x when p(x) > min(epsilon, delta · exp(−H(p))). NOT lossless: the
+    output no longer follows p exactly; events of such a run are marked lossy."""
+
+    epsilon: float = 0.3
+    delta: float = 0.09
+
+
+def verify_typical(tree: DraftTree, p: torch.Tensor, rule: Typical, generator: torch.Generator, n_top: int = 5) -> Verdict:
+    """Walk the tree taking the first child that passes the typical test; then sample the next token from p."""
+    kids = tree.children()
+    verdict = Verdict()
+    node = ROOT
+    while True:
+        p_here = p[node + 1]
+        entropy = float(-(p_here * torch.log(p_here.clamp_min(1e-12))).sum())
+        threshold = min(rule.epsilon, rule.delta * math.exp(-entropy))
+        moved_to = None
+        for c in kids[node]:
+            p_x = float(p_here[tree.tokens[c]])
+            accepted = p_x > threshold
+            verdict.tests.append(NodeTest(c, tree.tokens[c], p_x, tree.q[c], float(accepted), None, accepted))
+            if accepted:
+                moved_to = c
+                break
+        if moved_to is None:
+            break
+        verdict.path.append(moved_to)
+        node = moved_to
+    verdict.kind = "replacement" if kids[node] else "bonus"
+    verdict.token = sampling.sample(p[node + 1], generator)
+    verdict.final_dist_top = top_n(p[node + 1], n_top)
     return verdict
 
 

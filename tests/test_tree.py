@@ -199,3 +199,16 @@ def test_tree_test_catches_an_unnormalised_residual(small, monkeypatch):
 
     monkeypatch.setattr(verify_module, "_residual", unnormalised)
     assert tree_p_value(small, Sampling(1.0), b=3, draft="target") < 1e-6
+
+
+def test_medusa_typical_acceptance_is_marked_lossy_and_off_by_default():
+    target = tiny_llama(scale=3.0)
+    _, medusa = tiny_heads(target)
+    default = run(target, MedusaDrafter(medusa, target, tree=[(0,), (0, 0)]), max_new_tokens=8, sampling=Sampling(1.0))
+    assert not default[0].lossy and not any(e.lossy for e in default[1:-1])
+    typical = MedusaDrafter(medusa, target, tree=[(0,), (1,), (0, 0)], typical=True, epsilon=1.0, delta=1.0)
+    evs = run(target, typical, max_new_tokens=12, sampling=Sampling(1.0))
+    assert evs[0].lossy and all(e.lossy for e in evs[1:-1])
+    assert evs[0].options["typical_acceptance"] is True
+    # with ε = δ = 1 the threshold is exp(−H(p)) and a flat p over 64 tokens lets most children pass
+    assert evs[-1].stats["acceptance_rate"] > 0

@@ -8,7 +8,7 @@ import torch
 
 from specviz.drafters.base import Drafter, DraftRequest, Outcome
 from specviz.tree import ROOT, DraftTree
-from specviz.verify import top_n
+from specviz.verify import Typical, top_n
 
 # Each path lists, per depth, the rank of the token taken from that depth's head: [0, 1] is head 0's best
 # token followed by head 1's second best. 20 nodes: small enough that verifying them stays cheap on a CPU.
@@ -37,7 +37,12 @@ class MedusaDrafter(Drafter):
     name = "medusa"
     needs_features = True
 
-    def __init__(self, heads, target, tree=DEFAULT_TREE, draft_vocab: torch.Tensor | None = None):
+    def __init__(self, heads, target, tree=DEFAULT_TREE, draft_vocab: torch.Tensor | None = None,
+                 typical: bool = False, epsilon: float = 0.3, delta: float = 0.09):
+        """typical=True: Medusa's typical acceptance at temperature > 0. It is not lossless, so the run's
+        events are all marked lossy; the default is the lossless rule."""
+        self.lossy = typical
+        self.typical = Typical(epsilon, delta)
         self.heads = heads
         self.lm_head = target.get_output_embeddings().weight  # (V, H)
         self.vocab = draft_vocab
@@ -46,7 +51,7 @@ class MedusaDrafter(Drafter):
         self.feature = None  # (H,) the target's feature just before the root
 
     def options(self) -> dict:
-        return {"heads": self.heads.num_heads, "tree_nodes": len(self.paths),
+        return {"heads": self.heads.num_heads, "tree_nodes": len(self.paths), "typical_acceptance": self.lossy,
                 "draft_vocab": None if self.vocab is None else int(self.vocab.numel())}
 
     def start(self, prompt_ids: torch.Tensor, features: torch.Tensor | None) -> None:
