@@ -116,11 +116,15 @@ def test_eagle_and_medusa_greedy_equal_target_alone(total_tokens):
         EagleDrafter(eagle, target, TreeShape(depth=4, top_k=2, total_tokens=total_tokens), draft_vocab=vocab),
         MedusaDrafter(medusa, target, tree=[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]),
         MedusaDrafter(medusa, target, tree=[(0,), (0, 0), (0, 0, 0)], draft_vocab=vocab),
+        MedusaDrafter(medusa, target, tree=[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)], total_tokens=3),
     ]
     for drafter in drafters:
         evs = run(target, drafter, max_new_tokens=40)
         assert evs[-1].token_ids == reference, drafter.name
         assert all(len(e.nodes) <= total_tokens for e in evs[1:-1])
+        if getattr(drafter, "total_tokens", None) == 3:  # the best 3 nodes by path score, ancestors included
+            assert all(len(e.nodes) <= 3 for e in evs[1:-1])
+            assert all(n.parent == -1 or n.parent < n.id for e in evs[1:-1] for n in e.nodes)
 
 
 def test_eagle_build_stages_describe_the_tree():

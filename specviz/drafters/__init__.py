@@ -43,7 +43,9 @@ def make_drafter(name: str, models, k: int = 4, options: dict | None = None) -> 
         if heads is None:
             raise SpecvizError(f"no {name} head is available for '{models.name}'; train one with `python -m specviz train {part}`")
         if name == "medusa":
-            return MedusaDrafter(heads, models.target, draft_vocab=heads.draft_vocab, **options)
+            options.setdefault("total_tokens", "auto")  # the fixed tree, cut to what pays off on this machine
+            cost = interpolate(forward_latency(models.target)) if options["total_tokens"] == "auto" else None
+            return MedusaDrafter(heads, models.target, draft_vocab=heads.draft_vocab, verify_cost=cost, **options)
         shape = TreeShape(**{key: options.pop(key) for key in ("depth", "top_k", "total_tokens") if key in options})
         if options:
             raise SpecvizError(f"unknown eagle2 options: {', '.join(options)}")

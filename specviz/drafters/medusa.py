@@ -7,6 +7,7 @@ import math
 import torch
 
 from specviz.drafters.base import Drafter, DraftRequest, Outcome
+from specviz.drafters.eagle import best_budget
 from specviz.tree import ROOT, DraftTree
 from specviz.verify import Typical, top_n
 
@@ -38,20 +39,30 @@ class MedusaDrafter(Drafter):
     needs_features = True
 
     def __init__(self, heads, target, tree=DEFAULT_TREE, draft_vocab: torch.Tensor | None = None,
-                 typical: bool = False, epsilon: float = 0.3, delta: float = 0.09):
+                 typical: bool = False, epsilon: float = 0.3, delta: float = 0.09, total_tokens=None,
+                 verify_cost=None):
         """typical=True: Medusa's typical acceptance at temperature > 0. It is not lossless, so the run's
-        events are all marked lossy; the default is the lossless rule."""
+        events are all marked lossy; the default is the lossless rule.
+        total_tokens: None keeps the whole fixed tree; an int or "auto" (with verify_cost: n -> seconds) keeps
+        only the best nodes by path score, as the EAGLE-2 drafter does."""
         self.lossy = typical
         self.typical = Typical(epsilon, delta)
         self.heads = heads
         self.lm_head = target.get_output_embeddings().weight  # (V, H)
         self.vocab = draft_vocab
+        # heads that share the target's LM head project onto its draft-vocabulary rows, sliced once here
+        self.w_draft = None
+        if not heads.own_projection:
+            self.w_draft = self.lm_head if draft_vocab is None else self.lm_head[draft_vocab.to(self.lm_head.device)]
+        self.total_tokens = total_tokens
+        self.verify_cost = verify_cost
         self.paths = check_tree(tree, heads.num_heads)
         self.max_rank = max(max(p) for p in self.paths) + 1
         self.feature = None  # (H,) the target's feature just before the root
 
     def options(self) -> dict:
         return {"heads": self.heads.num_heads, "tree_nodes": len(self.paths), "typical_acceptance": self.lossy,
+                "total_tokens": self.total_tokens,
                 "draft_vocab": None if self.vocab is None else int(self.vocab.numel())}
 
     def start(self, prompt_ids: torch.Tensor, features: torch.Tensor | None) -> None:
@@ -66,24 +77,39 @@ class MedusaDrafter(Drafter):
         if self.feature is None:
             return tree
         hidden = self.heads(self.feature[None, None].to(self.lm_head.dtype))  # (1, 1, K, H)
-        logits = self.heads.logits(hidden, self.lm_head, self.vocab)[0, 0].float()  # (K, Vd)
+        if self.w_draft is not None:
+            logits = (hidden[0, 0] @ self.w_draft.T).float()  # (K, Vd)
+        else:
+            logits = self.heads.logits(hidden, self.lm_head, self.vocab)[0, 0].float()  # (K, Vd)
         q = torch.softmax(logits, dim=-1)
         probs, ranked = q.topk(self.max_rank, dim=-1)  # (K, R)
         if self.vocab is not None:
             ranked = self.vocab.to(ranked.device)[ranked]
+        probs, ranked = probs.tolist(), ranked.tolist()
+        score = {(): 1.0}
+        for path in self.paths:  # parents first, so the parent's score is known
+            score[path] = score[path[:-1]] * probs[len(path) - 1][path[-1]]
+        paths = [p for p in self.paths if len(p) <= request.max_depth]
+        paths = self._prune(paths, score)
+        tops = [self._top(q[head], request.n_top) for head in range(q.shape[0])]
         node_of: dict[tuple, int] = {}
-        for path in self.paths:
-            if len(path) > request.max_depth:
-                continue
+        for path in paths:
             head, rank = len(path) - 1, path[-1]
             parent = ROOT if len(path) == 1 else node_of[path[:-1]]
-            parent_score = 1.0 if parent == ROOT else tree.scores[parent]
-            q_tok = float(probs[head, rank])
-            node_of[path] = tree.add(
-                int(ranked[head, rank]), parent, q=q_tok, score=parent_score * q_tok,
-                q_top=self._top(q[head], request.n_top),
-            )
+            node_of[path] = tree.add(ranked[head][rank], parent, q=probs[head][rank], score=score[path], q_top=tops[head])
         return tree
+
+    def _prune(self, paths: list, score: dict) -> list:
+        """Keep the best `total_tokens` paths by score (a parent never scores below its child)."""
+        if self.total_tokens is None:
+            return paths
+        ranked = sorted(paths, key=lambda p: (-score[p], len(p)))
+        if self.total_tokens == "auto":
+            keep = best_budget([math.log(max(score[p], 1e-30)) for p in ranked], self.verify_cost)
+        else:
+            keep = int(self.total_tokens)
+        chosen = set(ranked[:keep])
+        return [p for p in paths if p in chosen and all(p[:i] in chosen for i in range(1, len(p)))]
 
     def _top(self, q_head: torch.Tensor, n: int) -> list:
         pairs = top_n(q_head, n)
