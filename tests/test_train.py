@@ -156,3 +156,12 @@ def test_depth2_training_pass_equals_sequential_drafting():
         head(feats[:, :s], embed(tokens[:, :s]), pos[:, :s], past_key_values=cache)  # true context 0..s-1
         again = head(out1[:, s - 1 : s], embed(tokens[:, s : s + 1]), pos[:, s : s + 1], past_key_values=cache)
         torch.testing.assert_close(out2[:, s], again[:, 0], atol=1e-5, rtol=1e-5)
+
+
+def test_cli_builds_the_training_config():
+    from specviz.train import parser, train_config
+
+    argv = ["draft", "--steps", "7", "--draft-layers", "0", "5", "--max-minutes", "2", "--resume"]
+    cfg = train_config(parser().parse_args(argv), argv)
+    assert (cfg.kind, cfg.steps, cfg.draft_layers, cfg.max_minutes, cfg.resume) == ("draft", 7, (0, 5), 2.0, True)
+    assert cfg.out == "assets/draft-smollm2-135m" and cfg.command.endswith("--resume")

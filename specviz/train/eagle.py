@@ -69,15 +69,14 @@ def cache_layer(cache: DynamicCache) -> tuple[torch.Tensor, torch.Tensor]:
 
 def eagle_losses(pred, targets, mask, w_vocab, p_weight: float):
     """SmoothL1 on features + p_weight * soft CE over the draft vocabulary, averaged over loss positions."""
-    m = mask.float()  # (B, L-1)
-    denom = m.sum().clamp(min=1.0)
-    vloss = (F.smooth_l1_loss(pred, targets, reduction="none").mean(-1) * m).sum() / denom
+    pred, targets = pred[mask], targets[mask]  # (N, H): only loss positions pay for the vocabulary matmul
+    vloss = F.smooth_l1_loss(pred, targets, reduction="none").mean(-1).mean()
     with torch.no_grad():
-        p = torch.softmax(targets @ w_vocab.T, dim=-1)  # (B, L-1, Vd)
-    logq = torch.log_softmax(pred @ w_vocab.T, dim=-1)  # (B, L-1, Vd)
-    ploss = -((p * logq).sum(-1) * m).sum() / denom
+        p = torch.softmax(targets @ w_vocab.T, dim=-1)  # (N, Vd)
+    logq = torch.log_softmax(pred @ w_vocab.T, dim=-1)  # (N, Vd)
+    ploss = -(p * logq).sum(-1).mean()
     with torch.no_grad():
-        agree = ((logq.argmax(-1) == p.argmax(-1)).float() * m).sum() / denom
+        agree = (logq.argmax(-1) == p.argmax(-1)).float().mean()
     return vloss + p_weight * ploss, {"vloss": vloss.item(), "ploss": ploss.item(), "acc": agree.item()}
 
 
@@ -110,9 +109,12 @@ def evaluate(head: EagleHead, target, batches, draft_vocab: torch.Tensor | None)
     for batch in batches:
         feats, next_tokens, targets, pos, mask = shift_inputs(batch)
         out1, out2 = run_depths(head, embed, feats, next_tokens, pos, depth=2)
-        truth = (targets @ w.T).argmax(-1)  # (B, L-1) target token at t+2, full vocabulary
-        d1 = vocab[(out1 @ w_vocab.T).argmax(-1)] == truth  # (B, L-1)
-        d2 = vocab[(out2 @ w_vocab.T).argmax(-1)] == truth
+        truth = torch.full(mask.shape, -1)  # (B, L-1) target token at t+2 (full vocabulary), on loss positions
+        truth[mask] = (targets[mask] @ w.T).argmax(-1)
+        d1 = torch.zeros_like(mask)
+        d1[mask] = vocab[(out1[mask] @ w_vocab.T).argmax(-1)] == truth[mask]  # (B, L-1)
+        d2 = torch.zeros_like(mask)
+        d2[mask] = vocab[(out2[mask] @ w_vocab.T).argmax(-1)] == truth[mask]
         n1 += int(mask.sum())
         c1 += int((d1 & mask).sum())
         prev_ok = torch.cat([torch.zeros_like(d1[:, :1]), d1[:, :-1]], dim=1)  # depth 1 right at s-1
@@ -132,8 +134,15 @@ def load_training_data(cfg: TrainConfig, target=None):
     counts = token_counts(cfg.data_dir)
     eos_id = read_index(cfg.data_dir)["eos_token_id"]
     vocab = draft_vocabulary(counts, min(cfg.draft_vocab_size, len(counts)), eos_id)
-    coverage = float(counts[vocab].sum() / counts.sum())
+    val_counts = torch.bincount(val_set.tokens[response_positions(val_set)], minlength=len(counts))
+    coverage = float(val_counts[vocab].sum() / val_counts.sum())  # of held-out response tokens
     return target, train_set, val_set, vocab, coverage
+
+
+def response_positions(data) -> torch.Tensor:
+    """Indices into `data.tokens` of every response token. (N,)"""
+    return torch.cat([torch.arange(int(a) + int(p), int(b)) for a, b, p in
+                      zip(data.offsets[:-1], data.offsets[1:], data.prompt_lens)])
 
 
 def fp16_round_trip(module: torch.nn.Module) -> None:
@@ -170,7 +179,8 @@ def train_eagle(cfg: TrainConfig, target=None) -> dict:
         f"Head: EAGLE-1/2 layout, fc(cat(emb(x_(t+1)), f_t)) + 1 decoder layer without input norm, no final norm; "
         f"{sum(p.numel() for p in head.parameters())} parameters; target embedding and LM head reused, not stored.",
         f"Loss: SmoothL1(f^_(t+1), f_(t+1)) + {cfg.p_weight} x soft CE(p, q) over the {len(vocab)}-token draft "
-        f"vocabulary (the most frequent target tokens in the training responses + eos; covers {coverage:.2%} of them); "
+        f"vocabulary (the most frequent tokens of the training prompts and responses, unseen ones by id, + eos; it "
+        f"covers {coverage:.2%} of the held-out response tokens); "
         f"uniform input-feature noise U(-{cfg.noise / 2}, {cfg.noise / 2}); loss on response positions only.",
         f"Depth-2 training (feeding the head's own prediction back): {'yes' if cfg.unroll == 2 else 'no'}.",
         "Shipped fp16; the validation numbers below are measured both before and after rounding to fp16.",

@@ -36,7 +36,7 @@ class TrainConfig:
     max_minutes: float | None = None  # training-time budget (resumed runs count earlier time); the schedule fits it
     ckpt_minutes: float = 3.0
     eval_seqs: int = 128
-    draft_vocab_size: int = 8192
+    draft_vocab_size: int = 16384  # 96.8% of held-out response tokens (8192: 93.8%)
     resume: bool = False
     # EAGLE
     noise: float = 0.2  # uniform feature noise U(-noise/2, noise/2) on the head's input features

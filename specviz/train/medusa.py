@@ -32,12 +32,11 @@ def make_step_loss(heads: MedusaHeads, w_vocab: torch.Tensor, cfg: TrainConfig):
         total, stats = 0.0, {}
         for k in range(heads.num_heads):
             _, targets, mask = head_pairs(batch, k)
-            pred = hidden[:, : targets.shape[1], k]  # (B, L-1-k, H)
-            m = mask.float()
+            pred = hidden[:, : targets.shape[1], k][mask]  # (N, H) loss positions only
             with torch.no_grad():
-                p = torch.softmax(targets @ w_vocab.T, dim=-1)  # (B, L-1-k, Vd)
-            logq = torch.log_softmax(pred @ w_vocab.T, dim=-1)
-            loss_k = -((p * logq).sum(-1) * m).sum() / m.sum().clamp(min=1.0)
+                p = torch.softmax(targets[mask] @ w_vocab.T, dim=-1)  # (N, Vd)
+            logq = torch.log_softmax(pred @ w_vocab.T, dim=-1)  # (N, Vd)
+            loss_k = -(p * logq).sum(-1).mean()
             total = total + cfg.medusa_decay**k * loss_k
             stats[f"ce{k}"] = loss_k.item()
         return total, stats
@@ -54,11 +53,14 @@ def evaluate(heads: MedusaHeads, target, batches, draft_vocab: torch.Tensor | No
     K = heads.num_heads
     top1, top5, chain, total = [0] * K, [0] * K, [0] * K, 0
     for batch in batches:
+        base = batch.response & batch.valid  # (B, L)
         hidden = heads(batch.features)  # (B, L, K, H)
-        logits = heads.logits(hidden, w, vocab)  # (B, L, K, Vd)
+        logits = torch.zeros(*base.shape, heads.num_heads, len(vocab))  # (B, L, K, Vd), filled where needed
+        logits[base] = heads.logits(hidden[base][None], w, vocab)[0]
         length = batch.tokens.shape[1]
-        truth_all = (batch.features @ w.T).argmax(-1)  # (B, L) target's next token after each position
-        base = batch.response & batch.valid
+        truth_all = torch.full(base.shape, -1)  # (B, L) target's next token after each position
+        real = batch.valid
+        truth_all[real] = (batch.features[real] @ w.T).argmax(-1)
         ok_chain = base.clone()
         for k in range(K):
             truth = torch.full_like(truth_all, -1)
@@ -105,7 +107,7 @@ def train_medusa(cfg: TrainConfig, target=None) -> dict:
         f"(identity), sharing the target's frozen LM head; {sum(p.numel() for p in heads.parameters())} parameters.",
         "Convention: head k at position t predicts x_(t+2+k) (x_(t+1) comes from the target's own LM head).",
         f"Loss: soft CE against the target's distribution at t+1+k over the {len(vocab)}-token draft vocabulary "
-        f"(covers {coverage:.2%} of the response tokens), weight {cfg.medusa_decay}^k; response positions only.",
+        f"(covers {coverage:.2%} of the held-out response tokens), weight {cfg.medusa_decay}^k; response positions only.",
         "Shipped fp16; validation numbers are measured before and after rounding to fp16.",
     ]
     write_provenance(cfg, "Medusa heads for SmolLM2-135M-Instruct", history, metrics, notes)
