@@ -13,9 +13,7 @@ import torch
 TARGET_NAME = "smollm2-135m"
 
 
-def cache_root() -> Path:
-    """`$SPECVIZ_CACHE`, else `~/.cache/specviz`."""
-    return Path(os.environ.get("SPECVIZ_CACHE") or Path.home() / ".cache" / "specviz")
+from specviz.models import cache_root  # one cache root for fetched models and training data
 
 
 def default_model_path() -> Path:

@@ -30,7 +30,8 @@ from .common import default_data_dir, default_model_path, load_target, write_jso
 
 log = logging.getLogger("specviz.train.data")
 
-PROMPTS_PATH = "/work/shared/data/instruct_mix.jsonl"
+# The training prompts live in the `shared` folder beside the repository (not shipped with the app).
+PROMPTS_PATH = str(Path(__file__).resolve().parents[3] / "shared" / "data" / "instruct_mix.jsonl")
 FORBIDDEN_PROMPTS = ("mt_bench",)  # benchmark prompts must never become training data
 
 
