@@ -79,7 +79,7 @@ def chosen_report() -> dict | None:
             if upload is None:
                 return None
             return bench.parse_report(upload.getvalue(), upload.name)
-        path = st.text_input("Path on the server (a .json file)", "bench.json", key="bench_path").strip()
+        path = st.text_input("Path on the server (a .json file)", "results/bench-smollm2-t0.json", key="bench_path").strip()
         if not path.endswith(".json"):
             st.info("Enter the path of a report written by `--json-out` (a .json file).")
             return None
