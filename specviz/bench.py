@@ -38,6 +38,7 @@ from transformers import DynamicCache, GenerationConfig
 
 from specviz import engine
 from specviz.api import encode_prompt
+from specviz.cli import add_model_args
 from specviz.costs import interpolate
 from specviz.drafters import available, make_drafter
 from specviz.errors import SpecvizError
@@ -929,9 +930,7 @@ def write_atomically(path: str | os.PathLike, text: str) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m specviz bench",
                                 description="Every drafter against `none` and against transformers' generate(), side by side.")
-    p.add_argument("--model", default="smollm2-135m", help="preset name, local folder or hub id (default: %(default)s)")
-    p.add_argument("--draft-model", default=None, help="draft model for `draft` and generate(assistant_model=) (preset's own by default)")
-    p.add_argument("--device", default="auto", help="auto (cuda when available), cpu or cuda")
+    add_model_args(p)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: bfloat16 on cuda, float32 elsewhere)")
     p.add_argument("--drafters", default="", help="comma-separated, e.g. none,ngram,draft,medusa,eagle2 (default: all available)")

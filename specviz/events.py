@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator, Union
+from typing import Iterable, Union
 
 SCHEMA_VERSION = 1
 
@@ -134,11 +134,6 @@ def read_trace(path: str | Path) -> list[dict]:
             f"{path}: trace schema version {events[0].get('schema_version')}, this specviz reads {SCHEMA_VERSION}"
         )
     return events
-
-
-def replay(events: Iterable[dict]) -> Iterator[dict]:
-    """Yield a trace's events again, for pages that animate a saved run without a model."""
-    yield from events
 
 
 def replayed_text(events: Iterable[dict]) -> tuple[str, list[int]]:

@@ -106,3 +106,14 @@ def synthetic_tree_trace() -> list[dict]:
 @pytest.fixture
 def tree_trace() -> list[dict]:
     return synthetic_tree_trace()
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models: thread start-up dominates, so one torch thread is several times faster."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -30,13 +30,7 @@ def models():
     return target, good, bad
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # tiny models: thread start-up dominates, one thread is several times faster
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def check(models, sampling, drafter, k, n=N, expect_pass=True):

@@ -181,12 +181,7 @@ def tree_p_value(small, sampling, b, draft="bad", n=1500):
     return chi_square_p_value(counts, exact_two_tokens(target, [1, 2, 3], sampling))
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.parametrize("draft", ["bad", "target"])
