@@ -32,6 +32,7 @@ import torch
 from tqdm.auto import tqdm
 
 from specviz.errors import SpecvizError
+from specviz import fastlinear
 
 # progress(stage, done, total): stage is a label such as "download qwen2.5-coder-1.5b"; its first word is
 # one of "download" (wheels done / wheels), "join" (bytes written / bytes expected) or "convert" (0/1, then 1/1).
@@ -557,6 +558,9 @@ def load(model: str = "smollm2-135m", draft_model: str | None = None, device: st
     shipped = load_shipped(PRESETS[model], target) if model in PRESETS else {}
     if draft is None:
         draft = shipped.get("draft")
+    for module in (target, draft, *shipped.values()):
+        if module is not None:
+            fastlinear.pack_linears(module)  # CPU fp32 only; a no-op elsewhere (see specviz/fastlinear.py)
     return LoadedModels(model, target, draft, tokenizer, chosen_device, chosen_dtype,
                         eagle=shipped.get("eagle"), medusa=shipped.get("medusa"))
 

@@ -15,6 +15,7 @@ import torch
 from transformers import DynamicCache
 
 from specviz.drafters.base import Drafter, DraftRequest, Outcome
+from specviz.fastlinear import PackedProjection
 from specviz.kvcache import crop_cache
 from specviz.tree import ROOT, DraftTree
 
@@ -53,6 +54,7 @@ class EagleDrafter(Drafter):
         lm_head = target.get_output_embeddings().weight  # (V, H)
         self.vocab = draft_vocab
         self.w_draft = lm_head if draft_vocab is None else lm_head[draft_vocab.to(lm_head.device)]  # (Vd, H)
+        self.project = PackedProjection(self.w_draft)  # hidden (P, H) -> logits (P, Vd), the drafting hot spot
         self.shape = shape
         self.verify_cost = verify_cost
         self.cache = DynamicCache(config=head.config)
@@ -115,7 +117,7 @@ class EagleDrafter(Drafter):
 
     def _children(self, hidden: torch.Tensor, parents: list, candidates: list[Candidate], k: int) -> list[Candidate]:
         """top-k tokens of q for each parent: hidden (P, H) → new candidates."""
-        log_q = torch.log_softmax((hidden @ self.w_draft.T).float(), dim=-1)  # (P, Vd)
+        log_q = torch.log_softmax(self.project(hidden).float(), dim=-1)  # (P, Vd)
         values, ids = log_q.topk(k, dim=-1)
         if self.vocab is not None:
             ids = self.vocab.to(ids.device)[ids]

@@ -7,6 +7,7 @@ import math
 import torch
 
 from specviz.drafters.base import Drafter, DraftRequest, Outcome
+from specviz.fastlinear import PackedProjection
 from specviz.drafters.eagle import best_budget
 from specviz.tree import ROOT, DraftTree
 from specviz.verify import Typical, top_n
@@ -51,9 +52,10 @@ class MedusaDrafter(Drafter):
         self.lm_head = target.get_output_embeddings().weight  # (V, H)
         self.vocab = draft_vocab
         # heads that share the target's LM head project onto its draft-vocabulary rows, sliced once here
-        self.w_draft = None
+        self.project = None
         if not heads.own_projection:
-            self.w_draft = self.lm_head if draft_vocab is None else self.lm_head[draft_vocab.to(self.lm_head.device)]
+            w_draft = self.lm_head if draft_vocab is None else self.lm_head[draft_vocab.to(self.lm_head.device)]
+            self.project = PackedProjection(w_draft)  # (K, H) -> (K, Vd)
         self.total_tokens = total_tokens
         self.verify_cost = verify_cost
         self.paths = check_tree(tree, heads.num_heads)
@@ -77,8 +79,8 @@ class MedusaDrafter(Drafter):
         if self.feature is None:
             return tree
         hidden = self.heads(self.feature[None, None].to(self.lm_head.dtype))  # (1, 1, K, H)
-        if self.w_draft is not None:
-            logits = (hidden[0, 0] @ self.w_draft.T).float()  # (K, Vd)
+        if self.project is not None:
+            logits = self.project(hidden[0, 0]).float()  # (K, Vd)
         else:
             logits = self.heads.logits(hidden, self.lm_head, self.vocab)[0, 0].float()  # (K, Vd)
         q = torch.softmax(logits, dim=-1)

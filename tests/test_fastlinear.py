@@ -1,0 +1,55 @@
+"""The packed-weight linear layers: same products as F.linear (to rounding), swapped in place, switchable off."""
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from specviz import fastlinear
+
+pytestmark = pytest.mark.skipif(not fastlinear.supported(), reason="this torch build lacks oneDNN's packed linear")
+
+
+def test_packed_linear_matches_f_linear_for_every_row_count():
+    generator = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    linear = nn.Linear(96, 200)
+    packed = fastlinear.PackedLinear(linear)
+    for rows in (1, 2, 3, 8, 33):
+        x = torch.randn(1, rows, 96, generator=generator)
+        with torch.inference_mode():
+            torch.testing.assert_close(packed(x), F.linear(x, linear.weight, linear.bias), rtol=1e-5, atol=1e-5)
+
+
+def test_pack_linears_swaps_in_place_and_keeps_ties_and_outputs(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    ids = torch.tensor([[1, 5, 9, 3, 7]])
+    with torch.inference_mode():
+        before = model(ids).logits
+    n_linear = sum(type(m) is nn.Linear for m in model.modules())
+    assert fastlinear.pack_linears(model) == n_linear > 0
+    assert fastlinear.is_packed(model) and not any(type(m) is nn.Linear for m in model.modules())
+    if model.config.tie_word_embeddings:
+        assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    with torch.inference_mode():
+        after = model(ids).logits
+    torch.testing.assert_close(after, before, rtol=1e-4, atol=1e-5)
+    assert torch.equal(after.argmax(-1), before.argmax(-1))
+
+
+def test_switched_off_by_environment_and_skipped_off_cpu_fp32(monkeypatch):
+    linear = nn.Linear(8, 8)
+    monkeypatch.setenv(fastlinear.ENV_SWITCH, "0")
+    assert fastlinear.pack_linears(nn.Sequential(linear)) == 0
+    monkeypatch.delenv(fastlinear.ENV_SWITCH)
+    assert fastlinear.pack_linears(nn.Sequential(nn.Linear(8, 8).to(torch.float64))) == 0
+    assert fastlinear.pack_linears(nn.Sequential(linear)) == 1
+
+
+def test_projection_matches_plain_product():
+    weight = torch.randn(300, 64)
+    x = torch.randn(5, 64)
+    with torch.inference_mode():
+        torch.testing.assert_close(fastlinear.PackedProjection(weight)(x), x @ weight.T, rtol=1e-5, atol=1e-5)
