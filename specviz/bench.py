@@ -40,7 +40,7 @@ from specviz import engine
 from specviz.api import encode_prompt
 from specviz.cli import add_model_args
 from specviz.costs import interpolate
-from specviz.drafters import available, make_drafter
+from specviz.drafters import available, make_drafter, parse_spec
 from specviz.errors import SpecvizError
 from specviz.kvcache import crop_cache
 from specviz.sampling import Sampling
@@ -353,7 +353,7 @@ def chosen_drafters(models, requested: tuple[str, ...]) -> list[str]:
     names = list(requested) or available(models)
     ready = available(models)
     for name in names:
-        if name not in ready:
+        if parse_spec(name)[0] not in ready:
             raise SpecvizError(f"drafter '{name}' is not available for '{models.name}'; available: {', '.join(ready)}")
     return ["none"] + [n for n in dict.fromkeys(names) if n != "none"]
 
@@ -933,7 +933,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(p)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: bfloat16 on cuda, float32 elsewhere)")
-    p.add_argument("--drafters", default="", help="comma-separated, e.g. none,ngram,draft,medusa,eagle2 (default: all available)")
+    p.add_argument("--drafters", default="", help="comma-separated, e.g. none,ngram,draft,medusa,eagle2 (default: all available); a drafter may carry options: eagle2:draft_vocab=full:total_tokens=16")
     p.add_argument("--prompts", default=None, help="JSONL with `turns` (first turn used) or `instruction` (default: the built-in set)")
     p.add_argument("--limit", type=int, default=None, help="use the first N prompts")
     p.add_argument("--max-new-tokens", type=int, default=128)

@@ -15,7 +15,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
 
 
 def add_decoding_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--drafter", default="ngram", help="none | draft | ngram | medusa | eagle2")
+    parser.add_argument("--drafter", default="ngram", help="none | draft | ngram | medusa | eagle2, optionally with options: eagle2:total_tokens=16:draft_vocab=full")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parser.add_argument("--top-p", type=float, default=1.0)

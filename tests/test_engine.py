@@ -139,6 +139,9 @@ def test_api_accepts_loaded_models(target, tok):
         (dict(top_p=0.0), "top_p"),
         (dict(top_p=1.5), "top_p"),
         (dict(k=0), "k"),
+        (dict(drafter="ngram:max_ngram"), "KEY=VALUE"),
+        (dict(drafter="ngram:depth=3"), "unknown ngram option"),
+        (dict(drafter="none:depth=2"), "takes no options"),
     ],
 )
 def test_bad_input_is_a_clear_error(target, tok, kwargs, message):
@@ -146,6 +149,34 @@ def test_bad_input_is_a_clear_error(target, tok, kwargs, message):
     args = dict(prompt="abc", models=models, drafter="ngram", max_new_tokens=8) | kwargs
     with pytest.raises(SpecvizError, match=message):
         specviz.generate(**args)
+
+
+def test_drafter_spec_options_reach_the_drafter(target, tok):
+    from specviz.drafters import make_drafter, parse_spec
+
+    assert parse_spec("eagle2:draft_vocab=full:total_tokens=32:lossy=false") == (
+        "eagle2", {"draft_vocab": "full", "total_tokens": 32, "lossy": False})
+    drafter = make_drafter("ngram:max_ngram=2:k=6", specviz.loaded(target, tok))
+    assert (drafter.k, drafter.max_ngram) == (6, 2)
+    out = specviz.generate("abcabcabc", models=specviz.loaded(target, tok), drafter="ngram:k=2", max_new_tokens=12)
+    assert out.token_ids == specviz.generate("abcabcabc", models=specviz.loaded(target, tok), drafter="none",
+                                             max_new_tokens=12).token_ids
+
+
+def test_draft_vocabulary_choices():
+    from types import SimpleNamespace
+
+    from specviz.drafters import draft_vocabulary
+
+    by_frequency = SimpleNamespace(draft_vocab=torch.tensor([2, 40, 7, 11]))
+    assert draft_vocabulary(by_frequency, "trained") is by_frequency.draft_vocab
+    assert draft_vocabulary(by_frequency, "full") is None
+    assert draft_vocabulary(by_frequency, 2).tolist() == [2, 40]
+    assert draft_vocabulary(by_frequency, 10).tolist() == [2, 40, 7, 11]
+    with pytest.raises(SpecvizError, match="sorted by id"):
+        draft_vocabulary(SimpleNamespace(draft_vocab=torch.tensor([2, 7, 11, 40])), 2)
+    with pytest.raises(SpecvizError, match="draft_vocab must be"):
+        draft_vocabulary(by_frequency, "most")
 
 
 def test_draft_drafter_without_a_draft_model_says_so(target, tok):

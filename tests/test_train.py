@@ -62,8 +62,12 @@ def test_data_shards_index_and_resume(dataset):
     assert torch.allclose(feats.float(), ref, atol=2e-2, rtol=1e-2)
     again = build_dataset(cfg, target, ByteTokenizer())  # every shard already there: nothing regenerated
     assert again["shards"] == index["shards"]
-    vocab = draft_vocabulary(token_counts(cfg.out_dir), 16, EOS)
-    assert EOS in vocab.tolist() and len(vocab) == 16
+    counts = token_counts(cfg.out_dir)
+    vocab = draft_vocabulary(counts, 16, EOS)
+    assert vocab[0] == EOS and len(vocab) == 16 and len(set(vocab.tolist())) == 16
+    rest = counts[vocab[1:]]
+    assert torch.all(rest[:-1] >= rest[1:]), "a prefix of the draft vocabulary must be its most frequent tokens"
+    assert rest[-1] >= counts[[t for t in range(len(counts)) if t not in set(vocab.tolist())]].max()
 
 
 def test_benchmark_prompts_refused(tmp_path):

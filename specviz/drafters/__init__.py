@@ -21,37 +21,96 @@ def available(models) -> list[str]:
     return names
 
 
+def parse_spec(spec: str) -> tuple[str, dict]:
+    """'eagle2:draft_vocab=full:total_tokens=32' -> ('eagle2', {'draft_vocab': 'full', 'total_tokens': 32}).
+
+    A drafter with options is a variant that the CLI, the API and the bench can run beside the default one."""
+    name, *parts = spec.strip().split(":")
+    options: dict = {}
+    for part in parts:
+        key, eq, value = part.partition("=")
+        if not eq or not key:
+            raise SpecvizError(f"drafter option '{part}' in '{spec}' is not KEY=VALUE")
+        options[key.strip()] = _option_value(value.strip())
+    return name, options
+
+
+def _option_value(text: str):
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower(), text)
+
+
+def draft_vocabulary(heads, choice="trained"):
+    """The token ids a head may draft: "trained" (what it was trained with), "full" (None: every token), or N
+    (the N most frequent, a prefix of a frequency-ordered trained vocabulary)."""
+    trained = heads.draft_vocab
+    if choice == "trained":
+        return trained
+    if choice == "full":
+        return None
+    if isinstance(choice, int) and not isinstance(choice, bool) and choice > 0:
+        if trained is None or len(trained) <= choice:
+            return trained
+        if len(trained) > 1 and bool((trained[1:] > trained[:-1]).all()):
+            raise SpecvizError("this head's draft vocabulary is sorted by id, not by frequency: draft_vocab=N needs "
+                               "a head trained by this version (or use draft_vocab=full / trained)")
+        return trained[:choice]
+    raise SpecvizError(f"draft_vocab must be 'trained', 'full' or a positive number of tokens, got {choice!r}")
+
+
+def _construct(cls, name: str, options: dict, *args, **fixed) -> Drafter:
+    """cls(*args, **fixed, **options), with a clear message for an option the drafter does not take."""
+    import inspect
+
+    accepted = set(inspect.signature(cls).parameters) - set(fixed)
+    unknown = sorted(set(options) - accepted)
+    if unknown:
+        raise SpecvizError(f"unknown {name} option(s): {', '.join(unknown)}; it takes: {', '.join(sorted(accepted - {'self'}))}")
+    return cls(*args, **fixed, **options)
+
+
 def make_drafter(name: str, models, k: int = 4, options: dict | None = None) -> Drafter:
-    """models: a specviz.models.LoadedModels (target, draft, heads ...). options: drafter-specific settings."""
-    options = dict(options or {})
+    """models: a specviz.models.LoadedModels (target, draft, heads ...). options: drafter-specific settings.
+
+    name may carry options itself ('eagle2:total_tokens=16', see parse_spec); `options` override them."""
+    name, spec_options = parse_spec(name)
+    options = {**spec_options, **(options or {})}
+    k = options.pop("k", k)
     if k < 1:
         raise SpecvizError(f"k (draft length) must be >= 1, got {k}")
     if name == "none":
+        if options:
+            raise SpecvizError(f"drafter 'none' takes no options, got: {', '.join(options)}")
         return NoDraft()
     if name == "ngram":
-        return NgramDrafter(k=k, **options)
+        return _construct(NgramDrafter, name, options, k=k)
     if name == "draft":
         if getattr(models, "draft", None) is None:
             raise SpecvizError(
                 f"no draft model is set for '{models.name}': pass --draft-model PATH_OR_ID "
                 "(or draft_model=... in the API), or pick another drafter"
             )
-        return DraftModelDrafter(models.draft, k=k, vocab_size=models.vocab_size, **options)
+        return _construct(DraftModelDrafter, name, options, models.draft, k=k, vocab_size=models.vocab_size)
     if name in ("eagle2", "medusa"):
         part = "eagle" if name == "eagle2" else "medusa"
         heads = getattr(models, part, None)
         if heads is None:
             raise SpecvizError(f"no {name} head is available for '{models.name}'; train one with `python -m specviz train {part}`")
+        vocab = draft_vocabulary(heads, options.pop("draft_vocab", "trained"))
         if name == "medusa":
             options.setdefault("total_tokens", "auto")  # the fixed tree, cut to what pays off on this machine
             cost = interpolate(forward_latency(models.target)) if options["total_tokens"] == "auto" else None
-            return MedusaDrafter(heads, models.target, draft_vocab=heads.draft_vocab, verify_cost=cost, **options)
+            return _construct(MedusaDrafter, name, options, heads, models.target, draft_vocab=vocab, verify_cost=cost)
         shape = TreeShape(**{key: options.pop(key) for key in ("depth", "top_k", "total_tokens") if key in options})
         if options:
             raise SpecvizError(f"unknown eagle2 options: {', '.join(options)}")
         cost = interpolate(forward_latency(models.target)) if shape.total_tokens == "auto" else None
-        return EagleDrafter(heads, models.target, shape, draft_vocab=heads.draft_vocab, verify_cost=cost)
+        return EagleDrafter(heads, models.target, shape, draft_vocab=vocab, verify_cost=cost)
     raise SpecvizError(f"unknown drafter '{name}'; choose one of: {', '.join(DRAFTERS)}")
 
 
-__all__ = ["DRAFTERS", "available", "Drafter", "DraftRequest", "NoDraft", "Outcome", "make_drafter"]
+__all__ = ["DRAFTERS", "available", "Drafter", "DraftRequest", "NoDraft", "Outcome", "make_drafter", "parse_spec"]

@@ -26,6 +26,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from specviz import fastlinear
+
 from .common import default_data_dir, default_model_path, load_target, write_json_atomic
 
 log = logging.getLogger("specviz.train.data")
@@ -209,6 +211,7 @@ def build_dataset(cfg: DataConfig, target=None, tokenizer=None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     if target is None:
         target, tokenizer = load_target(cfg.model_path)
+        fastlinear.pack_linears(target)  # inference only here: about 2x faster generation on a CPU
     eos_id = int(tokenizer.eos_token_id)
     index = read_index(out)
     if index and index.get("config", {}).get("seed") != cfg.seed:
@@ -287,7 +290,9 @@ def token_counts(data_dir: str | Path) -> torch.Tensor:
 
 
 def draft_vocabulary(counts: torch.Tensor, size: int, eos_id: int) -> torch.Tensor:
-    """The `size` most frequent tokens, always with eos, sorted by id. (Vd,) int64
+    """The `size` most frequent tokens, eos first, then by falling frequency. (Vd,) int64
+
+    Frequency order lets a drafter use a prefix of it (`draft_vocab=N`): the N most frequent tokens.
 
     Unseen tokens are ranked by id (lower first): BPE ids follow merge order, a rough frequency prior. With the
     small self-distillation set this matters: on held-out responses, 8192 tokens cover 91.5% by counts alone and
@@ -296,4 +301,4 @@ def draft_vocabulary(counts: torch.Tensor, size: int, eos_id: int) -> torch.Tens
     vocab = len(counts)
     score = counts.double() + 0.5 * (1 - torch.arange(vocab, dtype=torch.double) / vocab)
     score[eos_id] = float("inf")
-    return torch.topk(score, size).indices.sort().values
+    return torch.topk(score, size).indices  # topk returns them by falling score
