@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a file
 import torch  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from specviz import bench, models  # noqa: E402
+from specviz import bench, costs, models  # noqa: E402
 from specviz.errors import SpecvizError  # noqa: E402
 
 EMBEDDED = "smollm2-135m"
@@ -91,8 +91,8 @@ def large_model_check(shape: dict, device: torch.device, dtype: torch.dtype, siz
     started = time.perf_counter()
     model = random_model(shape, device, dtype)
     built_s = time.perf_counter() - started
-    costs = bench.verify_costs(model, sizes, context_len, repeats, branching=4)
-    context_len = bench.fitting_context(model, sizes, context_len)
+    curves = costs.verify_costs(model, sizes, context_len, repeats, branching=4)
+    context_len = costs.fitting_context(model, sizes, context_len)
     weight_bytes = bench.streamed_weight_bytes(model)
     parameters = sum(p.numel() for p in model.parameters())
     del model
@@ -104,11 +104,11 @@ def large_model_check(shape: dict, device: torch.device, dtype: torch.dtype, siz
         "parameters": parameters,
         "build_s": built_s,
         "context_len": context_len,
-        "verify_cost_ms": costs["chain"],
-        "tree_verify_cost_ms": costs["tree"],
+        "verify_cost_ms": curves["chain"],
+        "tree_verify_cost_ms": curves["tree"],
         "weight_bytes": weight_bytes,
         "floor_ms_per_token": floor_ms,
-        "forward_1_ms": costs["chain"].get("1"),
+        "forward_1_ms": curves["chain"].get("1"),
     }
 
 

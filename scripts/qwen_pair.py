@@ -1,5 +1,5 @@
 """none vs draft on the qwen2.5-coder pair, greedy, interleaved (warm-up, then 2 repeats): tokens/s, τ, identity."""
-import statistics, time, sys, json
+import statistics, sys, json
 import specviz
 from specviz import models
 m = models.load("qwen2.5-coder")

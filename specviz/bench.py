@@ -34,17 +34,15 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from transformers import DynamicCache, GenerationConfig
+from transformers import GenerationConfig
 
 from specviz import engine
 from specviz.api import encode_prompt
 from specviz.cli import add_model_args
-from specviz.costs import interpolate
+from specviz.costs import fitting_context, interpolate, synchronize, verify_costs
 from specviz.drafters import available, make_drafter, parse_spec
 from specviz.errors import SpecvizError
-from specviz.kvcache import crop_cache
 from specviz.sampling import Sampling
-from specviz.tree import DraftTree
 
 PROMPTS_FILE = Path(__file__).parent / "benchdata" / "prompts.jsonl"
 SCHEMA_VERSION = 1
@@ -160,21 +158,16 @@ class Run:
         return len(self.token_ids) / self.wall_s if self.wall_s > 0 else 0.0
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def run_drafter(models, name: str, prompt: Prompt, prompt_ids: list[int], settings: BenchSettings, repeat: int = 0) -> Run:
     """Decode with our engine, consuming its event stream like every other client; time the whole stream."""
     drafter = make_drafter(name, models, k=settings.k)
     run_settings = engine.RunSettings(settings.max_new_tokens, settings.sampling(), settings.seed)
     device = models.target.device
-    _synchronize(device)
+    synchronize(device)
     started = time.perf_counter()
     events = list(engine.decode(models.target, models.tokenizer, drafter, prompt_ids, run_settings, models.name,
                                 prompt.text, models.vocab_size))
-    _synchronize(device)
+    synchronize(device)
     wall = time.perf_counter() - started
     done = events[-1]
     run = Run(name, prompt.id, repeat, list(done.token_ids), wall, steps=done.stats["steps"],
@@ -250,67 +243,15 @@ def run_peer(models, name: str, arguments: dict, prompt: Prompt, prompt_ids: lis
     # generate() samples from torch's global generator: seed it for this call, and give its state back afterwards
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.inference_mode():
         torch.manual_seed(settings.seed)
-        _synchronize(device)
+        synchronize(device)
         started = time.perf_counter()
         out = models.target.generate(ids, attention_mask=torch.ones_like(ids), **arguments)
-        _synchronize(device)
+        synchronize(device)
         wall = time.perf_counter() - started
     return Run(name, prompt.id, repeat, out[0, len(prompt_ids):].tolist(), wall)
 
 
 # --------------------------------------------------------------------------------- costs of the machine
-
-
-def full_tree(n_nodes: int, branching: int) -> DraftTree:
-    """A breadth-first full tree: nodes 0..b-1 are the root's children, b..2b-1 node 0's, and so on."""
-    tree = DraftTree()
-    for i in range(n_nodes):
-        tree.add(0, i // branching - 1)
-    return tree
-
-
-def fitting_context(model, sizes, context_len: int) -> int:
-    """The context length, shortened so that context + the largest n fits the model's positions."""
-    positions = getattr(model.config, "max_position_embeddings", None) or 2**31
-    return max(1, min(context_len, positions - max(sizes) - 1))
-
-
-@torch.inference_mode()
-def verify_costs(model, sizes, context_len: int = 256, repeats: int = 5, branching: int = 0) -> dict[str, dict[str, float]]:
-    """Median ms of one target forward over n new tokens (the root + n - 1 drafted nodes) after `context_len`
-    cached tokens, run as the engine runs it (logits for every new token), for each n in sizes.
-
-    Returns {"chain": {n: ms}, "tree": {n: ms}}: a chain uses the causal mask; a tree (only when branching > 0)
-    is a full tree with that many children per node, with its 4D mask and position ids, built before the clock
-    starts. The context is shortened to fit the model's positions."""
-    target = engine.Target(model)
-    device = target.device
-    context_len = fitting_context(model, sizes, context_len)
-    generator = torch.Generator().manual_seed(0)
-    vocab = model.get_input_embeddings().weight.shape[0]
-    cache = DynamicCache(config=model.config)
-    target.forward(torch.randint(vocab, (context_len,), generator=generator).tolist(), cache, logits=False)
-    inputs = {}  # (shape, n) -> (ids, position_ids, mask)
-    for n in sizes:
-        ids = torch.randint(vocab, (n,), generator=generator).tolist()
-        inputs["chain", n] = (ids, None, None)
-        if branching:
-            tree = full_tree(n - 1, branching)
-            inputs["tree", n] = (ids, tree.position_ids(context_len, device=device),
-                                 tree.attention_mask(context_len, dtype=model.dtype, device=device))
-    times: dict[tuple, list[float]] = {key: [] for key in inputs}
-    for _ in range(repeats + 1):  # round by round over every input, so drift touches them alike; round 0 warms up
-        for key, (ids, position_ids, mask) in inputs.items():
-            _synchronize(device)
-            started = time.perf_counter()
-            target.forward(ids, cache, position_ids, mask)
-            _synchronize(device)
-            times[key].append(time.perf_counter() - started)
-            crop_cache(cache, context_len)
-    costs: dict[str, dict[str, float]] = {"chain": {}, "tree": {}}
-    for (shape, n), measured in times.items():
-        costs[shape][str(n)] = 1e3 * statistics.median(measured[1:])
-    return costs
 
 
 def memory_bandwidth_gb_s(device: torch.device, megabytes: int = 256, repeats: int = 5) -> float:
@@ -320,10 +261,10 @@ def memory_bandwidth_gb_s(device: torch.device, megabytes: int = 256, repeats: i
     destination = torch.zeros_like(source)  # written once so the timed copies do not pay for page faults
     times = []
     for _ in range(repeats + 1):  # the first is a warm-up
-        _synchronize(device)
+        synchronize(device)
         started = time.perf_counter()
         destination.copy_(source)
-        _synchronize(device)
+        synchronize(device)
         times.append(time.perf_counter() - started)
     return 2 * n * 4 / statistics.median(times[1:]) / 1e9
 

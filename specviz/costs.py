@@ -1,4 +1,5 @@
-"""The target's measured forward latency as a function of how many tokens it verifies at once."""
+"""The target's measured forward latency as a function of how many tokens it verifies at once (the verify-cost
+curve): the bench reports it, and the tree drafters' "auto" budget is chosen from it."""
 from __future__ import annotations
 
 import statistics
@@ -8,41 +9,78 @@ import weakref
 import torch
 from transformers import DynamicCache
 
+from specviz.kvcache import crop_cache
+from specviz.tree import DraftTree
+
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 
 _curves: "weakref.WeakKeyDictionary[torch.nn.Module, dict[int, float]]" = weakref.WeakKeyDictionary()
 
 
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def full_tree(n_nodes: int, branching: int) -> DraftTree:
+    """A breadth-first full tree: nodes 0..b-1 are the root's children, b..2b-1 node 0's, and so on."""
+    tree = DraftTree()
+    for i in range(n_nodes):
+        tree.add(0, i // branching - 1)
+    return tree
+
+
+def fitting_context(model, sizes, context_len: int) -> int:
+    """The context length, shortened so that context + the largest n fits the model's positions."""
+    positions = getattr(model.config, "max_position_embeddings", None) or 2**31
+    return max(1, min(context_len, positions - max(sizes) - 1))
+
+
 @torch.inference_mode()
-def measure_forward_latency(model, sizes=DEFAULT_SIZES, context: int = 128, repeats: int = 3) -> dict[int, float]:
-    """Median seconds of one forward over n new tokens on top of a `context`-token KV cache, for each n."""
-    device = model.device
-    vocab = model.config.vocab_size
+def verify_costs(model, sizes, context_len: int = 256, repeats: int = 5, branching: int = 0) -> dict[str, dict[str, float]]:
+    """Median ms of one target forward over n new tokens (the root + n - 1 drafted nodes) after `context_len`
+    cached tokens, run as the engine runs it (logits for every new token), for each n in sizes.
+
+    Returns {"chain": {n: ms}, "tree": {n: ms}}: a chain uses the causal mask; a tree (only when branching > 0)
+    is a full tree with that many children per node, with its 4D mask and position ids, built before the clock
+    starts. The context is shortened to fit the model's positions."""
+    from specviz.engine import Target  # here: the engine imports the drafters, which import this module
+
+    target = Target(model)
+    device = target.device
+    context_len = fitting_context(model, sizes, context_len)
     generator = torch.Generator().manual_seed(0)
-    prefix = torch.randint(0, vocab, (1, context), generator=generator).to(device)
+    vocab = model.get_input_embeddings().weight.shape[0]
     cache = DynamicCache(config=model.config)
-    model(input_ids=prefix, cache=cache, use_cache=True, logits_to_keep=1)
-    curve = {}
+    target.forward(torch.randint(vocab, (context_len,), generator=generator).tolist(), cache, logits=False)
+    inputs = {}  # (shape, n) -> (ids, position_ids, mask)
     for n in sizes:
-        new = torch.randint(0, vocab, (1, n), generator=generator).to(device)
-        times = []
-        for _ in range(repeats + 1):  # the first is a warm-up
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            model(input_ids=new, cache=cache, use_cache=True)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - start)
-            cache.crop(-n)
-        curve[n] = statistics.median(times[1:])
-    return curve
+        ids = torch.randint(vocab, (n,), generator=generator).tolist()
+        inputs["chain", n] = (ids, None, None)
+        if branching:
+            tree = full_tree(n - 1, branching)
+            inputs["tree", n] = (ids, tree.position_ids(context_len, device=device),
+                                 tree.attention_mask(context_len, dtype=model.dtype, device=device))
+    times: dict[tuple, list[float]] = {key: [] for key in inputs}
+    for _ in range(repeats + 1):  # round by round over every input, so drift touches them alike; round 0 warms up
+        for key, (ids, position_ids, mask) in inputs.items():
+            synchronize(device)
+            started = time.perf_counter()
+            target.forward(ids, cache, position_ids, mask)
+            synchronize(device)
+            times[key].append(time.perf_counter() - started)
+            crop_cache(cache, context_len)
+    costs: dict[str, dict[str, float]] = {"chain": {}, "tree": {}}
+    for (shape, n), measured in times.items():
+        costs[shape][str(n)] = 1e3 * statistics.median(measured[1:])
+    return costs
 
 
 def forward_latency(model) -> dict[int, float]:
-    """The curve for this model, measured once per process."""
+    """n -> seconds of one tree-shaped verify forward for this model, measured once per process (for "auto")."""
     if model not in _curves:
-        _curves[model] = measure_forward_latency(model)
+        ms = verify_costs(model, DEFAULT_SIZES, context_len=128, repeats=3, branching=4)["tree"]
+        _curves[model] = {int(n): t / 1e3 for n, t in ms.items()}
     return _curves[model]
 
 

@@ -6,7 +6,7 @@ This is the contract the CLI, the pages and the benchmark consume; docs/events.m
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Union
 

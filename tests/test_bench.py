@@ -8,7 +8,7 @@ import jsonschema
 import pytest
 import torch
 
-from specviz import bench, engine
+from specviz import bench, costs, engine
 from specviz.drafters import make_drafter
 from specviz.drafters.base import Drafter
 from specviz.errors import SpecvizError
@@ -161,7 +161,7 @@ def test_an_unavailable_drafter_is_refused_before_measuring(tiny, prompts_file):
 
 
 def test_tree_shape_rotation_and_streamed_bytes():
-    tree = bench.full_tree(9, 4)
+    tree = costs.full_tree(9, 4)
     assert tree.parents == [-1, -1, -1, -1, 0, 0, 0, 0, 1] and not tree.is_chain
     assert bench.method_order(["a", "b", "c"], 4) == ["b", "c", "a"]
     model = tiny_llama()  # untied: the input embedding is not streamed, the LM head is

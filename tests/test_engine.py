@@ -1,6 +1,5 @@
 """The engine on tiny random models: greedy identity, events, replay, reproducibility, clear errors."""
 import json
-import math
 
 import pytest
 import torch
@@ -152,7 +151,7 @@ def test_bad_input_is_a_clear_error(target, tok, kwargs, message):
 
 
 def test_drafter_spec_options_reach_the_drafter(target, tok):
-    from specviz.drafters import make_drafter, parse_spec
+    from specviz.drafters import parse_spec
 
     assert parse_spec("eagle2:draft_vocab=full:total_tokens=32:lossy=false") == (
         "eagle2", {"draft_vocab": "full", "total_tokens": 32, "lossy": False})
