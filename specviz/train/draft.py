@@ -67,9 +67,8 @@ def evaluate(draft, target, batches) -> dict:
 def train_draft(cfg: TrainConfig, target=None) -> dict:
     from .common import load_target, set_seed
     from .data import load_split
-    from .eagle import fp16_round_trip
     from .loop import eval_batches, train
-    from .report import write_provenance
+    from .report import fp16_round_trip, write_provenance
 
     set_seed(cfg.seed)
     target = target if target is not None else load_target(cfg.model_path)[0]

@@ -145,17 +145,10 @@ def response_positions(data) -> torch.Tensor:
                       zip(data.offsets[:-1], data.offsets[1:], data.prompt_lens)])
 
 
-def fp16_round_trip(module: torch.nn.Module) -> None:
-    """Round the weights through fp16, as the shipped file stores them."""
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(p.half().float())
-
-
 def train_eagle(cfg: TrainConfig, target=None) -> dict:
     from .common import set_seed
     from .loop import eval_batches, train
-    from .report import write_provenance
+    from .report import save_trained
 
     assert cfg.unroll in (1, 2), "unroll beyond depth 2 is not implemented"
     set_seed(cfg.seed)
@@ -166,15 +159,9 @@ def train_eagle(cfg: TrainConfig, target=None) -> dict:
     baseline = evaluate(EagleHead(target.config).eval(), target, eval_batches(val_set, cfg), vocab)
     log.info("eagle: random head %s; draft vocab %d covers %.4f of response tokens", baseline, len(vocab), coverage)
     history = train(cfg, head, make_step_loss(head, embed, w_vocab, cfg), train_set)
-    metrics = {"fp32": evaluate(head, target, eval_batches(val_set, cfg), vocab)}
-    fp16_round_trip(head)
-    metrics["fp16 (shipped)"] = evaluate(head, target, eval_batches(val_set, cfg), vocab)
-    metrics["random head"] = baseline
-    log.info("eagle: %s", metrics)
     extra = {"target": "smollm2-135m", "draft_vocab_size": len(vocab), "draft_vocab_coverage": round(coverage, 4),
-             "feature": "target final hidden state (after the final norm)", "input": "fc(cat(embedding, feature))",
-             "val": metrics}
-    head.save(cfg.out, extra)
+             "draft_vocab_order": "frequency",
+             "feature": "target final hidden state (after the final norm)", "input": "fc(cat(embedding, feature))"}
     notes = [
         f"Head: EAGLE-1/2 layout, fc(cat(emb(x_(t+1)), f_t)) + 1 decoder layer without input norm, no final norm; "
         f"{sum(p.numel() for p in head.parameters())} parameters; target embedding and LM head reused, not stored.",
@@ -185,5 +172,7 @@ def train_eagle(cfg: TrainConfig, target=None) -> dict:
         f"Depth-2 training (feeding the head's own prediction back): {'yes' if cfg.unroll == 2 else 'no'}.",
         "Shipped fp16; the validation numbers below are measured both before and after rounding to fp16.",
     ]
-    write_provenance(cfg, "EAGLE head for SmolLM2-135M-Instruct", history, metrics, notes)
+    metrics = save_trained(cfg, head, lambda: evaluate(head, target, eval_batches(val_set, cfg), vocab),
+                           ("random head", baseline), history, "EAGLE head for SmolLM2-135M-Instruct", extra, notes)
+    log.info("eagle: %s", metrics)
     return metrics

@@ -83,9 +83,9 @@ def evaluate(heads: MedusaHeads, target, batches, draft_vocab: torch.Tensor | No
 
 def train_medusa(cfg: TrainConfig, target=None) -> dict:
     from .common import set_seed
-    from .eagle import fp16_round_trip, load_training_data
+    from .eagle import load_training_data
     from .loop import eval_batches, train
-    from .report import write_provenance
+    from .report import save_trained
 
     set_seed(cfg.seed)
     target, train_set, val_set, vocab, coverage = load_training_data(cfg, target)
@@ -94,14 +94,8 @@ def train_medusa(cfg: TrainConfig, target=None) -> dict:
     heads.draft_vocab = vocab
     baseline = evaluate(heads, target, eval_batches(val_set, cfg), vocab)  # identity blocks = the target's LM head
     history = train(cfg, heads, make_step_loss(heads, w_vocab, cfg), train_set)
-    metrics = {"fp32": evaluate(heads, target, eval_batches(val_set, cfg), vocab)}
-    fp16_round_trip(heads)
-    metrics["fp16 (shipped)"] = evaluate(heads, target, eval_batches(val_set, cfg), vocab)
-    metrics["untrained (identity blocks: every head repeats the target's next-token guess)"] = baseline
-    log.info("medusa: %s", metrics)
     extra = {"target": "smollm2-135m", "draft_vocab_size": len(vocab), "draft_vocab_coverage": round(coverage, 4),
-             "projection": "the target's LM head (tied embedding), rows draft_vocab", "val": metrics}
-    heads.save(cfg.out, extra)
+             "draft_vocab_order": "frequency", "projection": "the target's LM head (tied embedding), rows draft_vocab"}
     notes = [
         f"Heads: {cfg.medusa_heads} heads x {cfg.medusa_layers} residual block(s) x + SiLU(Linear(x)), zero-initialised "
         f"(identity), sharing the target's frozen LM head; {sum(p.numel() for p in heads.parameters())} parameters.",
@@ -110,5 +104,8 @@ def train_medusa(cfg: TrainConfig, target=None) -> dict:
         f"(covers {coverage:.2%} of the held-out response tokens), weight {cfg.medusa_decay}^k; response positions only.",
         "Shipped fp16; validation numbers are measured before and after rounding to fp16.",
     ]
-    write_provenance(cfg, "Medusa heads for SmolLM2-135M-Instruct", history, metrics, notes)
+    untrained = "untrained (identity blocks: every head repeats the target's next-token guess)"
+    metrics = save_trained(cfg, heads, lambda: evaluate(heads, target, eval_batches(val_set, cfg), vocab),
+                           (untrained, baseline), history, "Medusa heads for SmolLM2-135M-Instruct", extra, notes)
+    log.info("medusa: %s", metrics)
     return metrics

@@ -27,6 +27,26 @@ def data_summary(data_dir: str) -> dict:
     }
 
 
+def fp16_round_trip(module: torch.nn.Module) -> None:
+    """Round the weights through fp16, as the shipped file stores them."""
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(p.half().float())
+
+
+def save_trained(cfg: TrainConfig, module, evaluate, baseline: tuple[str, dict], history: History, title: str,
+                 extra: dict, notes: list[str]) -> dict:
+    """Validate in fp32 and again after the fp16 rounding the file stores, then write the weights, their config
+    (with `extra` and the validation numbers) and the provenance note. evaluate() -> metrics of `module` now."""
+    metrics = {"fp32": evaluate()}
+    fp16_round_trip(module)
+    metrics["fp16 (shipped)"] = evaluate()
+    metrics[baseline[0]] = baseline[1]
+    module.save(cfg.out, {**extra, "val": metrics})
+    write_provenance(cfg, title, history, metrics, notes)
+    return metrics
+
+
 def write_provenance(cfg: TrainConfig, title: str, history: History, metrics: dict, notes: list[str]) -> Path:
     out = Path(cfg.out)
     data = data_summary(cfg.data_dir)
