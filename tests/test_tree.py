@@ -154,6 +154,22 @@ def test_auto_budget_stops_where_extra_nodes_cost_more_than_they_bring():
     assert best_budget([-0.01, -0.02, -0.03, -0.04], knee) == 2
 
 
+def test_eagle_stops_expanding_when_a_deeper_level_cannot_pay_for_itself():
+    target = tiny_llama(scale=3.0)
+    eagle, _ = tiny_heads(target)
+    reference = hf_greedy(target, PROMPT, 24)
+    cheap_target = lambda n: 1e-9  # a target step costs (almost) nothing: drafting deeper never pays
+    stopping = EagleDrafter(eagle, target, TreeShape(depth=4, top_k=2, total_tokens="auto"), verify_cost=cheap_target)
+    evs = run(target, stopping, max_new_tokens=24)
+    assert evs[-1].token_ids == reference
+    expands = [[s for s in e.build if s["stage"] == "expand"] for e in evs[1:-1]]
+    assert len(expands[0]) == 2  # the first expansion is timed, then the rule applies
+    assert all(len(x) == 1 and x[-1].get("stopped_early") for x in expands[1:] if x)
+    keep_going = EagleDrafter(eagle, target, TreeShape(depth=4, top_k=2, total_tokens="auto", early_stop=False),
+                              verify_cost=cheap_target)
+    assert all(len([s for s in e.build if s["stage"] == "expand"]) == 4 for e in run(target, keep_going, max_new_tokens=8)[1:-1])
+
+
 def test_medusa_tree_paths_are_checked():
     with pytest.raises(SpecvizError, match="no parent"):
         check_tree([(0,), (1, 0)], num_heads=4)

@@ -105,7 +105,7 @@ def make_drafter(name: str, models, k: int = 4, options: dict | None = None) -> 
             options.setdefault("total_tokens", "auto")  # the fixed tree, cut to what pays off on this machine
             cost = interpolate(forward_latency(models.target)) if options["total_tokens"] == "auto" else None
             return _construct(MedusaDrafter, name, options, heads, models.target, draft_vocab=vocab, verify_cost=cost)
-        shape = TreeShape(**{key: options.pop(key) for key in ("depth", "top_k", "total_tokens") if key in options})
+        shape = TreeShape(**{key: options.pop(key) for key in ("depth", "top_k", "total_tokens", "early_stop") if key in options})
         if options:
             raise SpecvizError(f"unknown eagle2 options: {', '.join(options)}")
         cost = interpolate(forward_latency(models.target)) if shape.total_tokens == "auto" else None

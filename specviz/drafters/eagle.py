@@ -9,6 +9,7 @@ treats each as a point mass; that keeps the output exactly the target's.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +28,9 @@ class TreeShape:
     # "auto": per step, the cut that maximises expected tokens per second under this machine's measured
     # verify-cost curve (on a 2-core CPU a big tree costs several 1-token steps; on a GPU almost nothing)
     total_tokens: int | str = "auto"
+    # with "auto": stop expanding once even the best case of one more depth (every kept node's path accepted
+    # and extended) would save less target time than that depth costs to draft, as measured in this run
+    early_stop: bool = True
 
 
 @dataclass
@@ -61,9 +65,11 @@ class EagleDrafter(Drafter):
         self.committed = 0  # head-cache entries that belong to committed tokens
         self.pending: tuple[torch.Tensor, list[int]] | None = None  # features and tokens not yet fed
         self.last = None  # (H,) head output of the last committed entry: it predicts the root's successor
+        self.depth_s: float | None = None  # measured seconds to draft one more depth (running mean)
 
     def options(self) -> dict:
         return {"depth": self.shape.depth, "top_k": self.shape.top_k, "total_tokens": self.shape.total_tokens,
+                "early_stop": self.shape.early_stop and self.verify_cost is not None,
                 "draft_vocab": None if self.vocab is None else int(self.vocab.numel())}
 
     # ---- per-run state: the head's cache follows the committed sequence --------------------------------------
@@ -111,9 +117,23 @@ class EagleDrafter(Drafter):
             build.append(self._stage(d, frontier, kept))
             if d == depth:
                 break
+            if self._not_worth_deeper(kept):
+                build[-1]["stopped_early"] = True
+                break
+            started = time.perf_counter()
             hidden = self._expand(kept, candidates, entries)  # (k, H) predicted features of the kept nodes
             frontier = self._children(hidden, kept, candidates, shape.top_k)
+            spent = time.perf_counter() - started
+            self.depth_s = spent if self.depth_s is None else 0.8 * self.depth_s + 0.2 * spent
         return self._rerank(candidates, build)
+
+    def _not_worth_deeper(self, kept: list[Candidate]) -> bool:
+        """Σ of the kept path scores bounds the expected accepted nodes one depth further; each saves at most one
+        target step. Stop when that bound is worth less than drafting the depth costs."""
+        if not self.shape.early_stop or self.verify_cost is None or self.depth_s is None:
+            return False
+        bound = sum(math.exp(c.log_score) for c in kept)
+        return bound * self.verify_cost(1) < self.depth_s
 
     def _children(self, hidden: torch.Tensor, parents: list, candidates: list[Candidate], k: int) -> list[Candidate]:
         """top-k tokens of q for each parent: hidden (P, H) → new candidates."""
