@@ -119,6 +119,7 @@ class EagleDrafter(Drafter):
                 break
             if self._not_worth_deeper(kept):
                 build[-1]["stopped_early"] = True
+                self.depth_s *= 0.9  # forget slowly, so a stale or cold first measurement gets retaken
                 break
             started = time.perf_counter()
             hidden = self._expand(kept, candidates, entries)  # (k, H) predicted features of the kept nodes
