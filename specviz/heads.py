@@ -296,6 +296,11 @@ def build_draft_model(target, assets_dir):
     own = {k: v for k, v in draft.state_dict().items() if "embed_tokens" not in k and not k.startswith("lm_head")}
     draft.load_state_dict(match_state_dict(own, state, str(assets_dir)), strict=False)
     share_embedding(draft, target)
+    draft.draft_vocab = None  # (Vd,) by falling frequency, when the folder has one: what the drafter may propose
+    if (assets_dir / DRAFT_VOCAB_FILE).is_file():
+        from safetensors.torch import load_file
+
+        draft.draft_vocab = load_file(str(assets_dir / DRAFT_VOCAB_FILE))["draft_vocab"].long()
     return draft.eval().requires_grad_(False)
 
 
@@ -313,8 +318,13 @@ def draft_config(target_config, num_layers: int):
     return cfg
 
 
-def save_draft_model(draft, path, config_extra: dict, dtype: torch.dtype = torch.float16) -> Path:
-    """Only the draft's own weights (no embedding), and its transformers config with our notes in `specviz`."""
+DRAFT_VOCAB_FILE = "draft_vocab.safetensors"
+
+
+def save_draft_model(draft, path, config_extra: dict, dtype: torch.dtype = torch.float16,
+                     draft_vocab: torch.Tensor | None = None) -> Path:
+    """Only the draft's own weights (no embedding), and its transformers config with our notes in `specviz`;
+    beside them, optionally, the ids it may draft (frequency order) in DRAFT_VOCAB_FILE."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     state = {k: v for k, v in draft.state_dict().items() if "embed_tokens" not in k and not k.startswith("lm_head")}
@@ -326,4 +336,6 @@ def save_draft_model(draft, path, config_extra: dict, dtype: torch.dtype = torch
 
     save_file({k: v.to(dtype).contiguous() for k, v in state.items()}, str(path / "model.safetensors"))
     (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    if draft_vocab is not None:
+        save_file({"draft_vocab": draft_vocab.to(torch.int64).contiguous()}, str(path / DRAFT_VOCAB_FILE))
     return path

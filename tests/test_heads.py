@@ -187,6 +187,31 @@ def test_build_draft_model_shares_the_target_embedding(tmp_path):
     out = target.generate(ids, assistant_model=draft, max_new_tokens=5, do_sample=False, pad_token_id=0)
     ref = target.generate(ids, max_new_tokens=5, do_sample=False, pad_token_id=0)
     assert out.tolist() == ref.tolist()
+    assert draft.draft_vocab is None  # saved without one
+
+
+def test_draft_with_a_reduced_vocabulary_proposes_only_it_and_stays_lossless(tmp_path):
+    from specviz import engine, sampling
+    from specviz.drafters.draft_model import DraftModelDrafter
+    from tests.tiny import TinyTokenizer
+    from specviz.train.draft import init_draft
+
+    torch.manual_seed(0)
+    target = LlamaForCausalLM(tiny_config(tie_word_embeddings=True)).eval().requires_grad_(False)
+    vocab = torch.tensor([3, 200, 17] + list(range(40, 120)))  # frequency order, not sorted
+    save_draft_model(init_draft(target, (1,)), tmp_path / "draft", {}, draft_vocab=vocab)
+    draft = build_draft_model(target, tmp_path / "draft")
+    assert draft.draft_vocab.tolist() == vocab.tolist()
+    prompt = [1, 5, 7, 9, 11]
+    reference = target.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False, pad_token_id=0)[0, 5:]
+    for greedy in (True, False):
+        drafter = DraftModelDrafter(draft, k=4, draft_vocab=draft.draft_vocab)
+        settings = engine.RunSettings(20, sampling.Sampling(0.0 if greedy else 1.0), seed=3)
+        events = list(engine.decode(target, TinyTokenizer(256, eos=None), drafter, prompt, settings, "tiny", "", 256))
+        proposed = {n.token for e in events[1:-1] for n in e.nodes}
+        assert proposed and proposed <= set(vocab.tolist())
+        if greedy:
+            assert events[-1].token_ids == reference.tolist()
 
 
 # ---------------------------------------------------------------------------------------------- shipped assets

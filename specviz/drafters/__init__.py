@@ -47,7 +47,7 @@ def _option_value(text: str):
 def draft_vocabulary(heads, choice="trained"):
     """The token ids a head may draft: "trained" (what it was trained with), "full" (None: every token), or N
     (the N most frequent, a prefix of a frequency-ordered trained vocabulary)."""
-    trained = heads.draft_vocab
+    trained = getattr(heads, "draft_vocab", None)  # a draft model has one only if it was shipped with one
     if choice == "trained":
         return trained
     if choice == "full":
@@ -94,7 +94,9 @@ def make_drafter(name: str, models, k: int = 4, options: dict | None = None) -> 
                 f"no draft model is set for '{models.name}': pass --draft-model PATH_OR_ID "
                 "(or draft_model=... in the API), or pick another drafter"
             )
-        return _construct(DraftModelDrafter, name, options, models.draft, k=k, vocab_size=models.vocab_size)
+        vocab = draft_vocabulary(models.draft, options.pop("draft_vocab", "trained"))
+        return _construct(DraftModelDrafter, name, options, models.draft, k=k, vocab_size=models.vocab_size,
+                          draft_vocab=vocab)
     if name in ("eagle2", "medusa"):
         part = "eagle" if name == "eagle2" else "medusa"
         heads = getattr(models, part, None)

@@ -6,6 +6,7 @@ from transformers import DynamicCache
 
 from specviz import sampling
 from specviz.drafters.base import Drafter, DraftRequest
+from specviz.fastlinear import PackedProjection
 from specviz.kvcache import crop_cache
 from specviz.tree import DraftTree
 from specviz.verify import top_n
@@ -14,15 +15,25 @@ from specviz.verify import top_n
 class DraftModelDrafter(Drafter):
     name = "draft"
 
-    def __init__(self, model, k: int = 4, vocab_size: int | None = None):
+    def __init__(self, model, k: int = 4, vocab_size: int | None = None, draft_vocab: torch.Tensor | None = None):
+        """draft_vocab: (Vd,) the only ids the draft may propose (None = all): its LM head is then computed over
+        those rows only, which on a CPU is most of a small draft's cost. Still lossless: the target verifies
+        over its whole vocabulary, and an id outside draft_vocab just has q = 0."""
         self.model = model
         self.k = k
         self.vocab_size = vocab_size  # score only the ids the target shares
         self.cache = DynamicCache(config=model.config)
         self.cached: list[int] = []  # token ids whose keys/values are in self.cache
+        self.vocab = None
+        if draft_vocab is not None:
+            head = model.get_output_embeddings().weight
+            self.full = vocab_size or head.shape[0]
+            self.vocab = draft_vocab[draft_vocab < self.full].to(head.device)
+            self.project = PackedProjection(head[self.vocab])  # (H,) -> (Vd,)
 
     def options(self) -> dict:
-        return {"k": self.k, "draft_model": getattr(self.model.config, "_name_or_path", "") or "draft"}
+        return {"k": self.k, "draft_model": getattr(self.model.config, "_name_or_path", "") or "draft",
+                "draft_vocab": None if self.vocab is None else int(self.vocab.numel())}
 
     def propose(self, request: DraftRequest) -> DraftTree:
         tree = DraftTree()
@@ -53,12 +64,13 @@ class DraftModelDrafter(Drafter):
 
     @torch.inference_mode()
     def _forward(self, new: list[int]) -> torch.Tensor:
-        device = self.model.device
-        out = self.model(
-            input_ids=torch.tensor([new], device=device),
-            cache=self.cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        """Logits (V,) for the position after `new`; -inf outside the draft vocabulary when there is one."""
+        ids = torch.tensor([new], device=self.model.device)
         self.cached += new
-        return out.logits[0, -1, : self.vocab_size]
+        if self.vocab is None:
+            out = self.model(input_ids=ids, cache=self.cache, use_cache=True, logits_to_keep=1)
+            return out.logits[0, -1, : self.vocab_size]
+        hidden = self.model.get_decoder()(input_ids=ids, cache=self.cache, use_cache=True).last_hidden_state[0, -1]
+        logits = torch.full((self.full,), float("-inf"), device=hidden.device)
+        logits[self.vocab] = self.project(hidden[None])[0].float()
+        return logits

@@ -8,7 +8,7 @@ import logging
 
 import torch
 
-from ..heads import draft_config, save_draft_model, share_embedding
+from ..heads import DRAFT_VOCAB_FILE, draft_config, save_draft_model, share_embedding
 from .loop import Batch, TrainConfig
 
 log = logging.getLogger("specviz.train.draft")
@@ -66,7 +66,7 @@ def evaluate(draft, target, batches) -> dict:
 
 def train_draft(cfg: TrainConfig, target=None) -> dict:
     from .common import load_target, set_seed
-    from .data import load_split
+    from .data import draft_vocabulary, load_split, read_index, token_counts
     from .loop import eval_batches, train
     from .report import fp16_round_trip, write_provenance
 
@@ -83,8 +83,10 @@ def train_draft(cfg: TrainConfig, target=None) -> dict:
     metrics["fp16 (shipped)"] = evaluate(draft, target, eval_batches(val_set, cfg))
     metrics["initial (copied layers, untrained)"] = baseline
     log.info("draft: %s", metrics)
+    counts = token_counts(cfg.data_dir)
+    vocab = draft_vocabulary(counts, min(cfg.draft_vocab_size, len(counts)), read_index(cfg.data_dir)["eos_token_id"])
     save_draft_model(draft, cfg.out, {"target": "smollm2-135m", "init_from_target_layers": list(cfg.draft_layers),
-                                      "val": metrics})
+                                      "draft_vocab_size": len(vocab), "val": metrics}, draft_vocab=vocab)
     own = sum(p.numel() for n, p in draft.named_parameters() if "embed_tokens" not in n)
     notes = [
         f"Model: {len(cfg.draft_layers)} decoder layers of the target's family (hidden {target.config.hidden_size}), "
@@ -92,6 +94,8 @@ def train_draft(cfg: TrainConfig, target=None) -> dict:
         f"LM head are the target's (not stored); {own} own parameters.",
         "Loss: KL(p || q) over the full vocabulary at response positions (p from the cached target features); "
         "the draft sees token ids only.",
+        f"Draft vocabulary: the {len(vocab)} most frequent target tokens of the training data, by falling frequency "
+        f"(`{DRAFT_VOCAB_FILE}`); the drafter proposes only those (`draft:draft_vocab=full` lifts it).",
         "Build it with `specviz.heads.build_draft_model(target, 'assets/draft-smollm2-135m')`.",
         "Shipped fp16; validation numbers are measured before and after rounding to fp16.",
     ]
