@@ -36,7 +36,7 @@ from typing import Callable
 import torch
 from transformers import GenerationConfig
 
-from specviz import engine
+from specviz import engine, fastlinear
 from specviz.api import encode_prompt
 from specviz.cli import add_model_args
 from specviz.costs import fitting_context, interpolate, synchronize, verify_costs
@@ -469,7 +469,7 @@ def predicted_speedup(drafter: dict, chain_curve: dict, tree_curve: dict) -> dic
     }
 
 
-def machine_info(device: torch.device, dtype: torch.dtype, bandwidth: float) -> dict:
+def machine_info(device: torch.device, dtype: torch.dtype, bandwidth: float, packed: bool = False) -> dict:
     import transformers
 
     return {
@@ -483,6 +483,7 @@ def machine_info(device: torch.device, dtype: torch.dtype, bandwidth: float) -> 
         "platform": platform.platform(),
         "device": str(device),
         "dtype": str(dtype).removeprefix("torch."),
+        "linear": "oneDNN packed weights (specviz.fastlinear)" if packed else "torch default",
         "bandwidth_gb_s": bandwidth,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
@@ -514,7 +515,7 @@ def build_report(models, prompts, encoded, settings, drafters, peers, runs, chai
     dtype = next(models.target.parameters()).dtype
     return {
         "schema_version": SCHEMA_VERSION,
-        "machine": machine_info(models.target.device, dtype, bandwidth),
+        "machine": machine_info(models.target.device, dtype, bandwidth, fastlinear.is_packed(models.target)),
         "config": {
             "command": command or "specviz.bench.run_bench (Python API)",
             "model": models.name,
@@ -777,7 +778,8 @@ def to_markdown(report: dict) -> str:
         "",
         f"Machine: {m['cpu']}, {m['cores']} cores ({m.get('torch_threads', '?')} torch threads)"
         + (f", GPU {m['gpu']}" if m.get("gpu") else "")
-        + f"; {m['device']} {m['dtype']}; torch {m['torch']}, transformers {m['transformers']}; "
+        + f"; {m['device']} {m['dtype']}, linear layers: {m.get('linear', 'torch default')}; "
+        f"torch {m['torch']}, transformers {m['transformers']}; "
         f"memory bandwidth {m['bandwidth_gb_s']:.1f} GB/s (copy, read + write); {m['date']}.",
         "",
         f"Model `{c['model']}`" + (f", draft `{c['draft_model']}`" if c.get("draft_model") else "")
