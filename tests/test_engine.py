@@ -162,6 +162,22 @@ def test_drafter_spec_options_reach_the_drafter(target, tok):
                                              max_new_tokens=12).token_ids
 
 
+def test_adaptive_draft_length_stops_when_drafting_cannot_pay(target, tok):
+    from specviz import engine
+    from specviz.drafters.draft_model import DraftModelDrafter
+
+    prompt = specviz.api.encode_prompt(tok, "abcabc")
+    reference = specviz.generate("abcabc", models=specviz.loaded(target, tok), drafter="none", max_new_tokens=16)
+    runs = {}
+    for label, cost in (("cheap target", lambda n: 1e-9), ("costly target", lambda n: 1e3)):
+        drafter = DraftModelDrafter(target, k=4, adaptive=True, verify_cost=cost)
+        events = list(engine.decode(target, tok, drafter, prompt, engine.RunSettings(16)))
+        assert events[-1].token_ids == reference.token_ids
+        runs[label] = [len(e.nodes) for e in events[1:-1]]
+    assert runs["cheap target"][0] >= 1 and sum(runs["cheap target"][1:]) <= len(runs["cheap target"]) // 2
+    assert runs["costly target"][:3] == [4, 4, 4], runs  # the draft is the target itself: every token accepted
+
+
 def test_draft_vocabulary_choices():
     from types import SimpleNamespace
 

@@ -95,8 +95,9 @@ def make_drafter(name: str, models, k: int = 4, options: dict | None = None) -> 
                 "(or draft_model=... in the API), or pick another drafter"
             )
         vocab = draft_vocabulary(models.draft, options.pop("draft_vocab", "trained"))
+        cost = interpolate(forward_latency(models.target)) if options.get("adaptive") else None
         return _construct(DraftModelDrafter, name, options, models.draft, k=k, vocab_size=models.vocab_size,
-                          draft_vocab=vocab)
+                          draft_vocab=vocab, verify_cost=cost)
     if name in ("eagle2", "medusa"):
         part = "eagle" if name == "eagle2" else "medusa"
         heads = getattr(models, part, None)

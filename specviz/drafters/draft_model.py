@@ -1,6 +1,8 @@
 """An independent small draft model proposing a chain of K tokens, each drawn from its q."""
 from __future__ import annotations
 
+import time
+
 import torch
 from transformers import DynamicCache
 
@@ -15,12 +17,19 @@ from specviz.verify import top_n
 class DraftModelDrafter(Drafter):
     name = "draft"
 
-    def __init__(self, model, k: int = 4, vocab_size: int | None = None, draft_vocab: torch.Tensor | None = None):
+    def __init__(self, model, k: int = 4, vocab_size: int | None = None, draft_vocab: torch.Tensor | None = None,
+                 adaptive: bool = False, verify_cost=None):
         """draft_vocab: (Vd,) the only ids the draft may propose (None = all): its LM head is then computed over
         those rows only, which on a CPU is most of a small draft's cost. Still lossless: the target verifies
-        over its whole vocabulary, and an id outside draft_vocab just has q = 0."""
+        over its whole vocabulary, and an id outside draft_vocab just has q = 0.
+        adaptive (with verify_cost: n -> seconds): draft at most k tokens, but stop as soon as the chance that
+        the chain so far is all accepted (the product of the draft's own q, its estimate) times one target step
+        is worth less than one more draft step, as measured in this run."""
         self.model = model
         self.k = k
+        self.adaptive = adaptive and verify_cost is not None
+        self.verify_cost = verify_cost
+        self.token_s: float | None = None  # measured seconds of one draft forward (running mean)
         self.vocab_size = vocab_size  # score only the ids the target shares
         self.cache = DynamicCache(config=model.config)
         self.cached: list[int] = []  # token ids whose keys/values are in self.cache
@@ -32,14 +41,20 @@ class DraftModelDrafter(Drafter):
             self.project = PackedProjection(head[self.vocab])  # (H,) -> (Vd,)
 
     def options(self) -> dict:
-        return {"k": self.k, "draft_model": getattr(self.model.config, "_name_or_path", "") or "draft",
+        return {"k": self.k, "adaptive": self.adaptive,
+                "draft_model": getattr(self.model.config, "_name_or_path", "") or "draft",
                 "draft_vocab": None if self.vocab is None else int(self.vocab.numel())}
 
     def propose(self, request: DraftRequest) -> DraftTree:
         tree = DraftTree()
         ids = request.ids.tolist()
         new = ids[self._reuse(ids) :]
+        chain = 1.0  # the draft's estimate of P(every token drafted so far is accepted)
         for _ in range(min(self.k, request.max_depth)):
+            if self.adaptive and self.token_s is not None and chain * self.verify_cost(1) < self.token_s:
+                self.token_s *= 0.9  # forget slowly, so a stale measurement gets retaken
+                break
+            started = time.perf_counter()
             logits = self._forward(new)  # (V,) for the next position
             shown = sampling.display_probs(logits, request.sampling)
             sampling.check_probs(shown, "draft")
@@ -50,6 +65,9 @@ class DraftModelDrafter(Drafter):
                 token = sampling.sample(q_dist, request.generator)
             tree.add(token, len(tree) - 1, q=float(shown[token]), q_dist=q_dist, q_top=top_n(shown, request.n_top))
             new = [token]
+            chain *= float(shown[token])
+            spent = time.perf_counter() - started
+            self.token_s = spent if self.token_s is None else 0.8 * self.token_s + 0.2 * spent
         return tree
 
     def _reuse(self, ids: list[int]) -> int:
