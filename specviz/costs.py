@@ -37,13 +37,14 @@ def fitting_context(model, sizes, context_len: int) -> int:
 
 
 @torch.inference_mode()
-def verify_costs(model, sizes, context_len: int = 256, repeats: int = 5, branching: int = 0) -> dict[str, dict[str, float]]:
+def verify_costs(model, sizes, context_len: int = 256, repeats: int = 5, branching: int = 0,
+                 chain: bool = True) -> dict[str, dict[str, float]]:
     """Median ms of one target forward over n new tokens (the root + n - 1 drafted nodes) after `context_len`
     cached tokens, run as the engine runs it (logits for every new token), for each n in sizes.
 
     Returns {"chain": {n: ms}, "tree": {n: ms}}: a chain uses the causal mask; a tree (only when branching > 0)
     is a full tree with that many children per node, with its 4D mask and position ids, built before the clock
-    starts. The context is shortened to fit the model's positions."""
+    starts; chain=False skips the chain. The context is shortened to fit the model's positions."""
     from specviz.engine import Target  # here: the engine imports the drafters, which import this module
 
     target = Target(model)
@@ -56,7 +57,8 @@ def verify_costs(model, sizes, context_len: int = 256, repeats: int = 5, branchi
     inputs = {}  # (shape, n) -> (ids, position_ids, mask)
     for n in sizes:
         ids = torch.randint(vocab, (n,), generator=generator).tolist()
-        inputs["chain", n] = (ids, None, None)
+        if chain:
+            inputs["chain", n] = (ids, None, None)
         if branching:
             tree = full_tree(n - 1, branching)
             inputs["tree", n] = (ids, tree.position_ids(context_len, device=device),
@@ -79,7 +81,7 @@ def verify_costs(model, sizes, context_len: int = 256, repeats: int = 5, branchi
 def forward_latency(model) -> dict[int, float]:
     """n -> seconds of one tree-shaped verify forward for this model, measured once per process (for "auto")."""
     if model not in _curves:
-        ms = verify_costs(model, DEFAULT_SIZES, context_len=128, repeats=3, branching=4)["tree"]
+        ms = verify_costs(model, DEFAULT_SIZES, context_len=128, repeats=3, branching=4, chain=False)["tree"]
         _curves[model] = {int(n): t / 1e3 for n, t in ms.items()}
     return _curves[model]
 

@@ -20,6 +20,7 @@ and leaves the model untouched where they are missing or disagree.
 from __future__ import annotations
 
 import os
+import weakref
 
 import torch
 from torch import nn
@@ -38,16 +39,43 @@ def _packed_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | 
 
 
 class PackedLinear(nn.Module):
-    """An inference-only stand-in for `nn.Linear` that multiplies by a oneDNN-packed copy of the weight."""
+    """A stand-in for `nn.Linear` that multiplies by a oneDNN-packed copy of the weight.
+
+    The packed copy is opaque (it cannot be moved, cast or copied), so it is rebuilt after `.to()` / `.half()` /
+    `load_state_dict` (or dropped where packing does not apply: the plain product is used then), and it is
+    bypassed whenever a gradient could flow to the weight."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight  # the same Parameter: ties and readers of .weight keep working
         self.bias = linear.bias
-        self.register_buffer("packed", _reorder(linear.weight), persistent=False)
+        self._repack()
+
+    def _repack(self) -> None:
+        self.register_buffer("packed", _reorder(self.weight) if usable(self.weight) else None, persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        self._buffers.pop("packed", None)
+        super()._apply(fn, recurse)
+        self._repack()
+        return self
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        super()._load_from_state_dict(*args, **kwargs)
+        self._repack()
+
+    def __deepcopy__(self, memo):
+        import copy
+
+        clone = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device="meta")
+        clone.weight = copy.deepcopy(self.weight, memo)
+        clone.bias = copy.deepcopy(self.bias, memo)
+        return PackedLinear(clone)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is None or (torch.is_grad_enabled() and self.weight.requires_grad):
+            return F.linear(x, self.weight, self.bias)
         return _packed_product(x, self.packed, None if self.bias is None else self.bias.detach())
 
     def extra_repr(self) -> str:
@@ -65,6 +93,21 @@ class PackedProjection:
         if self.packed is None:
             return x @ self.weight.T
         return _packed_product(x, self.packed, None)
+
+
+_projections: dict[tuple, tuple[weakref.ref, PackedProjection]] = {}  # (id(weight), rows) -> (weight, projection)
+
+
+def rows_projection(weight: torch.Tensor, rows: torch.Tensor | None = None) -> PackedProjection:
+    """PackedProjection of weight[rows] (all rows when None), made once per (weight, rows) and reused, so that a
+    drafter built per run does not slice and re-pack a large LM head every time. rows: (Vd,) int64 ids."""
+    key = (id(weight), None if rows is None else tuple(rows.tolist()))
+    held = _projections.get(key)
+    if held is None or held[0]() is not weight:  # new, or another tensor now has that id
+        projection = PackedProjection(weight if rows is None else weight[rows.to(weight.device)])
+        forget = lambda _, key=key, store=_projections: store.pop(key, None)  # noqa: E731
+        _projections[key] = held = (weakref.ref(weight, forget), projection)
+    return held[1]
 
 
 def wanted() -> bool:
@@ -97,7 +140,7 @@ def usable(weight: torch.Tensor) -> bool:
 def pack_linears(model: nn.Module) -> int:
     """Swap every fp32 CPU `nn.Linear` under `model` for a PackedLinear, in place; returns how many were swapped.
 
-    For frozen models used for inference only (the packed copy does not follow later `.to()` or weight updates).
+    Meant for frozen models used for inference; see PackedLinear for moves, casts and weight loads afterwards.
     """
     swaps = [
         (parent, name, child)

@@ -3,6 +3,7 @@ import json
 
 import pytest
 import torch
+from transformers import DynamicCache
 
 import specviz
 from specviz import engine, events
@@ -141,6 +142,8 @@ def test_api_accepts_loaded_models(target, tok):
         (dict(drafter="ngram:max_ngram"), "KEY=VALUE"),
         (dict(drafter="ngram:depth=3"), "unknown ngram option"),
         (dict(drafter="none:depth=2"), "takes no options"),
+        (dict(drafter="draft:adaptive=maybe"), "true or false"),
+        (dict(drafter="ngram:k=2.5"), "whole number"),
     ],
 )
 def test_bad_input_is_a_clear_error(target, tok, kwargs, message):
@@ -178,6 +181,28 @@ def test_adaptive_draft_length_stops_when_drafting_cannot_pay(target, tok):
     assert runs["costly target"][:3] == [4, 4, 4], runs  # the draft is the target itself: every token accepted
 
 
+def test_adaptive_draft_length_does_not_count_the_prompt_as_a_draft_step(target, tok):
+    """A long prompt makes the first draft forward slow; timing it as one draft step would stop all drafting."""
+    import time
+
+    from specviz import engine
+    from specviz.drafters.draft_model import DraftModelDrafter
+
+    prompt = specviz.api.encode_prompt(tok, "the quick brown fox jumps over the lazy dog. " * 4)
+    cache, times = DynamicCache(config=target.config), []
+    with torch.inference_mode():
+        target(input_ids=torch.tensor([prompt]), cache=cache, use_cache=True)
+        for t in range(5):
+            started = time.perf_counter()
+            target(input_ids=torch.tensor([[prompt[t]]]), cache=cache, use_cache=True)
+            times.append(time.perf_counter() - started)
+    one_token = sorted(times)[2]
+    drafter = DraftModelDrafter(target, k=4, adaptive=True, verify_cost=lambda n: 2 * one_token)  # drafting pays
+    events = list(engine.decode(target, tok, drafter, prompt, engine.RunSettings(40)))
+    drafted = [len(e.nodes) for e in events[1:-2]]
+    assert sum(n >= 1 for n in drafted) >= 0.8 * len(drafted), drafted  # (a little slack for a noisy machine)
+
+
 def test_draft_vocabulary_choices():
     from types import SimpleNamespace
 
@@ -192,6 +217,9 @@ def test_draft_vocabulary_choices():
         draft_vocabulary(SimpleNamespace(draft_vocab=torch.tensor([2, 7, 11, 40])), 2)
     with pytest.raises(SpecvizError, match="draft_vocab must be"):
         draft_vocabulary(by_frequency, "most")
+    with pytest.raises(SpecvizError, match="no trained draft vocabulary"):
+        draft_vocabulary(SimpleNamespace(draft_vocab=None), 100)
+    assert draft_vocabulary(SimpleNamespace(), "full") is None
 
 
 def test_draft_drafter_without_a_draft_model_says_so(target, tok):

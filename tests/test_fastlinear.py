@@ -53,3 +53,43 @@ def test_projection_matches_plain_product():
     x = torch.randn(5, 64)
     with torch.inference_mode():
         torch.testing.assert_close(fastlinear.PackedProjection(weight)(x), x @ weight.T, rtol=1e-5, atol=1e-5)
+
+
+def test_packed_linear_survives_casts_moves_copies_and_weight_loads():
+    import copy
+
+    torch.manual_seed(0)
+    linear = nn.Linear(16, 24)
+    packed = fastlinear.PackedLinear(linear)
+    x = torch.randn(3, 16)
+    copied = copy.deepcopy(packed)
+    assert copied.packed is not None and copied.weight is not packed.weight
+    torch.testing.assert_close(copied(x), packed(x))
+    fresh = nn.Linear(16, 24)
+    packed.load_state_dict(fresh.state_dict())  # the packed copy must follow new weights
+    with torch.inference_mode():
+        torch.testing.assert_close(packed(x), fresh(x), rtol=1e-5, atol=1e-5)
+    packed.double()  # not packable: falls back to the plain product, in float64
+    assert packed.packed is None
+    torch.testing.assert_close(packed(x.double()), fresh.double()(x.double()))
+    packed.float()
+    assert packed.packed is not None
+
+
+def test_gradients_reach_a_trainable_weight():
+    linear = nn.Linear(8, 4)
+    packed = fastlinear.PackedLinear(linear)
+    packed(torch.randn(2, 8)).sum().backward()
+    assert linear.weight.grad is not None and linear.weight.grad.abs().sum() > 0
+
+
+def test_row_projections_are_made_once_per_weight_and_rows():
+    weight, other = torch.randn(50, 8), torch.randn(50, 8)
+    rows = torch.tensor([4, 1, 9])
+    first = fastlinear.rows_projection(weight, rows)
+    assert fastlinear.rows_projection(weight, torch.tensor([4, 1, 9])) is first
+    assert fastlinear.rows_projection(weight, None) is not first
+    assert fastlinear.rows_projection(other, rows) is not first
+    x = torch.randn(2, 8)
+    with torch.inference_mode():
+        torch.testing.assert_close(first(x), x @ weight[rows].T, rtol=1e-5, atol=1e-5)

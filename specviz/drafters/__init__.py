@@ -35,13 +35,26 @@ def parse_spec(spec: str) -> tuple[str, dict]:
     return name, options
 
 
+BOOLEANS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
+BOOLEAN_OPTIONS = ("adaptive", "early_stop", "typical")
+INTEGER_OPTIONS = ("k", "depth", "top_k", "max_ngram", "min_ngram")
+
+
 def _option_value(text: str):
     for kind in (int, float):
         try:
             return kind(text)
         except ValueError:
             pass
-    return {"true": True, "false": False}.get(text.lower(), text)
+    return BOOLEANS.get(text.lower(), text)
+
+
+def _check_types(name: str, options: dict) -> None:
+    for key, value in options.items():
+        if key in BOOLEAN_OPTIONS and not isinstance(value, bool):
+            raise SpecvizError(f"{name} option {key} must be true or false, got {value!r}")
+        if key in INTEGER_OPTIONS and (isinstance(value, bool) or not isinstance(value, int)):
+            raise SpecvizError(f"{name} option {key} must be a whole number, got {value!r}")
 
 
 def draft_vocabulary(heads, choice="trained"):
@@ -53,7 +66,10 @@ def draft_vocabulary(heads, choice="trained"):
     if choice == "full":
         return None
     if isinstance(choice, int) and not isinstance(choice, bool) and choice > 0:
-        if trained is None or len(trained) <= choice:
+        if trained is None:
+            raise SpecvizError("this drafter has no trained draft vocabulary to take the most frequent tokens from; "
+                               "use draft_vocab=full (the default for it)")
+        if len(trained) <= choice:
             return trained
         if len(trained) > 1 and bool((trained[1:] > trained[:-1]).all()):
             raise SpecvizError("this head's draft vocabulary is sorted by id, not by frequency: draft_vocab=N needs "
@@ -66,10 +82,11 @@ def _construct(cls, name: str, options: dict, *args, **fixed) -> Drafter:
     """cls(*args, **fixed, **options), with a clear message for an option the drafter does not take."""
     import inspect
 
-    accepted = set(inspect.signature(cls).parameters) - set(fixed)
+    parameters = list(inspect.signature(cls).parameters)
+    accepted = set(parameters[len(args):]) - set(fixed)  # not the ones given positionally
     unknown = sorted(set(options) - accepted)
     if unknown:
-        raise SpecvizError(f"unknown {name} option(s): {', '.join(unknown)}; it takes: {', '.join(sorted(accepted - {'self'}))}")
+        raise SpecvizError(f"unknown {name} option(s): {', '.join(unknown)}; it takes: {', '.join(sorted(accepted))}")
     return cls(*args, **fixed, **options)
 
 
@@ -79,6 +96,7 @@ def make_drafter(name: str, models, k: int = 4, options: dict | None = None) -> 
     name may carry options itself ('eagle2:total_tokens=16', see parse_spec); `options` override them."""
     name, spec_options = parse_spec(name)
     options = {**spec_options, **(options or {})}
+    _check_types(name, options)
     k = options.pop("k", k)
     if k < 1:
         raise SpecvizError(f"k (draft length) must be >= 1, got {k}")

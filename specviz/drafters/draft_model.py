@@ -8,7 +8,7 @@ from transformers import DynamicCache
 
 from specviz import sampling
 from specviz.drafters.base import Drafter, DraftRequest
-from specviz.fastlinear import PackedProjection
+from specviz.fastlinear import rows_projection
 from specviz.kvcache import crop_cache
 from specviz.tree import DraftTree
 from specviz.verify import top_n
@@ -38,7 +38,7 @@ class DraftModelDrafter(Drafter):
             head = model.get_output_embeddings().weight
             self.full = vocab_size or head.shape[0]
             self.vocab = draft_vocab[draft_vocab < self.full].to(head.device)
-            self.project = PackedProjection(head[self.vocab])  # (H,) -> (Vd,)
+            self.project = rows_projection(head, self.vocab)  # (1, H) -> (1, Vd)
 
     def options(self) -> dict:
         return {"k": self.k, "adaptive": self.adaptive,
@@ -64,10 +64,11 @@ class DraftModelDrafter(Drafter):
                 q_dist = sampling.process(logits, request.sampling).cpu()
                 token = sampling.sample(q_dist, request.generator)
             tree.add(token, len(tree) - 1, q=float(shown[token]), q_dist=q_dist, q_top=top_n(shown, request.n_top))
+            if len(new) == 1:  # a one-token draft step (the first of a step also catches up on committed tokens)
+                spent = time.perf_counter() - started
+                self.token_s = spent if self.token_s is None else 0.8 * self.token_s + 0.2 * spent
             new = [token]
             chain *= float(shown[token])
-            spent = time.perf_counter() - started
-            self.token_s = spent if self.token_s is None else 0.8 * self.token_s + 0.2 * spent
         return tree
 
     def _reuse(self, ids: list[int]) -> int:

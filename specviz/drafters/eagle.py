@@ -16,7 +16,7 @@ import torch
 from transformers import DynamicCache
 
 from specviz.drafters.base import Drafter, DraftRequest, Outcome
-from specviz.fastlinear import PackedProjection
+from specviz.fastlinear import rows_projection
 from specviz.kvcache import crop_cache
 from specviz.tree import ROOT, DraftTree
 
@@ -57,8 +57,8 @@ class EagleDrafter(Drafter):
         self.embed = target.get_input_embeddings()
         lm_head = target.get_output_embeddings().weight  # (V, H)
         self.vocab = draft_vocab
-        self.w_draft = lm_head if draft_vocab is None else lm_head[draft_vocab.to(lm_head.device)]  # (Vd, H)
-        self.project = PackedProjection(self.w_draft)  # hidden (P, H) -> logits (P, Vd), the drafting hot spot
+        self.project = rows_projection(lm_head, draft_vocab)  # hidden (P, H) -> logits (P, Vd): the drafting hot spot
+        self.device, self.dtype = lm_head.device, lm_head.dtype
         self.shape = shape
         self.verify_cost = verify_cost
         self.cache = DynamicCache(config=head.config)
@@ -66,6 +66,7 @@ class EagleDrafter(Drafter):
         self.pending: tuple[torch.Tensor, list[int]] | None = None  # features and tokens not yet fed
         self.last = None  # (H,) head output of the last committed entry: it predicts the root's successor
         self.depth_s: float | None = None  # measured seconds to draft one more depth (running mean)
+        self.depth_timings = 0
 
     def options(self) -> dict:
         return {"depth": self.shape.depth, "top_k": self.shape.top_k, "total_tokens": self.shape.total_tokens,
@@ -88,10 +89,10 @@ class EagleDrafter(Drafter):
             return
         features, tokens = self.pending
         n = min(features.shape[0], len(tokens))
-        device = self.w_draft.device
+        device = self.device
         positions = torch.arange(self.committed, self.committed + n, device=device)[None]
         out = self.head(
-            features[None, :n].to(self.w_draft.dtype),
+            features[None, :n].to(self.dtype),
             self.embed(torch.tensor([tokens[:n]], device=device)),
             positions,
             self.cache,
@@ -125,7 +126,9 @@ class EagleDrafter(Drafter):
             hidden = self._expand(kept, candidates, entries)  # (k, H) predicted features of the kept nodes
             frontier = self._children(hidden, kept, candidates, shape.top_k)
             spent = time.perf_counter() - started
-            self.depth_s = spent if self.depth_s is None else 0.8 * self.depth_s + 0.2 * spent
+            self.depth_timings += 1
+            if self.depth_timings > 1:  # the first expansion of a run is cold (caches, allocator): not counted
+                self.depth_s = spent if self.depth_s is None else 0.8 * self.depth_s + 0.2 * spent
         return self._rerank(candidates, build)
 
     def _not_worth_deeper(self, kept: list[Candidate]) -> bool:
@@ -154,7 +157,7 @@ class EagleDrafter(Drafter):
 
     def _expand(self, kept: list[Candidate], candidates: list[Candidate], entries: list[int]) -> torch.Tensor:
         """Feed the kept nodes to the head (each sees the committed entries and its own ancestors)."""
-        device = self.w_draft.device
+        device = self.device
         n_before = len(entries)
         parents_hidden = torch.stack([self._hidden_of(c, candidates) for c in kept])  # (k, H)
         tokens = torch.tensor([[c.token for c in kept]], device=device)

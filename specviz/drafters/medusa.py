@@ -7,7 +7,7 @@ import math
 import torch
 
 from specviz.drafters.base import Drafter, DraftRequest, Outcome
-from specviz.fastlinear import PackedProjection
+from specviz.fastlinear import rows_projection
 from specviz.drafters.eagle import best_budget
 from specviz.tree import ROOT, DraftTree
 from specviz.verify import Typical, top_n
@@ -54,8 +54,7 @@ class MedusaDrafter(Drafter):
         # heads that share the target's LM head project onto its draft-vocabulary rows, sliced once here
         self.project = None
         if not heads.own_projection:
-            w_draft = self.lm_head if draft_vocab is None else self.lm_head[draft_vocab.to(self.lm_head.device)]
-            self.project = PackedProjection(w_draft)  # (K, H) -> (K, Vd)
+            self.project = rows_projection(self.lm_head, draft_vocab)  # (K, H) -> (K, Vd)
         self.total_tokens = total_tokens
         self.verify_cost = verify_cost
         self.paths = check_tree(tree, heads.num_heads)
