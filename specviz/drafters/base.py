@@ -55,3 +55,26 @@ class NoDraft(Drafter):
 
     def propose(self, request: DraftRequest) -> DraftTree:
         return DraftTree()
+
+
+class DraftTiming:
+    """Seconds one more unit of drafting (a draft token, a tree depth) costs, measured in this run, for the rules
+    that stop drafting once its expected saving is worth less: a running mean that skips the first `cold`
+    measurements, and that forgets slowly while it goes unused, so a stale high value gets measured again."""
+
+    def __init__(self, cold: int = 0):
+        self.seconds: float | None = None
+        self.cold = cold
+
+    def add(self, seconds: float) -> None:
+        if self.cold > 0:
+            self.cold -= 1
+        else:
+            self.seconds = seconds if self.seconds is None else 0.8 * self.seconds + 0.2 * seconds
+
+    def exceeds(self, saving_s: float) -> bool:
+        """Is one more unit dearer than `saving_s`? (Never before the first counted measurement.)"""
+        if self.seconds is None or self.seconds <= saving_s:
+            return False
+        self.seconds *= 0.9  # it will not be measured while drafting stops here: forget slowly
+        return True

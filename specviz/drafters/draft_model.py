@@ -7,7 +7,7 @@ import torch
 from transformers import DynamicCache
 
 from specviz import sampling
-from specviz.drafters.base import Drafter, DraftRequest
+from specviz.drafters.base import Drafter, DraftRequest, DraftTiming
 from specviz.fastlinear import rows_projection
 from specviz.kvcache import crop_cache
 from specviz.tree import DraftTree
@@ -29,7 +29,7 @@ class DraftModelDrafter(Drafter):
         self.k = k
         self.adaptive = adaptive and verify_cost is not None
         self.verify_cost = verify_cost
-        self.token_s: float | None = None  # measured seconds of one draft forward (running mean)
+        self.token_cost = DraftTiming()  # one draft forward of one token
         self.vocab_size = vocab_size  # score only the ids the target shares
         self.cache = DynamicCache(config=model.config)
         self.cached: list[int] = []  # token ids whose keys/values are in self.cache
@@ -51,8 +51,7 @@ class DraftModelDrafter(Drafter):
         new = ids[self._reuse(ids) :]
         chain = 1.0  # the draft's estimate of P(every token drafted so far is accepted)
         for _ in range(min(self.k, request.max_depth)):
-            if self.adaptive and self.token_s is not None and chain * self.verify_cost(1) < self.token_s:
-                self.token_s *= 0.9  # forget slowly, so a stale measurement gets retaken
+            if self.adaptive and self.token_cost.exceeds(chain * self.verify_cost(1)):
                 break
             started = time.perf_counter()
             logits = self._forward(new)  # (V,) for the next position
@@ -65,8 +64,7 @@ class DraftModelDrafter(Drafter):
                 token = sampling.sample(q_dist, request.generator)
             tree.add(token, len(tree) - 1, q=float(shown[token]), q_dist=q_dist, q_top=top_n(shown, request.n_top))
             if len(new) == 1:  # a one-token draft step (the first of a step also catches up on committed tokens)
-                spent = time.perf_counter() - started
-                self.token_s = spent if self.token_s is None else 0.8 * self.token_s + 0.2 * spent
+                self.token_cost.add(time.perf_counter() - started)
             new = [token]
             chain *= float(shown[token])
         return tree

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from specviz.drafters.base import Drafter, DraftRequest, Outcome
+from specviz.drafters.base import Drafter, DraftRequest, DraftTiming, Outcome
 from specviz.fastlinear import rows_projection
 from specviz.kvcache import crop_cache
 from specviz.tree import ROOT, DraftTree
@@ -65,8 +65,7 @@ class EagleDrafter(Drafter):
         self.committed = 0  # head-cache entries that belong to committed tokens
         self.pending: tuple[torch.Tensor, list[int]] | None = None  # features and tokens not yet fed
         self.last = None  # (H,) head output of the last committed entry: it predicts the root's successor
-        self.depth_s: float | None = None  # measured seconds to draft one more depth (running mean)
-        self.depth_timings = 0
+        self.depth_cost = DraftTiming(cold=1)  # one more depth; the run's first expansion is cold, not counted
 
     def options(self) -> dict:
         return {"depth": self.shape.depth, "top_k": self.shape.top_k, "total_tokens": self.shape.total_tokens,
@@ -120,24 +119,20 @@ class EagleDrafter(Drafter):
                 break
             if self._not_worth_deeper(kept):
                 build[-1]["stopped_early"] = True
-                self.depth_s *= 0.9  # forget slowly, so a stale or cold first measurement gets retaken
                 break
             started = time.perf_counter()
             hidden = self._expand(kept, candidates, entries)  # (k, H) predicted features of the kept nodes
             frontier = self._children(hidden, kept, candidates, shape.top_k)
-            spent = time.perf_counter() - started
-            self.depth_timings += 1
-            if self.depth_timings > 1:  # the first expansion of a run is cold (caches, allocator): not counted
-                self.depth_s = spent if self.depth_s is None else 0.8 * self.depth_s + 0.2 * spent
+            self.depth_cost.add(time.perf_counter() - started)
         return self._rerank(candidates, build)
 
     def _not_worth_deeper(self, kept: list[Candidate]) -> bool:
         """Σ of the kept path scores bounds the expected accepted nodes one depth further; each saves at most one
         target step. Stop when that bound is worth less than drafting the depth costs."""
-        if not self.shape.early_stop or self.verify_cost is None or self.depth_s is None:
+        if not self.shape.early_stop or self.verify_cost is None:
             return False
         bound = sum(math.exp(c.log_score) for c in kept)
-        return bound * self.verify_cost(1) < self.depth_s
+        return self.depth_cost.exceeds(bound * self.verify_cost(1))
 
     def _children(self, hidden: torch.Tensor, parents: list, candidates: list[Candidate], k: int) -> list[Candidate]:
         """top-k tokens of q for each parent: hidden (P, H) → new candidates."""

@@ -302,3 +302,9 @@ def draft_vocabulary(counts: torch.Tensor, size: int, eos_id: int) -> torch.Tens
     score = counts.double() + 0.5 * (1 - torch.arange(vocab, dtype=torch.double) / vocab)
     score[eos_id] = float("inf")
     return torch.topk(score, size).indices  # topk returns them by falling score
+
+
+def training_vocabulary(data_dir: str | Path, size: int) -> torch.Tensor:
+    """The draft vocabulary of the cached data: its `size` most frequent tokens, eos first (see draft_vocabulary)."""
+    counts = token_counts(data_dir)
+    return draft_vocabulary(counts, min(size, len(counts)), read_index(data_dir)["eos_token_id"])

@@ -73,15 +73,14 @@ def evaluate(draft, target, batches, draft_vocab: torch.Tensor | None = None) ->
 
 def train_draft(cfg: TrainConfig, target=None) -> dict:
     from .common import load_target, set_seed
-    from .data import draft_vocabulary, load_split, read_index, token_counts
+    from .data import load_split, training_vocabulary
     from .loop import eval_batches, train
     from .report import fp16_round_trip, write_provenance
 
     set_seed(cfg.seed)
     target = target if target is not None else load_target(cfg.model_path)[0]
     train_set, val_set = load_split(cfg.data_dir, "train"), load_split(cfg.data_dir, "val")
-    counts = token_counts(cfg.data_dir)
-    vocab = draft_vocabulary(counts, min(cfg.draft_vocab_size, len(counts)), read_index(cfg.data_dir)["eos_token_id"])
+    vocab = training_vocabulary(cfg.data_dir, cfg.draft_vocab_size)
     draft = init_draft(target, cfg.draft_layers)
     baseline = evaluate(draft, target, eval_batches(val_set, cfg), vocab)
     log.info("draft: initial %s", baseline)

@@ -127,14 +127,12 @@ def evaluate(head: EagleHead, target, batches, draft_vocab: torch.Tensor | None)
 def load_training_data(cfg: TrainConfig, target=None):
     """(target, train set, val set, draft vocabulary, coverage of the response tokens by that vocabulary)."""
     from .common import load_target
-    from .data import draft_vocabulary, load_split, read_index, token_counts
+    from .data import load_split, training_vocabulary
 
     target = target if target is not None else load_target(cfg.model_path)[0]
     train_set, val_set = load_split(cfg.data_dir, "train"), load_split(cfg.data_dir, "val")
-    counts = token_counts(cfg.data_dir)
-    eos_id = read_index(cfg.data_dir)["eos_token_id"]
-    vocab = draft_vocabulary(counts, min(cfg.draft_vocab_size, len(counts)), eos_id)
-    val_counts = torch.bincount(val_set.tokens[response_positions(val_set)], minlength=len(counts))
+    vocab = training_vocabulary(cfg.data_dir, cfg.draft_vocab_size)
+    val_counts = torch.bincount(val_set.tokens[response_positions(val_set)], minlength=target.config.vocab_size)
     coverage = float(val_counts[vocab].sum() / val_counts.sum())  # of held-out response tokens
     return target, train_set, val_set, vocab, coverage
 
