@@ -85,6 +85,10 @@ def test_live_decode_tree_and_race_in_a_browser(server):
             shot(page, "1-overview")
 
             nav(page, "Live decoding")
+            # a long run, so that Stop lands mid-run however fast this machine decodes 32 tokens
+            page.get_by_role("slider", name="Max new tokens").first.press("End")
+            expect(page.get_by_role("slider", name="Max new tokens").first).to_have_value("256")
+            expect_idle(page)
             main(page).get_by_role("button", name="Run", exact=True).click()
             expect(page.locator(".specviz-token").first).to_be_visible(timeout=90_000)  # tokens stream in
             main(page).get_by_role("button", name="Stop", exact=True).click()  # stop mid-run: what was decoded stays
