@@ -7,7 +7,6 @@ import time
 import weakref
 
 import torch
-from transformers import DynamicCache
 
 from specviz.kvcache import crop_cache
 from specviz.tree import DraftTree
@@ -52,7 +51,7 @@ def verify_costs(model, sizes, context_len: int = 256, repeats: int = 5, branchi
     context_len = fitting_context(model, sizes, context_len)
     generator = torch.Generator().manual_seed(0)
     vocab = model.get_input_embeddings().weight.shape[0]
-    cache = DynamicCache(config=model.config)
+    cache = target.new_cache()
     target.forward(torch.randint(vocab, (context_len,), generator=generator).tolist(), cache, logits=False)
     inputs = {}  # (shape, n) -> (ids, position_ids, mask)
     for n in sizes:

@@ -12,7 +12,7 @@ import torch
 from transformers import DynamicCache
 
 from specviz import events as ev
-from specviz import sampling
+from specviz import fastdecoder, sampling
 from specviz.drafters.base import Drafter, DraftRequest, Outcome
 from specviz.errors import SpecvizError
 from specviz.kvcache import keep_cache_entries
@@ -43,22 +43,30 @@ class Target:
                 raise SpecvizError(f"unsupported target: its logits are post-processed ({name}); specviz needs logits = lm_head(hidden)")
         self.model = model
         self.decoder = model.get_decoder()
+        self.fast = fastdecoder.for_model(model)  # None: transformers' own forward (see specviz/fastdecoder.py)
         self.head = model.get_output_embeddings()
         self.device = model.device
         self.vocab_size = vocab_size  # ids past it (padding rows a draft lacks) are never generated
         self.max_positions = getattr(model.config, "max_position_embeddings", None) or 2**31
 
+    def new_cache(self):
+        """An empty KV cache of the kind `forward` fills."""
+        return self.fast.new_cache() if self.fast is not None else DynamicCache(config=self.model.config)
+
     @torch.inference_mode()
     def forward(self, ids: list[int], cache, position_ids=None, mask=None, logits=True):
-        """ids of T new tokens → hidden (T, H) and logits (T, V) as float32 (None when logits=False)."""
-        out = self.decoder(
-            input_ids=torch.tensor([ids], device=self.device),
-            cache=cache,
-            position_ids=position_ids,
-            attention_mask=mask,
-            use_cache=True,
-        )
-        hidden = out.last_hidden_state[0]
+        """ids of T new tokens → hidden (T, H) and logits (T, V) as float32 (None when logits=False).
+        cache: from `new_cache()`."""
+        if self.fast is not None:
+            hidden = self.fast(torch.tensor(ids, device=self.device), cache, position_ids, mask)
+        else:
+            hidden = self.decoder(
+                input_ids=torch.tensor([ids], device=self.device),
+                cache=cache,
+                position_ids=position_ids,
+                attention_mask=mask,
+                use_cache=True,
+            ).last_hidden_state[0]
         if not logits:
             return hidden, None
         return hidden, self.head(hidden)[:, : self.vocab_size].float()
@@ -180,7 +188,7 @@ class _Run:
         self.detok = Detokenizer(tokenizer)
         self.eos = eos_ids(target.model, tokenizer)
         self.generator = torch.Generator().manual_seed(settings.seed)
-        self.cache = DynamicCache(config=target.model.config)
+        self.cache = target.new_cache()
         self.metrics = Metrics()
 
     def steps(self, prompt_ids: list[int]) -> Iterator[ev.Event]:

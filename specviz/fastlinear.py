@@ -30,11 +30,11 @@ ROWS_HINT = 16  # the batch size oneDNN picks its blocking for; 8–64 all measu
 ENV_SWITCH = "SPECVIZ_PACKED_LINEAR"  # "0" turns packing off (to compare, or where oneDNN misbehaves)
 
 
-def _reorder(weight: torch.Tensor) -> torch.Tensor:
+def reorder(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), ROWS_HINT)
 
 
-def _packed_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def packed_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
@@ -53,7 +53,7 @@ class PackedLinear(nn.Module):
         self._repack()
 
     def _repack(self) -> None:
-        self.register_buffer("packed", _reorder(self.weight) if usable(self.weight) else None, persistent=False)
+        self.register_buffer("packed", reorder(self.weight) if usable(self.weight) else None, persistent=False)
 
     def _apply(self, fn, recurse=True):
         self._buffers.pop("packed", None)
@@ -76,7 +76,7 @@ class PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is None or (torch.is_grad_enabled() and self.weight.requires_grad):
             return F.linear(x, self.weight, self.bias)
-        return _packed_product(x, self.packed, None if self.bias is None else self.bias.detach())
+        return packed_product(x, self.packed, None if self.bias is None else self.bias.detach())
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, packed=oneDNN"
@@ -87,12 +87,12 @@ class PackedProjection:
 
     def __init__(self, weight: torch.Tensor):
         self.weight = weight
-        self.packed = _reorder(weight) if usable(weight) else None
+        self.packed = reorder(weight) if usable(weight) else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is None:
             return x @ self.weight.T
-        return _packed_product(x, self.packed, None)
+        return packed_product(x, self.packed, None)
 
 
 _projections: dict[tuple, tuple[weakref.ref, PackedProjection]] = {}  # (id(weight), rows) -> (weight, projection)
@@ -126,7 +126,7 @@ def supported() -> bool:
             weight = torch.randn(48, 40, generator=generator)
             x = torch.randn(3, 40, generator=generator)
             with torch.inference_mode():
-                got = _packed_product(x, _reorder(weight), None)
+                got = packed_product(x, reorder(weight), None)
             _CHECKED = bool(torch.allclose(got, F.linear(x, weight), rtol=1e-4, atol=1e-5))
         except (RuntimeError, AttributeError):
             _CHECKED = False

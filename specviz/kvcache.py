@@ -1,11 +1,18 @@
-"""KV-cache surgery after verification: drop rejected positions, keep an accepted tree path."""
+"""KV-cache surgery after verification: drop rejected positions, keep an accepted tree path.
+
+Works on transformers' DynamicCache and on specviz.fastdecoder.KVCache (which does the same in place)."""
 from __future__ import annotations
 
 import torch
 
+from specviz.fastdecoder import KVCache
+
 
 def crop_cache(cache, length: int) -> None:
     """Drop cached positions from `length` on (rejected draft tokens)."""
+    if isinstance(cache, KVCache):
+        cache.crop(length)
+        return
     extra = cache.get_seq_length() - length
     if extra > 0:
         cache.crop(-extra)
@@ -14,6 +21,9 @@ def crop_cache(cache, length: int) -> None:
 def keep_cache_entries(cache, past_len: int, keep: list[int]) -> None:
     """After a verify forward over root + nodes, keep the cache entries of the root and of `keep` (node indices
     of the accepted path) only. A chain's accepted path is a prefix, so that is a crop."""
+    if isinstance(cache, KVCache):
+        cache.keep(past_len, keep)
+        return
     if keep == list(range(len(keep))):
         crop_cache(cache, past_len + 1 + len(keep))
         return

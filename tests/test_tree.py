@@ -33,7 +33,7 @@ def test_tree_logits_equal_running_each_path_sequentially():
     model = tiny_llama(scale=3.0)
     target = engine.Target(model)
     tree = random_tree()
-    cache = DynamicCache(config=model.config)
+    cache = target.new_cache()
     target.forward(PROMPT[:-1], cache)
     past = len(PROMPT) - 1
     mask = tree.attention_mask(past)
@@ -69,7 +69,7 @@ def test_keeping_a_tree_path_leaves_the_cache_of_that_sequence():
     target = engine.Target(model)
     tree = random_tree(n=10, seed=3)
     leaf_path = max(tree.leaf_paths(), key=len)
-    cache = DynamicCache(config=model.config)
+    cache = target.new_cache()
     target.forward(PROMPT[:-1], cache)
     past = len(PROMPT) - 1
     target.forward([PROMPT[-1]] + tree.tokens, cache, tree.position_ids(past), tree.attention_mask(past))

@@ -6,7 +6,7 @@ import time
 import torch
 from transformers import DynamicCache
 
-from specviz import sampling
+from specviz import fastdecoder, sampling
 from specviz.drafters.base import Drafter, DraftRequest, DraftTiming
 from specviz.fastlinear import rows_projection
 from specviz.kvcache import crop_cache
@@ -31,7 +31,8 @@ class DraftModelDrafter(Drafter):
         self.verify_cost = verify_cost
         self.token_cost = DraftTiming()  # one draft forward of one token
         self.vocab_size = vocab_size  # score only the ids the target shares
-        self.cache = DynamicCache(config=model.config)
+        self.fast = fastdecoder.for_model(model)  # None: transformers' own forward
+        self.cache = self.fast.new_cache() if self.fast is not None else DynamicCache(config=model.config)
         self.cached: list[int] = []  # token ids whose keys/values are in self.cache
         self.vocab = None
         if draft_vocab is not None:
@@ -82,12 +83,17 @@ class DraftModelDrafter(Drafter):
     @torch.inference_mode()
     def _forward(self, new: list[int]) -> torch.Tensor:
         """Logits (V,) for the position after `new`; -inf outside the draft vocabulary when there is one."""
-        ids = torch.tensor([new], device=self.model.device)
+        ids = torch.tensor(new, device=self.model.device)
         self.cached += new
-        if self.vocab is None:
-            out = self.model(input_ids=ids, cache=self.cache, use_cache=True, logits_to_keep=1)
+        if self.fast is not None:
+            hidden = self.fast(ids, self.cache)[-1]
+            if self.vocab is None:  # the fast path covers only models whose logits are lm_head(hidden)
+                return self.model.get_output_embeddings()(hidden)[: self.vocab_size]
+        elif self.vocab is None:
+            out = self.model(input_ids=ids[None], cache=self.cache, use_cache=True, logits_to_keep=1)
             return out.logits[0, -1, : self.vocab_size]
-        hidden = self.model.get_decoder()(input_ids=ids, cache=self.cache, use_cache=True).last_hidden_state[0, -1]
+        else:
+            hidden = self.model.get_decoder()(input_ids=ids[None], cache=self.cache, use_cache=True).last_hidden_state[0, -1]
         logits = torch.full((self.full,), float("-inf"), device=hidden.device)
         logits[self.vocab] = self.project(hidden[None])[0].float()
         return logits

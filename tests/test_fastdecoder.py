@@ -1,0 +1,128 @@
+"""specviz.fastdecoder computes what transformers computes: hidden states, cache surgery, greedy outputs."""
+import pytest
+import torch
+from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
+
+from specviz import engine, fastdecoder, models
+from specviz.drafters import NoDraft
+from specviz.kvcache import crop_cache, keep_cache_entries
+from tests.test_tree import PROMPT, random_tree
+from tests.tiny import TinyTokenizer, hf_greedy, tiny_llama
+
+
+def tiny_qwen2(seed=0):
+    """Qwen2 has biases on q, k and v (fused along with the weights) and a different rotary base."""
+    torch.manual_seed(seed)
+    config = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=256, rope_theta=1e6, tie_word_embeddings=True)
+    model = Qwen2ForCausalLM(config).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:  # transformers initialises biases to zero; make them matter
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_()
+    return model
+
+
+MODELS = {"llama": lambda: tiny_llama(scale=3.0), "qwen2": tiny_qwen2}
+
+
+def hf_hidden(model, ids, cache, position_ids=None, mask=None):
+    return model.model(input_ids=torch.tensor([ids]), cache=cache, position_ids=position_ids, attention_mask=mask,
+                       use_cache=True).last_hidden_state[0]
+
+
+@pytest.mark.parametrize("arch", MODELS)
+@torch.inference_mode()
+def test_prefill_chain_and_tree_match_transformers(arch):
+    model = MODELS[arch]()
+    fast = fastdecoder.for_model(model)
+    assert fast is not None
+    ours, theirs = fast.new_cache(), DynamicCache(config=model.config)
+    prompt = PROMPT[:-1]
+    torch.testing.assert_close(fast(torch.tensor(prompt), ours), hf_hidden(model, prompt, theirs), atol=1e-5, rtol=1e-5)
+    chain = [PROMPT[-1], 5, 9]  # several new tokens without a mask: causal among themselves
+    torch.testing.assert_close(fast(torch.tensor(chain), ours), hf_hidden(model, chain, theirs), atol=1e-5, rtol=1e-5)
+    past = len(prompt) + len(chain)
+    tree = random_tree(n=9, seed=2)
+    ids, positions, mask = [7] + tree.tokens, tree.position_ids(past), tree.attention_mask(past)
+    torch.testing.assert_close(fast(torch.tensor(ids), ours, positions, mask),
+                               hf_hidden(model, ids, theirs, positions, mask), atol=1e-5, rtol=1e-5)
+    assert ours.get_seq_length() == theirs.get_seq_length() == past + len(ids)
+
+
+@torch.inference_mode()
+def test_cache_grows_and_keeps_a_tree_path_like_transformers():
+    model = tiny_llama(scale=3.0)
+    target = engine.Target(model)
+    cache = fastdecoder.KVCache(2, 2, 8, torch.float32, "cpu", capacity=3)  # far too small: must grow
+    reference = DynamicCache(config=model.config)
+    target.forward(PROMPT[:-1], cache)
+    target.fast, fast = None, target.fast
+    target.forward(PROMPT[:-1], reference)
+    past = len(PROMPT) - 1
+    tree = random_tree(n=12, seed=5)
+    path = max(tree.leaf_paths(), key=len)
+    assert path != list(range(len(path)))  # a path that is not a prefix: entries must move
+    for which, kv in ((fast, cache), (None, reference)):
+        target.fast = which
+        target.forward([PROMPT[-1]] + tree.tokens, kv, tree.position_ids(past), tree.attention_mask(past))
+        keep_cache_entries(kv, past, path)
+    assert cache.capacity >= cache.length == reference.get_seq_length() == past + 1 + len(path)
+    for which, kv in ((fast, cache), (None, reference)):
+        target.fast = which
+        crop_cache(kv, past + 2)  # drop all but the first kept node, then go on
+    target.fast = fast
+    ours = target.forward([3, 4], cache)[1]
+    target.fast = None
+    theirs = target.forward([3, 4], reference)[1]
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+    sequence = PROMPT + [tree.tokens[path[0]], 3, 4]
+    torch.testing.assert_close(ours[-1], model(torch.tensor([sequence])).logits[0, -1], atol=1e-4, rtol=1e-4)
+
+
+def test_greedy_decode_through_the_fast_path_equals_generate():
+    model = tiny_llama(scale=3.0)
+    assert engine.Target(model).fast is not None
+    events = list(engine.decode(model, TinyTokenizer(64), NoDraft(), PROMPT, engine.RunSettings(max_new_tokens=40)))
+    assert events[-1].token_ids == hf_greedy(model, PROMPT, 40)
+
+
+def test_not_covered_means_transformers_forward(monkeypatch):
+    model = tiny_llama()
+    monkeypatch.setenv(fastdecoder.ENV_SWITCH, "0")
+    assert "turned off" in fastdecoder.unsupported_reason(model)
+    target = engine.Target(model)
+    assert target.fast is None and isinstance(target.new_cache(), DynamicCache)
+    monkeypatch.delenv(fastdecoder.ENV_SWITCH)
+    model.config.rope_parameters = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
+    assert "rotary scaling" in fastdecoder.unsupported_reason(model)
+    assert engine.Target(model).fast is None
+
+
+@torch.no_grad()  # not inference_mode: tensors made under it keep no version counter
+def test_a_changed_weight_rebuilds_the_fused_copy():
+    model = tiny_llama(scale=3.0)
+    first = fastdecoder.for_model(model)
+    assert fastdecoder.for_model(model) is first  # built once
+    model.model.layers[0].self_attn.k_proj.weight.mul_(2.0)
+    second = fastdecoder.for_model(model)
+    assert second is not first
+    cache, reference = second.new_cache(), DynamicCache(config=model.config)
+    torch.testing.assert_close(second(torch.tensor(PROMPT), cache), hf_hidden(model, PROMPT, reference), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not models.is_fetched("smollm2-135m"), reason="smollm2-135m is not fetched (make fetch)")
+@torch.inference_mode()
+def test_real_model_packed_fast_path_agrees_with_transformers():
+    smol = models.load("smollm2-135m", device="cpu")
+    target = engine.Target(smol.target)
+    assert target.fast is not None
+    ids = smol.tokenizer("The capital of France is a city where", return_tensors=None)["input_ids"]
+    cache = target.new_cache()
+    ours = target.forward(ids, cache)[1]
+    step = target.forward([ids[-1]], cache)[1]
+    target.fast = None
+    reference = target.new_cache()
+    theirs = target.forward(ids, reference)[1]
+    torch.testing.assert_close(ours, theirs, atol=2e-4, rtol=1e-4)
+    torch.testing.assert_close(step, target.forward([ids[-1]], reference)[1], atol=2e-4, rtol=1e-4)
