@@ -36,7 +36,7 @@ from typing import Callable
 import torch
 from transformers import GenerationConfig
 
-from specviz import engine, fastlinear
+from specviz import engine, fastdecoder, fastlinear
 from specviz.api import encode_prompt
 from specviz.cli import add_model_args
 from specviz.costs import fitting_context, interpolate, synchronize, verify_costs
@@ -469,7 +469,8 @@ def predicted_speedup(drafter: dict, chain_curve: dict, tree_curve: dict) -> dic
     }
 
 
-def machine_info(device: torch.device, dtype: torch.dtype, bandwidth: float, packed: bool = False) -> dict:
+def machine_info(device: torch.device, dtype: torch.dtype, bandwidth: float, packed: bool = False,
+                 forward: str = "transformers") -> dict:
     import transformers
 
     return {
@@ -484,9 +485,17 @@ def machine_info(device: torch.device, dtype: torch.dtype, bandwidth: float, pac
         "device": str(device),
         "dtype": str(dtype).removeprefix("torch."),
         "linear": "oneDNN packed weights (specviz.fastlinear)" if packed else "torch default",
+        "forward": forward,
         "bandwidth_gb_s": bandwidth,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def target_forward(model) -> str:
+    """Which forward our engine runs the target with (transformers' peers always run transformers')."""
+    if fastdecoder.for_model(model) is not None:
+        return "specviz.fastdecoder (fused qkv and gate-up, in-place KV cache)"
+    return f"transformers ({fastdecoder.unsupported_reason(model)})"
 
 
 def _cpu_name() -> str:
@@ -515,7 +524,8 @@ def build_report(models, prompts, encoded, settings, drafters, peers, runs, chai
     dtype = next(models.target.parameters()).dtype
     return {
         "schema_version": SCHEMA_VERSION,
-        "machine": machine_info(models.target.device, dtype, bandwidth, fastlinear.is_packed(models.target)),
+        "machine": machine_info(models.target.device, dtype, bandwidth, fastlinear.is_packed(models.target),
+                                target_forward(models.target)),
         "config": {
             "command": command or "specviz.bench.run_bench (Python API)",
             "model": models.name,
@@ -778,7 +788,8 @@ def to_markdown(report: dict) -> str:
         "",
         f"Machine: {m['cpu']}, {m['cores']} cores ({m.get('torch_threads', '?')} torch threads)"
         + (f", GPU {m['gpu']}" if m.get("gpu") else "")
-        + f"; {m['device']} {m['dtype']}, linear layers: {m.get('linear', 'torch default')}; "
+        + f"; {m['device']} {m['dtype']}, linear layers: {m.get('linear', 'torch default')}, "
+        f"our engine's forward: {m.get('forward', 'transformers')}; "
         f"torch {m['torch']}, transformers {m['transformers']}; "
         f"memory bandwidth {m['bandwidth_gb_s']:.1f} GB/s (copy, read + write); {m['date']}.",
         "",
