@@ -17,6 +17,7 @@ from specviz.drafters.base import Drafter, DraftRequest, Outcome
 from specviz.errors import SpecvizError
 from specviz.kvcache import keep_cache_entries
 from specviz.metrics import Metrics
+from specviz.models import logit_postprocessing
 from specviz.sampling import Sampling
 from specviz.tree import DraftTree
 from specviz.verify import Verdict, top_n, verify, verify_typical
@@ -34,13 +35,10 @@ class Target:
     """The target model split into its decoder and LM head, so one forward gives both the logits and the
     features (the hidden states that enter the LM head) that EAGLE drafts from."""
 
-    # Config fields of models whose logits are not plain lm_head(hidden); the split would be wrong for them.
-    _LOGIT_POSTPROCESSING = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
-
     def __init__(self, model, vocab_size: int | None = None):
-        for name in self._LOGIT_POSTPROCESSING:
-            if getattr(model.config, name, None) not in (None, 1, 1.0):
-                raise SpecvizError(f"unsupported target: its logits are post-processed ({name}); specviz needs logits = lm_head(hidden)")
+        postprocessing = logit_postprocessing(model.config)  # the split would be wrong for such models
+        if postprocessing is not None:
+            raise SpecvizError(f"unsupported target: its logits are post-processed ({postprocessing}); specviz needs logits = lm_head(hidden)")
         self.model = model
         self.decoder = model.get_decoder()
         self.fast = fastdecoder.for_model(model)  # None: transformers' own forward (see specviz/fastdecoder.py)

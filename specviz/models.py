@@ -567,6 +567,17 @@ def load(model: str = "smollm2-135m", draft_model: str | None = None, device: st
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 
+# Config fields of models whose logits are not plain lm_head(hidden) (Gemma-2's softcapping, Cohere's scale, …)
+LOGIT_POSTPROCESSING = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+
+
+def logit_postprocessing(config) -> str | None:
+    """The config field that post-processes this model's logits, or None when logits = lm_head(hidden)."""
+    for name in LOGIT_POSTPROCESSING:
+        if getattr(config, name, None) not in (None, 1, 1.0):
+            return name
+    return None
+
 
 def load_shipped(preset: Preset, target: torch.nn.Module, assets: Path = ASSETS) -> dict:
     """The trained drafters of a preset that exist in assets/, on the target's device and dtype."""

@@ -3,7 +3,6 @@ import json
 
 import pytest
 import torch
-from transformers import DynamicCache
 
 import specviz
 from specviz import engine, events
@@ -189,13 +188,13 @@ def test_adaptive_draft_length_does_not_count_the_prompt_as_a_draft_step(target,
     from specviz.drafters.draft_model import DraftModelDrafter
 
     prompt = specviz.api.encode_prompt(tok, "the quick brown fox jumps over the lazy dog. " * 4)
-    cache, times = DynamicCache(config=target.config), []
-    with torch.inference_mode():
-        target(input_ids=torch.tensor([prompt]), cache=cache, use_cache=True)
-        for t in range(5):
-            started = time.perf_counter()
-            target(input_ids=torch.tensor([[prompt[t]]]), cache=cache, use_cache=True)
-            times.append(time.perf_counter() - started)
+    forward = engine.Target(target)  # the forward the drafter runs its (here: the target) model with
+    cache, times = forward.new_cache(), []
+    forward.forward(prompt, cache, logits=False)
+    for t in range(5):
+        started = time.perf_counter()
+        forward.forward([prompt[t]], cache)
+        times.append(time.perf_counter() - started)
     one_token = sorted(times)[2]
     drafter = DraftModelDrafter(target, k=4, adaptive=True, verify_cost=lambda n: 2 * one_token)  # drafting pays
     events = list(engine.decode(target, tok, drafter, prompt, engine.RunSettings(40)))
@@ -220,6 +219,14 @@ def test_draft_vocabulary_choices():
     with pytest.raises(SpecvizError, match="no trained draft vocabulary"):
         draft_vocabulary(SimpleNamespace(draft_vocab=None), 100)
     assert draft_vocabulary(SimpleNamespace(), "full") is None
+
+
+def test_reduced_draft_vocabulary_refuses_post_processed_logits():
+    draft = tiny_llama(seed=1, layers=1)
+    draft.config.final_logit_softcapping = 30.0  # logits = cap · tanh(lm_head(h) / cap): rows alone are not enough
+    with pytest.raises(SpecvizError, match="draft_vocab=full"):
+        DraftModelDrafter(draft, k=2, draft_vocab=torch.tensor([1, 2, 3]))
+    DraftModelDrafter(draft, k=2)  # the full head is the model's own forward: fine
 
 
 def test_draft_drafter_without_a_draft_model_says_so(target, tok):

@@ -6,8 +6,8 @@ from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
 from specviz import engine, fastdecoder, models
 from specviz.drafters import NoDraft
 from specviz.kvcache import crop_cache, keep_cache_entries
-from tests.test_tree import PROMPT, random_tree
-from tests.tiny import TinyTokenizer, hf_greedy, tiny_llama
+from test_tree import PROMPT, random_tree
+from tiny import TinyTokenizer, hf_greedy, tiny_llama
 
 
 def tiny_qwen2(seed=0):

@@ -8,8 +8,10 @@ from transformers import DynamicCache
 
 from specviz import fastdecoder, sampling
 from specviz.drafters.base import Drafter, DraftRequest, DraftTiming
+from specviz.errors import SpecvizError
 from specviz.fastlinear import rows_projection
 from specviz.kvcache import crop_cache
+from specviz.models import logit_postprocessing
 from specviz.tree import DraftTree
 from specviz.verify import top_n
 
@@ -36,6 +38,10 @@ class DraftModelDrafter(Drafter):
         self.cached: list[int] = []  # token ids whose keys/values are in self.cache
         self.vocab = None
         if draft_vocab is not None:
+            postprocessing = logit_postprocessing(model.config)
+            if postprocessing is not None:  # the reduced head computes lm_head(hidden) over some rows only
+                raise SpecvizError(f"a reduced draft vocabulary needs a draft whose logits are lm_head(hidden); "
+                                   f"this one post-processes them ({postprocessing}): use draft_vocab=full")
             head = model.get_output_embeddings().weight
             self.full = vocab_size or head.shape[0]
             self.vocab = draft_vocab[draft_vocab < self.full].to(head.device)
