@@ -2,17 +2,25 @@
 # Retrain the three shipped drafters from the cached self-distillation data, each in its own time box, into a
 # staging folder; then ship (copy into assets/) each one whose held-out top-1 agreement beats the shipped one.
 #   scripts/retrain_all.sh [EAGLE_MIN MEDUSA_MIN DRAFT_MIN]      (logs and checkpoints in runs/retrain/)
+# A budget of 0 skips that drafter. RESUME=1 continues each from its checkpoint in runs/retrain/ (on whatever data
+# is cached now); a budget then counts the earlier minutes too, and the learning rate restarts from where the
+# cosine schedule stands at that share of the new budget.
 set -uo pipefail  # a failed stage leaves its staging folder empty; the others still ship
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 EAGLE_MIN=${1:-28}; MEDUSA_MIN=${2:-10}; DRAFT_MIN=${3:-10}
+RESUME_FLAG=$([ "${RESUME:-0}" = 1 ] && echo --resume)
 STAGE=runs/retrain/assets; mkdir -p "$STAGE" runs/retrain
-$PY -m specviz.train eagle --threads 2 --steps 8000 --max-minutes "$EAGLE_MIN" --unroll 2 --lr 5e-4 --batch-seqs 8 \
-    --out "$STAGE/eagle-smollm2-135m" --work-dir runs/retrain/eagle 2>&1 | tee runs/retrain/eagle.log
-$PY -m specviz.train medusa --threads 2 --steps 8000 --max-minutes "$MEDUSA_MIN" --lr 1e-3 --batch-seqs 8 \
-    --out "$STAGE/medusa-smollm2-135m" --work-dir runs/retrain/medusa 2>&1 | tee runs/retrain/medusa.log
-$PY -m specviz.train draft --threads 2 --steps 8000 --max-minutes "$DRAFT_MIN" --lr 2e-4 --batch-seqs 8 \
-    --draft-layers 0 14 29 --out "$STAGE/draft-smollm2-135m" --work-dir runs/retrain/draft 2>&1 | tee runs/retrain/draft.log
+train() {  # kind minutes extra-args...
+    local kind=$1 minutes=$2; shift 2
+    rm -rf "$STAGE/$kind-smollm2-135m"  # only what this invocation trains can ship
+    [ "$minutes" = 0 ] && return
+    $PY -m specviz.train "$kind" --threads 2 --steps 8000 --max-minutes "$minutes" --batch-seqs 8 $RESUME_FLAG \
+        --out "$STAGE/$kind-smollm2-135m" --work-dir "runs/retrain/$kind" "$@" 2>&1 | tee -a "runs/retrain/$kind.log"
+}
+train eagle "$EAGLE_MIN" --unroll 2 --lr 5e-4
+train medusa "$MEDUSA_MIN" --lr 1e-3
+train draft "$DRAFT_MIN" --lr 2e-4 --draft-layers 0 14 29
 $PY - "$STAGE" <<'PY'
 import json, shutil, sys
 from pathlib import Path
