@@ -15,7 +15,8 @@ transformers, so outputs agree with `model.model(...)` to rounding (bit for bit 
 Where a model is not covered (another architecture, a rotary scaling that depends on the length, sliding-window
 layers, a device other than the CPU), `build` returns None and the engine uses transformers' forward.
 
-The fused weights are one more copy of q, k, v, gate and up (for SmolLM2-135M about 280 MB in fp32). The model
+The fused weights are one more copy of q, k, v, gate and up (for SmolLM2-135M about 280 MB in fp32); where that
+would take more than a quarter of the free memory, the layers run the model's own products one by one. The model
 must stay frozen while a FastDecoder built from it is in use (`for_model` rebuilds it when a weight changes).
 `SPECVIZ_FAST_DECODER=0` turns it off.
 """
@@ -106,14 +107,28 @@ def _concat(*tensors):
     return torch.cat(tensors).contiguous()
 
 
+class _Separate:
+    """The unfused fallback: the model's own modules, one product each, outputs side by side."""
+
+    def __init__(self, *modules):
+        self.modules = modules
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([module(x) for module in self.modules], dim=-1)
+
+
 class _Layer:
-    def __init__(self, layer):
+    def __init__(self, layer, fuse: bool):
         attn, mlp = layer.self_attn, layer.mlp
-        self.qkv = _Product(_concat(attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight),
-                            _concat(attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias))
+        if fuse:
+            self.qkv = _Product(_concat(attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight),
+                                _concat(attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias))
+            self.gate_up = _Product(_concat(mlp.gate_proj.weight, mlp.up_proj.weight),
+                                    _concat(mlp.gate_proj.bias, mlp.up_proj.bias))
+        else:
+            self.qkv = _Separate(attn.q_proj, attn.k_proj, attn.v_proj)
+            self.gate_up = _Separate(mlp.gate_proj, mlp.up_proj)
         self.o_proj = attn.o_proj  # unfused: the model's own (packed) module
-        self.gate_up = _Product(_concat(mlp.gate_proj.weight, mlp.up_proj.weight),
-                                _concat(mlp.gate_proj.bias, mlp.up_proj.bias))
         self.down_proj = mlp.down_proj
         self.scaling = attn.scaling
         self.input_norm = layer.input_layernorm
@@ -132,6 +147,35 @@ def _rms_norm(norm, x: torch.Tensor) -> torch.Tensor:
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def fused_bytes(decoder) -> int:
+    """Bytes the fused copies of q, k, v, gate and up take."""
+    return sum(p.numel() * p.element_size()
+               for layer in decoder.layers
+               for module in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj,
+                              layer.mlp.gate_proj, layer.mlp.up_proj)
+               for p in module.parameters())
+
+
+def fits_in_memory(nbytes: int, share: float = 0.25) -> bool:
+    """Whether nbytes is at most `share` of the memory available now (True where that cannot be read). A 135M
+    model's fused copies (0.3 GB) always fit; a 1.5B model's (5 GB) beside its packed weights may not, and then
+    the decoder runs the model's own q, k, v, gate and up products one by one instead."""
+    available = _available_memory()
+    return available is None or nbytes <= share * available
+
+
+def _available_memory() -> int | None:
+    """MemAvailable on Linux (free memory plus what the page cache would give back), else None."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def unsupported_reason(model) -> str | None:
@@ -158,11 +202,13 @@ class FastDecoder:
     decoder for T new tokens, reading and extending a KVCache. Same contract as the engine's use of
     `model.model(input_ids=…, cache=…, position_ids=…, attention_mask=…)`."""
 
-    def __init__(self, model):
+    def __init__(self, model, fuse: bool | None = None):
+        """fuse: concatenate q/k/v and gate/up (one more copy of those weights); None = when memory allows."""
         config = model.config
         decoder = model.get_decoder()
         self.embed = decoder.embed_tokens
-        self.layers = [_Layer(layer) for layer in decoder.layers]
+        self.fused = fits_in_memory(fused_bytes(decoder)) if fuse is None else fuse
+        self.layers = [_Layer(layer, self.fused) for layer in decoder.layers]
         self.norm = decoder.norm
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads

@@ -31,12 +31,13 @@ def hf_hidden(model, ids, cache, position_ids=None, mask=None):
                        use_cache=True).last_hidden_state[0]
 
 
+@pytest.mark.parametrize("fuse", [True, False], ids=["fused", "separate"])
 @pytest.mark.parametrize("arch", MODELS)
 @torch.inference_mode()
-def test_prefill_chain_and_tree_match_transformers(arch):
+def test_prefill_chain_and_tree_match_transformers(arch, fuse):
     model = MODELS[arch]()
-    fast = fastdecoder.for_model(model)
-    assert fast is not None
+    fast = fastdecoder.FastDecoder(model, fuse=fuse)
+    assert fast.fused is fuse
     ours, theirs = fast.new_cache(), DynamicCache(config=model.config)
     prompt = PROMPT[:-1]
     torch.testing.assert_close(fast(torch.tensor(prompt), ours), hf_hidden(model, prompt, theirs), atol=1e-5, rtol=1e-5)
@@ -85,6 +86,14 @@ def test_greedy_decode_through_the_fast_path_equals_generate():
     assert engine.Target(model).fast is not None
     events = list(engine.decode(model, TinyTokenizer(64), NoDraft(), PROMPT, engine.RunSettings(max_new_tokens=40)))
     assert events[-1].token_ids == hf_greedy(model, PROMPT, 40)
+
+
+def test_fusing_needs_the_memory_for_it(monkeypatch):
+    monkeypatch.setattr(fastdecoder, "_available_memory", lambda: 1000)
+    assert fastdecoder.fits_in_memory(250) and not fastdecoder.fits_in_memory(251)
+    assert not fastdecoder.FastDecoder(tiny_llama()).fused  # its fused copies take far more than 250 bytes
+    monkeypatch.setattr(fastdecoder, "_available_memory", lambda: None)  # unknown: fuse
+    assert fastdecoder.FastDecoder(tiny_llama()).fused
 
 
 def test_not_covered_means_transformers_forward(monkeypatch):
