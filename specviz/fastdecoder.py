@@ -131,8 +131,73 @@ class _Layer:
         self.o_proj = attn.o_proj  # unfused: the model's own (packed) module
         self.down_proj = mlp.down_proj
         self.scaling = attn.scaling
-        self.input_norm = layer.input_layernorm
+        norm = layer.input_layernorm  # an EAGLE head's only layer has none (nn.Identity)
+        self.input_norm = None if isinstance(norm, torch.nn.Identity) else norm
         self.post_attention_norm = layer.post_attention_layernorm
+
+
+class _Layers:
+    """A stack of Llama-family decoder layers reading and extending a KVCache (no embedding, no final norm)."""
+
+    def __init__(self, layers, config, rotary, fuse: bool, dtype: torch.dtype, device):
+        self.layers = [_Layer(layer, fuse) for layer in layers]
+        self.heads = config.num_attention_heads
+        self.kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.intermediate = config.intermediate_size
+        self.dtype, self.device = dtype, device
+        self.inv_freq = rotary.inv_freq.float().to(device)
+        self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
+        self._tables = (torch.empty(0, self.head_dim), torch.empty(0, self.head_dim))  # cos, sin by position
+        self._lock = threading.Lock()
+
+    def new_cache(self) -> KVCache:
+        return KVCache(len(self.layers), self.kv_heads, self.head_dim, self.dtype, self.device)
+
+    def _rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin (T, head_dim) for these positions, as transformers computes them (fp32, then cast)."""
+        cos, sin = self._tables
+        end = int(positions.max()) + 1
+        if end > cos.shape[0]:
+            with self._lock:
+                size = max(end, 2 * cos.shape[0], 1024)
+                freqs = torch.outer(torch.arange(size, device=self.device, dtype=torch.float32), self.inv_freq)
+                angles = torch.cat((freqs, freqs), dim=-1)
+                cos = (angles.cos() * self.rope_scale).to(self.dtype)
+                sin = (angles.sin() * self.rope_scale).to(self.dtype)
+                self._tables = (cos, sin)
+        return cos[positions], sin[positions]
+
+    def __call__(self, x: torch.Tensor, cache: KVCache, position_ids: torch.Tensor | None = None,
+                 mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x (T, H) → (T, H). position_ids (1, T) or None (the next T positions); mask: None (causal) or an
+        additive (1, 1, T, past + T) tree mask."""
+        T, past = x.shape[0], cache.length
+        end = past + T
+        positions = position_ids.reshape(-1) if position_ids is not None else torch.arange(past, end, device=x.device)
+        cos, sin = self._rotary(positions)
+        cos, sin = cos.unsqueeze(0), sin.unsqueeze(0)  # broadcast over heads
+        if mask is None and T > 1:
+            mask = torch.ones(T, end, dtype=torch.bool, device=x.device).tril(past)  # row i sees up to past + i
+        cache.reserve(T)
+        q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        for layer, keys, values in zip(self.layers, cache.keys, cache.values):
+            qkv = layer.qkv(x if layer.input_norm is None else _rms_norm(layer.input_norm, x))
+            q = qkv[:, :q_size].view(T, self.heads, self.head_dim).transpose(0, 1)
+            k = qkv[:, q_size : q_size + kv_size].view(T, self.kv_heads, self.head_dim).transpose(0, 1)
+            v = qkv[:, q_size + kv_size :].view(T, self.kv_heads, self.head_dim).transpose(0, 1)
+            q = q * cos + _rotate_half(q) * sin
+            keys[0, :, past:end] = k * cos + _rotate_half(k) * sin
+            values[0, :, past:end] = v
+            attended = F.scaled_dot_product_attention(
+                q.unsqueeze(0), keys[:, :, :end], values[:, :, :end], attn_mask=mask, scale=layer.scaling,
+                enable_gqa=self.kv_heads != self.heads,
+            )
+            x = x + layer.o_proj(attended[0].transpose(0, 1).reshape(T, q_size))
+            gate_up = layer.gate_up(_rms_norm(layer.post_attention_norm, x))
+            x = x + layer.down_proj(F.silu(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate :])
+        cache.length = end
+        return x
 
 
 def _rms_norm(norm, x: torch.Tensor) -> torch.Tensor:
@@ -179,14 +244,15 @@ def _available_memory() -> int | None:
 
 
 def unsupported_reason(model) -> str | None:
-    """Why `build` would return None for this model (None when it is covered)."""
+    """Why `for_model` / `for_eagle` return None for this model or head (None when it is covered)."""
     config = model.config
+    device = next(model.parameters()).device
     if os.environ.get(ENV_SWITCH, "1") == "0":
         return f"turned off by {ENV_SWITCH}=0"
     if config.model_type not in ARCHITECTURES:
         return f"architecture {config.model_type!r} (covered: {', '.join(ARCHITECTURES)})"
-    if model.device.type != "cpu":
-        return f"device {model.device.type} (only the CPU path is tested; transformers' forward runs there)"
+    if device.type != "cpu":
+        return f"device {device.type} (only the CPU path is tested; transformers' forward runs there)"
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     if rope.get("rope_type", rope.get("type", "default")) not in STATIC_ROPE:
         return f"rotary scaling {rope.get('rope_type')!r}"
@@ -204,93 +270,70 @@ class FastDecoder:
 
     def __init__(self, model, fuse: bool | None = None):
         """fuse: concatenate q/k/v and gate/up (one more copy of those weights); None = when memory allows."""
-        config = model.config
         decoder = model.get_decoder()
-        self.embed = decoder.embed_tokens
         self.fused = fits_in_memory(fused_bytes(decoder)) if fuse is None else fuse
-        self.layers = [_Layer(layer, self.fused) for layer in decoder.layers]
+        self.embed = decoder.embed_tokens
         self.norm = decoder.norm
-        self.heads = config.num_attention_heads
-        self.kv_heads = config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
-        self.intermediate = config.intermediate_size
-        self.dtype, self.device = model.dtype, model.device
-        rotary = decoder.rotary_emb
-        self.inv_freq = rotary.inv_freq.float().to(self.device)
-        self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
-        self._tables = (torch.empty(0, self.head_dim), torch.empty(0, self.head_dim))  # cos, sin by position
-        self._lock = threading.Lock()
+        self.stack = _Layers(decoder.layers, model.config, decoder.rotary_emb, self.fused, model.dtype, model.device)
 
     def new_cache(self) -> KVCache:
-        return KVCache(len(self.layers), self.kv_heads, self.head_dim, self.dtype, self.device)
-
-    def _rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin (T, head_dim) for these positions, as transformers computes them (fp32, then cast)."""
-        cos, sin = self._tables
-        end = int(positions.max()) + 1
-        if end > cos.shape[0]:
-            with self._lock:
-                size = max(end, 2 * cos.shape[0], 1024)
-                freqs = torch.outer(torch.arange(size, device=self.device, dtype=torch.float32), self.inv_freq)
-                angles = torch.cat((freqs, freqs), dim=-1)
-                cos = (angles.cos() * self.rope_scale).to(self.dtype)
-                sin = (angles.sin() * self.rope_scale).to(self.dtype)
-                self._tables = (cos, sin)
-        return cos[positions], sin[positions]
+        return self.stack.new_cache()
 
     @torch.inference_mode()
     def __call__(self, ids: torch.Tensor, cache: KVCache, position_ids: torch.Tensor | None = None,
                  mask: torch.Tensor | None = None) -> torch.Tensor:
         """ids (T,) → hidden (T, H). position_ids (1, T) or None (the next T positions); mask: None (causal) or
         the engine's additive (1, 1, T, past + T) tree mask."""
-        T, past = ids.shape[0], cache.length
-        end = past + T
-        positions = position_ids.reshape(-1) if position_ids is not None else torch.arange(past, end, device=ids.device)
-        cos, sin = self._rotary(positions)
-        cos, sin = cos.unsqueeze(0), sin.unsqueeze(0)  # broadcast over heads
-        if mask is None and T > 1:
-            mask = torch.ones(T, end, dtype=torch.bool, device=ids.device).tril(past)  # row i sees up to past + i
-        cache.reserve(T)
-        q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        x = self.embed(ids)
-        for layer, keys, values in zip(self.layers, cache.keys, cache.values):
-            qkv = layer.qkv(_rms_norm(layer.input_norm, x))
-            q = qkv[:, :q_size].view(T, self.heads, self.head_dim).transpose(0, 1)
-            k = qkv[:, q_size : q_size + kv_size].view(T, self.kv_heads, self.head_dim).transpose(0, 1)
-            v = qkv[:, q_size + kv_size :].view(T, self.kv_heads, self.head_dim).transpose(0, 1)
-            q = q * cos + _rotate_half(q) * sin
-            keys[0, :, past:end] = k * cos + _rotate_half(k) * sin
-            values[0, :, past:end] = v
-            attended = F.scaled_dot_product_attention(
-                q.unsqueeze(0), keys[:, :, :end], values[:, :, :end], attn_mask=mask, scale=layer.scaling,
-                enable_gqa=self.kv_heads != self.heads,
-            )
-            x = x + layer.o_proj(attended[0].transpose(0, 1).reshape(T, q_size))
-            gate_up = layer.gate_up(_rms_norm(layer.post_attention_norm, x))
-            x = x + layer.down_proj(F.silu(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate :])
-        cache.length = end
-        return _rms_norm(self.norm, x)
+        return _rms_norm(self.norm, self.stack(self.embed(ids), cache, position_ids, mask))
 
 
-_built: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> (weights signature, FastDecoder)
+class FastEagleHead:
+    """An EagleHead (specviz.heads) on the same path: fc(cat(embedding, feature)), then its one layer (no input
+    norm, no final norm), with its q/k/v and gate/up fused and an in-place KVCache."""
+
+    def __init__(self, head):
+        self.fc = _Product(head.fc.weight, head.fc.bias)
+        self.stack = _Layers(head.layers, head.config, head.rotary_emb, True, head.fc.weight.dtype, head.fc.weight.device)
+
+    def new_cache(self) -> KVCache:
+        return self.stack.new_cache()
+
+    @torch.inference_mode()
+    def __call__(self, features: torch.Tensor, embeds: torch.Tensor, position_ids: torch.Tensor, cache: KVCache,
+                 mask: torch.Tensor | None = None) -> torch.Tensor:
+        """features, embeds (T, H), position_ids (1, T) → the predicted next features (T, H)."""
+        x = self.fc(torch.cat([embeds, features], dim=-1))
+        return self.stack(x, cache, position_ids, mask)
+
+
+_built: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # module -> (weights signature, fast path)
 _built_lock = threading.Lock()
 
 
-def _signature(model) -> tuple:
+def _signature(module) -> tuple:
     """Identity and version of every weight the fused copies come from: a change means rebuild. (Tensors made
     under inference_mode keep no version counter; for them only a new tensor, dtype or device is seen.)"""
     return tuple((p.data_ptr(), 0 if p.is_inference() else p._version, p.dtype, p.device)
-                 for p in model.get_decoder().parameters())
+                 for p in module.parameters())
+
+
+def _cached(module, weights, build):
+    if unsupported_reason(module) is not None:
+        return None
+    signature = _signature(weights)
+    with _built_lock:
+        held = _built.get(module)
+        if held is None or held[0] != signature:
+            held = (signature, build(module))
+            _built[module] = held
+    return held[1]
 
 
 def for_model(model) -> FastDecoder | None:
     """The FastDecoder of this model (built once and kept while the model lives), or None where not covered."""
-    if unsupported_reason(model) is not None:
-        return None
-    signature = _signature(model)
-    with _built_lock:
-        held = _built.get(model)
-        if held is None or held[0] != signature:
-            held = (signature, FastDecoder(model))
-            _built[model] = held
-    return held[1]
+    return _cached(model, model.get_decoder(), FastDecoder)
+
+
+def for_eagle(head) -> FastEagleHead | None:
+    """The FastEagleHead of this EagleHead (built once, like for_model), or None where not covered."""
+    return _cached(head, head, FastEagleHead)

@@ -135,3 +135,26 @@ def test_real_model_packed_fast_path_agrees_with_transformers():
     theirs = target.forward(ids, reference)[1]
     torch.testing.assert_close(ours, theirs, atol=2e-4, rtol=1e-4)
     torch.testing.assert_close(step, target.forward([ids[-1]], reference)[1], atol=2e-4, rtol=1e-4)
+
+
+@torch.inference_mode()
+def test_eagle_head_fast_path_equals_the_module_in_chunks_and_under_a_tree_mask():
+    from test_heads import eagle_inputs, tiny_config
+
+    from specviz.heads import EagleHead, causal_mask
+
+    head = EagleHead(tiny_config()).eval()
+    fast = fastdecoder.for_eagle(head)
+    assert fast is not None and fastdecoder.for_eagle(head) is fast
+    f, e, pos = eagle_inputs(batch=1)
+    f, e = f[0], e[0]
+    ours, theirs = fast.new_cache(), DynamicCache()
+    for chunk in (slice(0, 4), slice(4, 5)):  # a prefix, then one more committed token
+        torch.testing.assert_close(fast(f[chunk], e[chunk], pos[:, chunk], ours),
+                                   head(f[None, chunk], e[None, chunk], pos[:, chunk], theirs)[0], atol=1e-5, rtol=1e-5)
+    mask = causal_mask(1, 2, 5, torch.float32, "cpu").clone()  # two siblings after the 5 committed entries
+    mask[:, :, 1, 5] = float("-inf")
+    tree_pos = torch.tensor([[5, 5]])
+    torch.testing.assert_close(fast(f[5:7], e[5:7], tree_pos, ours, mask),
+                               head(f[None, 5:7], e[None, 5:7], tree_pos, theirs, mask)[0], atol=1e-5, rtol=1e-5)
+    assert ours.get_seq_length() == theirs.get_seq_length() == 7

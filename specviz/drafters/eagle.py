@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from specviz import fastdecoder
 from specviz.drafters.base import Drafter, DraftRequest, DraftTiming, Outcome
 from specviz.fastlinear import rows_projection
 from specviz.kvcache import crop_cache
@@ -61,7 +62,8 @@ class EagleDrafter(Drafter):
         self.device, self.dtype = lm_head.device, lm_head.dtype
         self.shape = shape
         self.verify_cost = verify_cost
-        self.cache = DynamicCache(config=head.config)
+        self.fast = fastdecoder.for_eagle(head)  # None: the head's own (transformers) layer
+        self.cache = self.fast.new_cache() if self.fast is not None else DynamicCache(config=head.config)
         self.committed = 0  # head-cache entries that belong to committed tokens
         self.pending: tuple[torch.Tensor, list[int]] | None = None  # features and tokens not yet fed
         self.last = None  # (H,) head output of the last committed entry: it predicts the root's successor
@@ -90,14 +92,9 @@ class EagleDrafter(Drafter):
         n = min(features.shape[0], len(tokens))
         device = self.device
         positions = torch.arange(self.committed, self.committed + n, device=device)[None]
-        out = self.head(
-            features[None, :n].to(self.dtype),
-            self.embed(torch.tensor([tokens[:n]], device=device)),
-            positions,
-            self.cache,
-        )  # (1, n, H)
+        out = self._head(features[:n].to(self.dtype), self.embed(torch.tensor(tokens[:n], device=device)), positions)
         self.committed += n
-        self.last = out[0, -1]
+        self.last = out[-1]
         self.pending = None
 
     # ---- drafting -----------------------------------------------------------------------------------------
@@ -155,7 +152,7 @@ class EagleDrafter(Drafter):
         device = self.device
         n_before = len(entries)
         parents_hidden = torch.stack([self._hidden_of(c, candidates) for c in kept])  # (k, H)
-        tokens = torch.tensor([[c.token for c in kept]], device=device)
+        tokens = torch.tensor([c.token for c in kept], device=device)
         positions = torch.tensor([[self.committed - 1 + c.depth for c in kept]], device=device)
         total = self.committed + n_before + len(kept)
         mask = torch.full((1, 1, len(kept), total), torch.finfo(parents_hidden.dtype).min, device=device)
@@ -167,10 +164,17 @@ class EagleDrafter(Drafter):
             while node is not None and node.entry >= 0:
                 mask[0, 0, row, self.committed + node.entry] = 0.0
                 node = candidates[node.parent] if node.parent != ROOT else None
-        out = self.head(parents_hidden[None], self.embed(tokens), positions, self.cache, mask)[0]  # (k, H)
+        out = self._head(parents_hidden, self.embed(tokens), positions, mask)  # (k, H)
         for c, h in zip(kept, out):
             c.hidden = h
         return out
+
+    def _head(self, features: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor, mask=None) -> torch.Tensor:
+        """features, embeds (T, H), positions (1, T), mask None or (1, 1, T, S) → predicted features (T, H);
+        extends self.cache."""
+        if self.fast is not None:
+            return self.fast(features, embeds, positions, self.cache, mask)
+        return self.head(features[None], embeds[None], positions, self.cache, mask)[0]
 
     def _hidden_of(self, c: Candidate, candidates: list[Candidate]) -> torch.Tensor:
         """The feature that precedes candidate c: the head's prediction at its parent (or at the root)."""
