@@ -1,7 +1,14 @@
-"""The target's verify-cost curve with torch's default fp32 linear layers and with oneDNN-packed weights
-(specviz.fastlinear), measured side by side in one process, rounds interleaved; writes JSON and prints a table.
+"""The target's verify-cost curve three ways, side by side in one process, rounds interleaved:
 
-    PYTHONPATH=. .venv/bin/python scripts/packed_vs_default.py [--json-out results/packed-vs-default.json]
+- `default`: transformers' forward with torch's default fp32 linear layers;
+- `packed`: transformers' forward with oneDNN-packed weights (specviz.fastlinear), what transformers'
+  `generate()` runs on in the bench;
+- `fast`: specviz.fastdecoder (fused q/k/v and gate/up, in-place KV cache) on the packed weights, what the
+  engine runs.
+
+Writes JSON and prints a table.
+
+    PYTHONPATH=. .venv/bin/python scripts/forward_variants.py [--json-out results/forward-variants.json]
 """
 import argparse
 import json
@@ -11,7 +18,6 @@ import sys
 import time
 
 import torch
-from transformers import DynamicCache
 
 from specviz import engine, fastlinear, models
 from specviz.kvcache import crop_cache
@@ -34,32 +40,34 @@ def main(argv):
     os.environ[fastlinear.ENV_SWITCH] = "1"
     packed = models.load(args.model, device="cpu").target
     assert fastlinear.is_packed(packed) and not fastlinear.is_packed(plain)
+    targets = {"default": engine.Target(plain), "packed": engine.Target(packed), "fast": engine.Target(packed)}
+    targets["default"].fast = targets["packed"].fast = None  # transformers' own forward
+    assert targets["fast"].fast is not None, "the fast decoder does not cover this model"
     generator = torch.Generator().manual_seed(0)
     vocab = plain.config.vocab_size
     context = torch.randint(vocab, (args.context_len,), generator=generator).tolist()
-    runs = {}
-    for label, model in (("default", plain), ("packed", packed)):
-        target = engine.Target(model)
-        cache = DynamicCache(config=model.config)
-        target.forward(context, cache, logits=False)
-        runs[label] = (target, cache)
-    times = {(label, n): [] for label in runs for n in sizes}
+    caches = {}
+    for label, target in targets.items():
+        caches[label] = target.new_cache()
+        target.forward(context, caches[label], logits=False)
+    times = {(label, n): [] for label in targets for n in sizes}
     for _ in range(args.rounds + 1):  # round 0 warms up
         for n in sizes:
             ids = torch.randint(vocab, (n,), generator=generator).tolist()
-            for label, (target, cache) in runs.items():
+            for label, target in targets.items():
                 started = time.perf_counter()
-                target.forward(ids, cache)
+                target.forward(ids, caches[label])
                 times[label, n].append(time.perf_counter() - started)
-                crop_cache(cache, args.context_len)
-    ms = {label: {str(n): 1e3 * statistics.median(times[label, n][1:]) for n in sizes} for label in runs}
+                crop_cache(caches[label], args.context_len)
+    ms = {label: {str(n): 1e3 * statistics.median(times[label, n][1:]) for n in sizes} for label in targets}
     report = {"model": args.model, "context_len": args.context_len, "torch_threads": torch.get_num_threads(),
               "rounds": args.rounds, "verify_cost_ms": ms}
     print("| new tokens | " + " | ".join(str(n) for n in sizes) + " |")
     print("|---" * (len(sizes) + 1) + "|")
-    for label in runs:
+    for label in targets:
         print(f"| {label} (ms) | " + " | ".join(f"{ms[label][str(n)]:.1f}" for n in sizes) + " |")
-    print("| default ÷ packed | " + " | ".join(f"{ms['default'][str(n)] / ms['packed'][str(n)]:.2f}×" for n in sizes) + " |")
+    for label in ("packed", "fast"):
+        print(f"| default ÷ {label} | " + " | ".join(f"{ms['default'][str(n)] / ms[label][str(n)]:.2f}×" for n in sizes) + " |")
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(report, f, indent=2)
