@@ -41,8 +41,10 @@ class KVCache:
     """Keys and values of every layer in preallocated (1, kv_heads, capacity, head_dim) buffers.
 
     Positions [0, length) are valid. A forward writes its T new entries at [length, length + T) in every layer and
-    then advances the length; the capacity doubles when it runs out."""
+    then advances the length; the capacity doubles when it runs out. Buffers are made and changed under
+    inference_mode (forwards run under it; the engine's surgery after verification does not)."""
 
+    @torch.inference_mode()
     def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device, capacity: int = 512):
         self.length = 0
         shape = (1, kv_heads, capacity, head_dim)
@@ -56,6 +58,7 @@ class KVCache:
     def get_seq_length(self) -> int:
         return self.length
 
+    @torch.inference_mode()
     def reserve(self, new_tokens: int) -> None:
         needed = self.length + new_tokens
         if needed <= self.capacity:
@@ -71,6 +74,7 @@ class KVCache:
         """Keep positions [0, length)."""
         self.length = min(self.length, length)
 
+    @torch.inference_mode()
     def keep(self, past_len: int, keep: list[int]) -> None:
         """After a forward over root + nodes, keep the root (at past_len) and the nodes `keep` (their entries sit at
         past_len + 1 + i), in that order, right after the root."""
@@ -140,7 +144,7 @@ class _Layers:
     """A stack of Llama-family decoder layers reading and extending a KVCache (no embedding, no final norm)."""
 
     def __init__(self, layers, config, rotary, fuse: bool, dtype: torch.dtype, device):
-        self.layers = [_Layer(layer, fuse) for layer in layers]
+        self.layers = [_Layer(layer, fuse) for layer in layers[: config.num_hidden_layers]]  # as transformers runs them
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
@@ -179,6 +183,8 @@ class _Layers:
         cos, sin = cos.unsqueeze(0), sin.unsqueeze(0)  # broadcast over heads
         if mask is None and T > 1:
             mask = torch.ones(T, end, dtype=torch.bool, device=x.device).tril(past)  # row i sees up to past + i
+        elif mask is not None and mask.is_floating_point() and mask.dtype != x.dtype:
+            mask = mask.to(x.dtype)
         cache.reserve(T)
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
         for layer, keys, values in zip(self.layers, cache.keys, cache.values):
@@ -253,9 +259,11 @@ def unsupported_reason(model) -> str | None:
         return f"architecture {config.model_type!r} (covered: {', '.join(ARCHITECTURES)})"
     if device.type != "cpu":
         return f"device {device.type} (only the CPU path is tested; transformers' forward runs there)"
-    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    if rope.get("rope_type", rope.get("type", "default")) not in STATIC_ROPE:
-        return f"rotary scaling {rope.get('rope_type')!r}"
+    rotary = getattr(model, "rotary_emb", None) or getattr(model.get_decoder(), "rotary_emb", None)
+    if rotary is None or not hasattr(rotary, "inv_freq"):
+        return "no rotary embedding module with static frequencies"
+    if getattr(rotary, "rope_type", "default") not in STATIC_ROPE:
+        return f"rotary scaling {rotary.rope_type!r}"
     if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()):
         return "sliding-window attention layers"
     if getattr(config, "hidden_act", "silu") != "silu" or getattr(config, "pretraining_tp", 1) != 1:
@@ -330,7 +338,9 @@ def _cached(module, weights, build):
 
 
 def for_model(model) -> FastDecoder | None:
-    """The FastDecoder of this model (built once and kept while the model lives), or None where not covered."""
+    """The FastDecoder of this model (built once and kept while the model lives), or None where not covered.
+    A weight replaced, moved, cast or changed in place through autograd-visible ops triggers a rebuild; writes
+    through `.data`, to inference tensors, or to the config do not (specviz makes none of them)."""
     return _cached(model, model.get_decoder(), FastDecoder)
 
 

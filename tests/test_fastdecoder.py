@@ -51,8 +51,7 @@ def test_prefill_chain_and_tree_match_transformers(arch, fuse):
     assert ours.get_seq_length() == theirs.get_seq_length() == past + len(ids)
 
 
-@torch.inference_mode()
-def test_cache_grows_and_keeps_a_tree_path_like_transformers():
+def test_cache_grows_and_keeps_a_tree_path_like_transformers():  # not under inference_mode, as the engine runs
     model = tiny_llama(scale=3.0)
     target = engine.Target(model)
     cache = fastdecoder.KVCache(2, 2, 8, torch.float32, "cpu", capacity=3)  # far too small: must grow
@@ -68,7 +67,7 @@ def test_cache_grows_and_keeps_a_tree_path_like_transformers():
         target.fast = which
         target.forward([PROMPT[-1]] + tree.tokens, kv, tree.position_ids(past), tree.attention_mask(past))
         keep_cache_entries(kv, past, path)
-    assert cache.capacity >= cache.length == reference.get_seq_length() == past + 1 + len(path)
+    assert cache.capacity > 3 and cache.length == reference.get_seq_length() == past + 1 + len(path)
     for which, kv in ((fast, cache), (None, reference)):
         target.fast = which
         crop_cache(kv, past + 2)  # drop all but the first kept node, then go on
@@ -103,9 +102,11 @@ def test_not_covered_means_transformers_forward(monkeypatch):
     target = engine.Target(model)
     assert target.fast is None and isinstance(target.new_cache(), DynamicCache)
     monkeypatch.delenv(fastdecoder.ENV_SWITCH)
-    model.config.rope_parameters = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
-    assert "rotary scaling" in fastdecoder.unsupported_reason(model)
-    assert engine.Target(model).fast is None
+    config = model.config
+    config.rope_parameters = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
+    dynamic = type(model)(config)  # its frequencies change with the sequence length
+    assert "rotary scaling" in fastdecoder.unsupported_reason(dynamic)
+    assert engine.Target(dynamic).fast is None
 
 
 @torch.no_grad()  # not inference_mode: tensors made under it keep no version counter
@@ -158,3 +159,30 @@ def test_eagle_head_fast_path_equals_the_module_in_chunks_and_under_a_tree_mask(
     torch.testing.assert_close(fast(f[5:7], e[5:7], tree_pos, ours, mask),
                                head(f[None, 5:7], e[None, 5:7], tree_pos, theirs, mask)[0], atol=1e-5, rtol=1e-5)
     assert ours.get_seq_length() == theirs.get_seq_length() == 7
+
+
+def test_long_prompt_tree_decode_grows_the_cache_and_stays_lossless():
+    """Past the first 512 slots the cache regrows mid-run, and accepted tree paths that are not prefixes move
+    entries in the regrown buffers (outside inference_mode, as the engine does it)."""
+    from tree_drafters import TopBTree
+
+    target = tiny_llama(scale=3.0, max_positions=1024)
+    draft = tiny_llama(seed=1, layers=1, scale=3.0, max_positions=1024)
+    prompt = torch.randint(5, 60, (600,), generator=torch.Generator().manual_seed(0)).tolist()
+    drafter = TopBTree(draft, b=2, depth=3, cheat_target=target)  # the right child last: non-prefix paths
+    events = list(engine.decode(target, TinyTokenizer(64), drafter, prompt, engine.RunSettings(max_new_tokens=30)))
+    assert events[-1].token_ids == hf_greedy(target, prompt, 30)
+    assert events[-1].stats["tau"] > 2
+
+
+@torch.inference_mode()
+def test_bf16_matches_transformers_bit_for_bit():
+    model = tiny_llama(scale=3.0).to(torch.bfloat16)
+    fast = fastdecoder.FastDecoder(model)
+    ours, theirs = fast.new_cache(), DynamicCache(config=model.config)
+    assert torch.equal(fast(torch.tensor(PROMPT), ours), hf_hidden(model, PROMPT, theirs))
+    tree = random_tree(n=6, seed=1)
+    past = len(PROMPT)
+    ids, positions = [9] + tree.tokens, tree.position_ids(past)
+    mask = tree.attention_mask(past, dtype=torch.bfloat16)
+    assert torch.equal(fast(torch.tensor(ids), ours, positions, mask), hf_hidden(model, ids, theirs, positions, mask))
