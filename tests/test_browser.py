@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SHOTS = ROOT / "screenshots"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 PAGES = ["Why it works", "Live decoding", "EAGLE tree explorer", "Rejection sampling lab", "Topology race",
-         "Cost and scale", "Is it really lossless?"]
+         "Cost and scale", "Is it really lossless?", "Benchmarks"]
 
 pytestmark = [
     pytest.mark.slow,
@@ -121,6 +121,10 @@ def test_live_decode_tree_and_race_in_a_browser(server):
             nav(page, "Is it really lossless?")
             expect(page.get_by_role("button", name="Sample 200 runs")).to_be_visible()
             shot(page, "7-lossless")
+
+            nav(page, "Benchmarks")
+            expect(page.get_by_role("button", name="Run the bench")).to_be_visible()
+            shot(page, "8-benchmarks")
         finally:
             browser.close()
 
