@@ -13,7 +13,8 @@ computes the same function with
 It is the same arithmetic in the same precision: every output element is the same dot product as in
 transformers, so outputs agree with `model.model(...)` to rounding (bit for bit in the tests we run on fp32).
 Where a model is not covered (another architecture, a rotary scaling that depends on the length, sliding-window
-layers, a device other than the CPU), `build` returns None and the engine uses transformers' forward.
+layers, a device other than the CPU), `for_model` returns None and the engine uses transformers' forward.
+`FastEagleHead` runs an EAGLE draft head (specviz.heads.EagleHead) the same way.
 
 The fused weights are one more copy of q, k, v, gate and up (for SmolLM2-135M about 280 MB in fp32); where that
 would take more than a quarter of the free memory, the layers run the model's own products one by one. The model
@@ -103,12 +104,13 @@ class _Product:
         return fastlinear.packed_product(x, self.packed, self.bias)
 
 
-def _concat(*tensors):
-    if all(t is None for t in tensors):
-        return None
-    if any(t is None for t in tensors):
-        raise ValueError("some of the fused projections have a bias and some do not")
-    return torch.cat(tensors).contiguous()
+def _fused(*modules) -> "_Product":
+    """One product for several linear modules that read the same input: weights (and biases) stacked in order."""
+    weight = torch.cat([m.weight for m in modules]).contiguous()
+    bias = None
+    if any(m.bias is not None for m in modules):  # a missing bias among present ones is a zero bias
+        bias = torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.weight.shape[0]) for m in modules])
+    return _Product(weight, bias)
 
 
 class _Separate:
@@ -125,10 +127,8 @@ class _Layer:
     def __init__(self, layer, fuse: bool):
         attn, mlp = layer.self_attn, layer.mlp
         if fuse:
-            self.qkv = _Product(_concat(attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight),
-                                _concat(attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias))
-            self.gate_up = _Product(_concat(mlp.gate_proj.weight, mlp.up_proj.weight),
-                                    _concat(mlp.gate_proj.bias, mlp.up_proj.bias))
+            self.qkv = _fused(attn.q_proj, attn.k_proj, attn.v_proj)
+            self.gate_up = _fused(mlp.gate_proj, mlp.up_proj)
         else:
             self.qkv = _Separate(attn.q_proj, attn.k_proj, attn.v_proj)
             self.gate_up = _Separate(mlp.gate_proj, mlp.up_proj)
