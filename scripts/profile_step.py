@@ -1,0 +1,55 @@
+"""Where one decoding step of the target spends its time: torch.profiler over 20 one-token forwards (256 tokens
+cached) through transformers' forward and through specviz.fastdecoder, both on the packed weights. Prints each
+one's top ops by self time and the share of the linear products.
+
+    PYTHONPATH=. .venv/bin/python scripts/profile_step.py [--model smollm2-135m]
+"""
+import argparse
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from specviz import engine, models
+from specviz.kvcache import crop_cache
+
+LINEAR_OPS = ("mkldnn::_linear_pointwise", "aten::addmm", "aten::mm", "aten::linear")
+
+
+def main(argv):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--context-len", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=20)
+    args = ap.parse_args(argv)
+    model = models.load(args.model, device="cpu").target
+    context = torch.randint(model.config.vocab_size, (args.context_len,), generator=torch.Generator().manual_seed(0)).tolist()
+    for label, fast in (("transformers", False), ("specviz.fastdecoder", True)):
+        target = engine.Target(model)
+        if not fast:
+            target.fast = None
+        cache = target.new_cache()
+        target.forward(context, cache, logits=False)
+
+        def step():
+            target.forward([context[-1]], cache)
+            crop_cache(cache, args.context_len)
+
+        for _ in range(5):  # warm-up
+            step()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(args.steps):
+                step()
+        ops = prof.key_averages()
+        total = sum(op.self_cpu_time_total for op in ops)
+        linear = sum(op.self_cpu_time_total for op in ops if op.key in LINEAR_OPS)
+        calls = sum(op.count for op in ops if op.key in LINEAR_OPS) // args.steps
+        print(f"\n## {label}: {total / 1e3 / args.steps:.1f} ms of op time per step (profiled); "
+              f"linear products {100 * linear / total:.0f} % ({calls} calls per step)")
+        for op in sorted(ops, key=lambda o: -o.self_cpu_time_total)[:6]:
+            print(f"  {op.key:55s} {100 * op.self_cpu_time_total / total:5.1f} %  {op.count // args.steps} calls/step")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
