@@ -9,13 +9,12 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import torch
-from transformers import DynamicCache
 
 from specviz import events as ev
 from specviz import fastdecoder, sampling
 from specviz.drafters.base import Drafter, DraftRequest, Outcome
 from specviz.errors import SpecvizError
-from specviz.kvcache import keep_cache_entries
+from specviz.kvcache import keep_cache_entries, new_cache
 from specviz.metrics import Metrics
 from specviz.models import logit_postprocessing
 from specviz.sampling import Sampling
@@ -49,7 +48,7 @@ class Target:
 
     def new_cache(self):
         """An empty KV cache of the kind `forward` fills."""
-        return self.fast.new_cache() if self.fast is not None else DynamicCache(config=self.model.config)
+        return new_cache(self.fast, self.model.config)
 
     @torch.inference_mode()
     def forward(self, ids: list[int], cache, position_ids=None, mask=None, logits=True):

@@ -4,8 +4,15 @@ Works on transformers' DynamicCache and on specviz.fastdecoder.KVCache (which do
 from __future__ import annotations
 
 import torch
+from transformers import DynamicCache
 
 from specviz.fastdecoder import KVCache
+
+
+def new_cache(fast, config):
+    """An empty cache for a model run by `fast` (a specviz.fastdecoder path), or transformers' DynamicCache
+    where there is none."""
+    return fast.new_cache() if fast is not None else DynamicCache(config=config)
 
 
 def crop_cache(cache, length: int) -> None:

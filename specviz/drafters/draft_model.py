@@ -4,13 +4,12 @@ from __future__ import annotations
 import time
 
 import torch
-from transformers import DynamicCache
 
 from specviz import fastdecoder, sampling
 from specviz.drafters.base import Drafter, DraftRequest, DraftTiming
 from specviz.errors import SpecvizError
 from specviz.fastlinear import rows_projection
-from specviz.kvcache import crop_cache
+from specviz.kvcache import crop_cache, new_cache
 from specviz.models import logit_postprocessing
 from specviz.tree import DraftTree
 from specviz.verify import top_n
@@ -34,7 +33,7 @@ class DraftModelDrafter(Drafter):
         self.token_cost = DraftTiming()  # one draft forward of one token
         self.vocab_size = vocab_size  # score only the ids the target shares
         self.fast = fastdecoder.for_model(model)  # None: transformers' own forward
-        self.cache = self.fast.new_cache() if self.fast is not None else DynamicCache(config=model.config)
+        self.cache = new_cache(self.fast, model.config)
         self.cached: list[int] = []  # token ids whose keys/values are in self.cache
         self.vocab = None
         if draft_vocab is not None:

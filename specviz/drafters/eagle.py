@@ -13,12 +13,11 @@ import time
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache
 
 from specviz import fastdecoder
 from specviz.drafters.base import Drafter, DraftRequest, DraftTiming, Outcome
 from specviz.fastlinear import rows_projection
-from specviz.kvcache import crop_cache
+from specviz.kvcache import crop_cache, new_cache
 from specviz.tree import ROOT, DraftTree
 
 
@@ -63,7 +62,7 @@ class EagleDrafter(Drafter):
         self.shape = shape
         self.verify_cost = verify_cost
         self.fast = fastdecoder.for_eagle(head)  # None: the head's own (transformers) layer
-        self.cache = self.fast.new_cache() if self.fast is not None else DynamicCache(config=head.config)
+        self.cache = new_cache(self.fast, head.config)
         self.committed = 0  # head-cache entries that belong to committed tokens
         self.pending: tuple[torch.Tensor, list[int]] | None = None  # features and tokens not yet fed
         self.last = None  # (H,) head output of the last committed entry: it predicts the root's successor
