@@ -88,29 +88,13 @@ class KVCache:
         self.crop(past_len + 1 + len(keep))
 
 
-class _Product:
-    """x ↦ x @ weight.T + bias through oneDNN's packed kernel where it applies (see fastlinear), else F.linear."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
-        self.bias = bias
-        if fastlinear.usable(weight):
-            self.weight, self.packed = None, fastlinear.reorder(weight)  # the packed copy is all it needs
-        else:
-            self.weight, self.packed = weight, None
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is None:
-            return F.linear(x, self.weight, self.bias)
-        return fastlinear.packed_product(x, self.packed, self.bias)
-
-
-def _fused(*modules) -> "_Product":
+def _fused(*modules) -> fastlinear.PackedProjection:
     """One product for several linear modules that read the same input: weights (and biases) stacked in order."""
     weight = torch.cat([m.weight for m in modules]).contiguous()
     bias = None
     if any(m.bias is not None for m in modules):  # a missing bias among present ones is a zero bias
         bias = torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.weight.shape[0]) for m in modules])
-    return _Product(weight, bias)
+    return fastlinear.PackedProjection(weight, bias)
 
 
 class _Separate:
@@ -300,7 +284,7 @@ class FastEagleHead:
     norm, no final norm), with its q/k/v and gate/up fused and an in-place KVCache."""
 
     def __init__(self, head):
-        self.fc = _Product(head.fc.weight, head.fc.bias)
+        self.fc = fastlinear.PackedProjection(head.fc.weight, head.fc.bias)
         self.stack = _Layers(head.layers, head.config, head.rotary_emb, True, head.fc.weight.dtype, head.fc.weight.device)
 
     def new_cache(self) -> KVCache:

@@ -83,16 +83,18 @@ class PackedLinear(nn.Module):
 
 
 class PackedProjection:
-    """x ↦ x @ weight.T for a plain weight matrix (a reduced-vocabulary LM head), packed when possible."""
+    """x ↦ x @ weight.T (+ bias) for a plain weight matrix (a reduced-vocabulary LM head, fused projections),
+    packed when possible. Only the packed copy is kept then: callers that still need the plain weight hold it."""
 
-    def __init__(self, weight: torch.Tensor):
-        self.weight = weight
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        self.bias = bias
         self.packed = reorder(weight) if usable(weight) else None
+        self.weight = None if self.packed is not None else weight
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is None:
-            return x @ self.weight.T
-        return packed_product(x, self.packed, None)
+            return F.linear(x, self.weight, self.bias)
+        return packed_product(x, self.packed, self.bias)
 
 
 _projections: dict[tuple, tuple[weakref.ref, PackedProjection]] = {}  # (id(weight), rows) -> (weight, projection)
