@@ -491,6 +491,16 @@ def machine_info(device: torch.device, dtype: torch.dtype, bandwidth: float, pac
     }
 
 
+def draft_dtypes(models) -> dict[str, str]:
+    """The dtype each trained drafter runs in (specviz.models.draft_dtype; bf16 on CPUs with bf16 products)."""
+    out = {}
+    for drafter, part in (("draft", "draft"), ("medusa", "medusa"), ("eagle2", "eagle")):
+        module = getattr(models, part, None)
+        if module is not None:
+            out[drafter] = str(next(module.parameters()).dtype).removeprefix("torch.")
+    return out
+
+
 def target_forward(model) -> str:
     """Which forward our engine runs the target with (transformers' peers always run transformers')."""
     if fastdecoder.for_model(model) is not None:
@@ -524,8 +534,9 @@ def build_report(models, prompts, encoded, settings, drafters, peers, runs, chai
     dtype = next(models.target.parameters()).dtype
     return {
         "schema_version": SCHEMA_VERSION,
-        "machine": machine_info(models.target.device, dtype, bandwidth, fastlinear.is_packed(models.target),
-                                target_forward(models.target)),
+        "machine": {**machine_info(models.target.device, dtype, bandwidth, fastlinear.is_packed(models.target),
+                                   target_forward(models.target)),
+                    "draft_dtypes": draft_dtypes(models)},
         "config": {
             "command": command or "specviz.bench.run_bench (Python API)",
             "model": models.name,
@@ -639,7 +650,8 @@ BENCH_SCHEMA = {
             "properties": {"cpu": {"type": "string"}, "cores": {"type": ["integer", "null"]}, "torch_threads": {"type": "integer"},
                            "gpu": {"type": ["string", "null"]}, "torch": {"type": "string"}, "transformers": {"type": "string"},
                            "device": {"type": "string"}, "dtype": {"type": "string"}, "bandwidth_gb_s": _NUMBER,
-                           "date": {"type": "string"}},
+                           "date": {"type": "string"},
+                           "draft_dtypes": {"type": "object", "additionalProperties": {"type": "string"}}},
         },
         "config": {
             "type": "object",
@@ -790,7 +802,8 @@ def to_markdown(report: dict) -> str:
         + (f", GPU {m['gpu']}" if m.get("gpu") else "")
         + f"; {m['device']} {m['dtype']}, linear layers: {m.get('linear', 'torch default')}, "
         f"our engine's forward: {m.get('forward', 'transformers')}; "
-        f"torch {m['torch']}, transformers {m['transformers']}; "
+        + (f"drafters in {', '.join(f'{k} {v}' for k, v in m['draft_dtypes'].items())}; " if m.get("draft_dtypes") else "")
+        + f"torch {m['torch']}, transformers {m['transformers']}; "
         f"memory bandwidth {m['bandwidth_gb_s']:.1f} GB/s (copy, read + write); {m['date']}.",
         "",
         f"Model `{c['model']}`" + (f", draft `{c['draft_model']}`" if c.get("draft_model") else "")

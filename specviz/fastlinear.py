@@ -100,13 +100,16 @@ class PackedProjection:
 _projections: dict[tuple, tuple[weakref.ref, PackedProjection]] = {}  # (id(weight), rows) -> (weight, projection)
 
 
-def rows_projection(weight: torch.Tensor, rows: torch.Tensor | None = None) -> PackedProjection:
-    """PackedProjection of weight[rows] (all rows when None), made once per (weight, rows) and reused, so that a
-    drafter built per run does not slice and re-pack a large LM head every time. rows: (Vd,) int64 ids."""
-    key = (id(weight), None if rows is None else tuple(rows.tolist()))
+def rows_projection(weight: torch.Tensor, rows: torch.Tensor | None = None,
+                    dtype: torch.dtype | None = None) -> PackedProjection:
+    """PackedProjection of weight[rows] (all rows when None) in `dtype` (the weight's when None), made once per
+    (weight, rows, dtype) and reused, so that a drafter built per run does not slice and re-pack a large LM head
+    every time. rows: (Vd,) int64 ids."""
+    dtype = dtype or weight.dtype
+    key = (id(weight), None if rows is None else tuple(rows.tolist()), dtype)
     held = _projections.get(key)
     if held is None or held[0]() is not weight:  # new, or another tensor now has that id
-        projection = PackedProjection(weight if rows is None else weight[rows.to(weight.device)])
+        projection = PackedProjection((weight if rows is None else weight[rows.to(weight.device)]).to(dtype))
         forget = lambda _, key=key, store=_projections: store.pop(key, None)  # noqa: E731
         _projections[key] = held = (weakref.ref(weight, forget), projection)
     return held[1]
@@ -116,27 +119,51 @@ def wanted() -> bool:
     return os.environ.get(ENV_SWITCH, "1") != "0"
 
 
-_CHECKED: bool | None = None
+_CHECKED: dict[torch.dtype, bool] = {}
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of CPUs that multiply bf16 in hardware
 
 
-def supported() -> bool:
-    """Whether this torch build has the packed kernel and it agrees with F.linear (checked once per process)."""
-    global _CHECKED
-    if _CHECKED is None:
+def supported(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether this torch build has the packed kernel for `dtype` and it agrees with F.linear (checked once per
+    process and dtype)."""
+    if dtype not in _CHECKED:
         try:
             generator = torch.Generator().manual_seed(0)
-            weight = torch.randn(48, 40, generator=generator)
-            x = torch.randn(3, 40, generator=generator)
+            weight = torch.randn(48, 40, generator=generator).to(dtype)
+            x = torch.randn(3, 40, generator=generator).to(dtype)
             with torch.inference_mode():
-                got = packed_product(x, reorder(weight), None)
-            _CHECKED = bool(torch.allclose(got, F.linear(x, weight), rtol=1e-4, atol=1e-5))
+                got = packed_product(x, reorder(weight), None).float()
+            tolerance = {"rtol": 1e-4, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+            _CHECKED[dtype] = bool(torch.allclose(got, F.linear(x, weight).float(), **tolerance))
         except (RuntimeError, AttributeError):
-            _CHECKED = False
-    return _CHECKED
+            _CHECKED[dtype] = False
+    return _CHECKED[dtype]
+
+
+_NATIVE_BF16: bool | None = None
+
+
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX). Without it oneDNN emulates bf16 and
+    a bf16 product is no faster than fp32, so nothing here switches to bf16 there."""
+    global _NATIVE_BF16
+    if _NATIVE_BF16 is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+        except OSError:
+            flags = []
+        _NATIVE_BF16 = any(flag in flags for flag in NATIVE_BF16_FLAGS)
+    return _NATIVE_BF16
 
 
 def usable(weight: torch.Tensor) -> bool:
-    return wanted() and weight.device.type == "cpu" and weight.dtype == torch.float32 and supported()
+    """fp32 weights pack wherever the kernel works; bf16 ones only on CPUs with native bf16 products."""
+    if not wanted() or weight.device.type != "cpu":
+        return False
+    if weight.dtype == torch.bfloat16:
+        return native_bf16() and supported(torch.bfloat16)
+    return weight.dtype == torch.float32 and supported()
 
 
 def pack_linears(model: nn.Module) -> int:

@@ -278,8 +278,11 @@ def medusa_layout(state: dict[str, torch.Tensor], source: str) -> tuple[int, int
 # ---------------------------------------------------------------------------------------------- small draft
 
 
-def build_draft_model(target, assets_dir):
+def build_draft_model(target, assets_dir, dtype: torch.dtype | None = None):
     """The small independent draft as a standard `*ForCausalLM` sharing the target's embedding and LM head.
+
+    dtype (default: the target's): another dtype gives the draft its own copy of them in that dtype instead
+    (specviz.models.draft_dtype runs the draft in bf16 where the CPU multiplies bf16 in hardware).
 
     `assets_dir` holds `config.json` (the draft's transformers config) and `model.safetensors` with only the
     draft's own weights (`model.layers.*`, `model.norm.weight`).
@@ -291,11 +294,12 @@ def build_draft_model(target, assets_dir):
     embedding = target.get_input_embeddings()
     if cfg.vocab_size != embedding.weight.shape[0] or cfg.hidden_size != embedding.weight.shape[1]:
         raise SpecvizError(f"draft at {assets_dir} does not fit this target's embedding {tuple(embedding.weight.shape)}")
-    draft = AutoModelForCausalLM.from_config(cfg, dtype=embedding.weight.dtype)
+    dtype = dtype or embedding.weight.dtype
+    draft = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
     state = read_state_dict(assets_dir)
     own = {k: v for k, v in draft.state_dict().items() if "embed_tokens" not in k and not k.startswith("lm_head")}
     draft.load_state_dict(match_state_dict(own, state, str(assets_dir)), strict=False)
-    share_embedding(draft, target)
+    share_embedding(draft, target, dtype)
     draft.draft_vocab = None  # (Vd,) by falling frequency, when the folder has one: what the drafter may propose
     if (assets_dir / DRAFT_VOCAB_FILE).is_file():
         from safetensors.torch import load_file
@@ -304,10 +308,23 @@ def build_draft_model(target, assets_dir):
     return draft.eval().requires_grad_(False)
 
 
-def share_embedding(draft, target) -> None:
-    """Point the draft's input embedding and output head at the target's (one matrix when the target ties them)."""
-    draft.set_input_embeddings(target.get_input_embeddings())
-    draft.get_output_embeddings().weight = target.get_output_embeddings().weight
+def share_embedding(draft, target, dtype: torch.dtype | None = None) -> None:
+    """Point the draft's input embedding and output head at the target's (one matrix when the target ties them).
+    With a dtype other than the target's they get frozen copies in that dtype (still one when tied)."""
+    embedding, head = target.get_input_embeddings(), target.get_output_embeddings().weight
+    if dtype is not None and dtype != embedding.weight.dtype:
+        copies = {}  # original tensor -> its copy, so tied matrices stay tied
+
+        def copy(weight):
+            if id(weight) not in copies:
+                copies[id(weight)] = nn.Parameter(weight.detach().to(dtype), requires_grad=False)
+            return copies[id(weight)]
+
+        embedding = nn.Embedding.from_pretrained(copy(embedding.weight), freeze=True, padding_idx=embedding.padding_idx)
+        embedding.weight = copy(target.get_input_embeddings().weight)
+        head = copy(head)
+    draft.set_input_embeddings(embedding)
+    draft.get_output_embeddings().weight = head
 
 
 def draft_config(target_config, num_layers: int):

@@ -468,6 +468,24 @@ def default_dtype(device: str | torch.device) -> torch.dtype:
     return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
 
 
+DRAFT_DTYPE_ENV = "SPECVIZ_DRAFT_DTYPE"  # float32 / bfloat16 / float16: overrides draft_dtype's choice
+
+
+def draft_dtype(target_dtype: torch.dtype, device: str | torch.device) -> torch.dtype:
+    """The dtype the trained drafters (EAGLE and Medusa heads, the shipped independent draft) run in.
+
+    A draft only proposes: the target verifies every token, so the draft's precision can change how many drafts
+    are accepted, never the output. Drafting streams the draft's weights once per depth, so on a CPU that
+    multiplies bf16 in hardware an fp32 target's heads run in bf16 (half the bytes); elsewhere in the target's
+    dtype."""
+    forced = os.environ.get(DRAFT_DTYPE_ENV)
+    if forced:
+        return as_dtype(forced)
+    if torch.device(device).type == "cpu" and target_dtype == torch.float32 and fastlinear.native_bf16():
+        return torch.bfloat16
+    return target_dtype
+
+
 def as_dtype(dtype: str | torch.dtype) -> torch.dtype:
     """Accept torch.bfloat16 or its name ("bfloat16", "float32", "float16")."""
     if isinstance(dtype, torch.dtype):
@@ -586,13 +604,13 @@ def load_shipped(preset: Preset, target: torch.nn.Module, assets: Path = ASSETS)
     loaders = {
         "eagle": lambda folder: heads.EagleHead.load(folder, target.config),
         "medusa": lambda folder: heads.MedusaHeads.load(folder, target.config),
-        "draft": lambda folder: heads.build_draft_model(target, folder),
+        "draft": lambda folder: heads.build_draft_model(target, folder, draft_dtype(target.dtype, target.device)),
     }
     out = {}
     for kind, name in preset.shipped:
         folder = assets / name
         if (folder / "model.safetensors").is_file():
-            module = loaders[kind](folder).to(device=target.device, dtype=target.dtype)
+            module = loaders[kind](folder).to(device=target.device, dtype=draft_dtype(target.dtype, target.device))
             out[kind] = module.eval().requires_grad_(False)
     return out
 

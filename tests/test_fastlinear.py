@@ -93,3 +93,32 @@ def test_row_projections_are_made_once_per_weight_and_rows():
     x = torch.randn(2, 8)
     with torch.inference_mode():
         torch.testing.assert_close(first(x), x @ weight[rows].T, rtol=1e-5, atol=1e-5)
+
+
+def test_bf16_weights_pack_only_on_cpus_with_native_bf16(monkeypatch):
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(200, 96, generator=generator).bfloat16()
+    x = torch.randn(5, 96, generator=generator).bfloat16()
+    monkeypatch.setattr(fastlinear, "native_bf16", lambda: False)
+    assert not fastlinear.usable(weight) and fastlinear.PackedProjection(weight).packed is None
+    assert fastlinear.usable(weight.float())
+    if not fastlinear.supported(torch.bfloat16):
+        pytest.skip("this torch build has no packed bf16 kernel")
+    monkeypatch.setattr(fastlinear, "native_bf16", lambda: True)
+    projection = fastlinear.PackedProjection(weight)
+    assert projection.packed is not None
+    with torch.inference_mode():
+        got = projection(x)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), F.linear(x, weight).float(), rtol=2e-2, atol=2e-2)
+
+
+def test_rows_projection_is_made_once_per_weight_rows_and_dtype():
+    weight = torch.randn(64, 16)
+    rows = torch.tensor([5, 1, 9])
+    assert fastlinear.rows_projection(weight, rows) is fastlinear.rows_projection(weight, rows)
+    half = fastlinear.rows_projection(weight, rows, torch.bfloat16)
+    assert half is not fastlinear.rows_projection(weight, rows) and half is fastlinear.rows_projection(weight, rows, torch.bfloat16)
+    x = torch.randn(2, 16)
+    with torch.inference_mode():
+        torch.testing.assert_close(half(x.bfloat16()).float(), x @ weight[rows].T, rtol=3e-2, atol=3e-2)

@@ -190,6 +190,47 @@ def test_build_draft_model_shares_the_target_embedding(tmp_path):
     assert draft.draft_vocab is None  # saved without one
 
 
+def test_a_bf16_draft_gets_its_own_copy_of_the_target_embedding_and_the_target_is_untouched(tmp_path):
+    from specviz import engine
+    from specviz.drafters.draft_model import DraftModelDrafter
+    from specviz.train.draft import init_draft
+    from tests.tiny import TinyTokenizer
+
+    torch.manual_seed(0)
+    target = LlamaForCausalLM(tiny_config(tie_word_embeddings=True)).eval().requires_grad_(False)
+    save_draft_model(init_draft(target, (1,)), tmp_path / "draft", {})
+    before = target.get_input_embeddings().weight.clone()
+    draft = build_draft_model(target, tmp_path / "draft", torch.bfloat16).to(dtype=torch.bfloat16)
+    embedding, head = draft.get_input_embeddings().weight, draft.get_output_embeddings().weight
+    assert embedding.dtype == torch.bfloat16 and head is embedding  # its own copy, still tied
+    assert embedding.data_ptr() != target.get_input_embeddings().weight.data_ptr()
+    assert target.get_input_embeddings().weight.dtype == torch.float32  # casting the draft did not cast these
+    assert torch.equal(target.get_input_embeddings().weight, before)
+    assert torch.equal(embedding.float(), before.bfloat16().float())
+    prompt = [1, 5, 7, 9, 11]
+    reference = target.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False, pad_token_id=0)[0, 5:]
+    events = list(engine.decode(target, TinyTokenizer(256, eos=None), DraftModelDrafter(draft, k=4), prompt,
+                                engine.RunSettings(16), "tiny", "", 256))
+    assert events[-1].token_ids == reference.tolist()
+
+
+def test_draft_dtype_is_bf16_only_for_fp32_cpu_targets_with_native_bf16(monkeypatch):
+    from specviz import fastlinear, models
+
+    monkeypatch.delenv(models.DRAFT_DTYPE_ENV, raising=False)
+    monkeypatch.setattr(fastlinear, "native_bf16", lambda: True)
+    assert models.draft_dtype(torch.float32, "cpu") == torch.bfloat16
+    assert models.draft_dtype(torch.bfloat16, "cuda") == torch.bfloat16
+    assert models.draft_dtype(torch.float16, "cpu") == torch.float16
+    monkeypatch.setattr(fastlinear, "native_bf16", lambda: False)
+    assert models.draft_dtype(torch.float32, "cpu") == torch.float32
+    monkeypatch.setenv(models.DRAFT_DTYPE_ENV, "bfloat16")
+    assert models.draft_dtype(torch.float32, "cpu") == torch.bfloat16
+    monkeypatch.setenv(models.DRAFT_DTYPE_ENV, "int8")
+    with pytest.raises(SpecvizError, match="unknown dtype"):
+        models.draft_dtype(torch.float32, "cpu")
+
+
 def test_draft_with_a_reduced_vocabulary_proposes_only_it_and_stays_lossless(tmp_path):
     from specviz import engine, sampling
     from specviz.drafters.draft_model import DraftModelDrafter

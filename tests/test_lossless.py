@@ -30,12 +30,21 @@ def models():
     return target, good, bad
 
 
+@pytest.fixture(scope="module")
+def good_bf16(models):
+    """The good draft in bf16 (as specviz.models.draft_dtype runs shipped drafts where the CPU multiplies bf16)
+    against the fp32 target: q now comes from bf16 logits, and the output must still be the target's."""
+    import copy
+
+    return copy.deepcopy(models[1]).to(torch.bfloat16)
+
+
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def check(models, sampling, drafter, k, n=N, expect_pass=True):
+def check(models, sampling, drafter, k, n=N, expect_pass=True, drafts=None):
     target, good, bad = models
-    draft = {"good": good, "bad": bad}.get(drafter)
+    draft = {"good": good, "bad": bad, **(drafts or {})}.get(drafter)
     make = (lambda: NgramDrafter(k, max_ngram=1)) if drafter == "ngram" else (lambda: DraftModelDrafter(draft, k))
     counts = sampled_two_tokens(target, TinyTokenizer(VOCAB, eos=None), make, PROMPT, sampling, n)
     probs = exact_two_tokens(target, PROMPT, sampling)
@@ -53,9 +62,9 @@ def test_the_draft_models_really_differ_from_the_target(models):
 
 
 @pytest.mark.parametrize("sampling", [T1, T07_TOP_P], ids=["T=1", "T=0.7,top-p=0.8"])
-@pytest.mark.parametrize("drafter, k", [("good", 1), ("bad", 2), ("ngram", 2)])
-def test_spec_sampling_matches_the_target(models, sampling, drafter, k):
-    p_value, tv = check(models, sampling, drafter, k)
+@pytest.mark.parametrize("drafter, k", [("good", 1), ("bad", 2), ("ngram", 2), ("good-bf16", 2)])
+def test_spec_sampling_matches_the_target(models, good_bf16, sampling, drafter, k):
+    p_value, tv = check(models, sampling, drafter, k, drafts={"good-bf16": good_bf16})
     assert p_value > PASS_P, f"chi-square p = {p_value:.2e}, TV = {tv:.3f}"
 
 

@@ -57,8 +57,10 @@ class EagleDrafter(Drafter):
         self.embed = target.get_input_embeddings()
         lm_head = target.get_output_embeddings().weight  # (V, H)
         self.vocab = draft_vocab
-        self.project = rows_projection(lm_head, draft_vocab)  # hidden (P, H) -> logits (P, Vd): the drafting hot spot
-        self.device, self.dtype = lm_head.device, lm_head.dtype
+        # the head's dtype (specviz.models.draft_dtype: bf16 on CPUs with bf16 products) for all drafting products
+        self.device, self.dtype = lm_head.device, head.fc.weight.dtype
+        # hidden (P, H) -> logits (P, Vd): the drafting hot spot
+        self.project = rows_projection(lm_head, draft_vocab, self.dtype)
         self.shape = shape
         self.verify_cost = verify_cost
         self.fast = fastdecoder.for_eagle(head)  # None: the head's own (transformers) layer
@@ -91,7 +93,7 @@ class EagleDrafter(Drafter):
         n = min(features.shape[0], len(tokens))
         device = self.device
         positions = torch.arange(self.committed, self.committed + n, device=device)[None]
-        out = self._head(features[:n].to(self.dtype), self.embed(torch.tensor(tokens[:n], device=device)), positions)
+        out = self._head(features[:n].to(self.dtype), self._embed(torch.tensor(tokens[:n], device=device)), positions)
         self.committed += n
         self.last = out[-1]
         self.pending = None
@@ -163,10 +165,13 @@ class EagleDrafter(Drafter):
             while node is not None and node.entry >= 0:
                 mask[0, 0, row, self.committed + node.entry] = 0.0
                 node = candidates[node.parent] if node.parent != ROOT else None
-        out = self._head(parents_hidden, self.embed(tokens), positions, mask)  # (k, H)
+        out = self._head(parents_hidden, self._embed(tokens), positions, mask)  # (k, H)
         for c, h in zip(kept, out):
             c.hidden = h
         return out
+
+    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.embed(tokens).to(self.dtype)
 
     def _head(self, features: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor, mask=None) -> torch.Tensor:
         """features, embeds (T, H), positions (1, T), mask None or (1, 1, T, S) → predicted features (T, H);

@@ -51,10 +51,11 @@ class MedusaDrafter(Drafter):
         self.heads = heads
         self.lm_head = target.get_output_embeddings().weight  # (V, H)
         self.vocab = draft_vocab
+        self.dtype = next(heads.parameters()).dtype  # specviz.models.draft_dtype: bf16 on CPUs with bf16 products
         # heads that share the target's LM head project onto its draft-vocabulary rows, sliced once here
         self.project = None
         if not heads.own_projection:
-            self.project = rows_projection(self.lm_head, draft_vocab)  # (K, H) -> (K, Vd)
+            self.project = rows_projection(self.lm_head, draft_vocab, self.dtype)  # (K, H) -> (K, Vd)
         self.total_tokens = total_tokens
         self.verify_cost = verify_cost
         self.paths = check_tree(tree, heads.num_heads)
@@ -77,7 +78,7 @@ class MedusaDrafter(Drafter):
         tree = DraftTree()
         if self.feature is None:
             return tree
-        hidden = self.heads(self.feature[None, None].to(self.lm_head.dtype))  # (1, 1, K, H)
+        hidden = self.heads(self.feature[None, None].to(self.dtype))  # (1, 1, K, H)
         if self.project is not None:
             logits = self.project(hidden[0, 0]).float()  # (K, Vd)
         else:
