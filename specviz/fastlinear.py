@@ -1,4 +1,5 @@
-"""Faster fp32 linear layers on the CPU: weights reordered once for oneDNN's packed-weight kernel.
+"""Faster linear layers on the CPU: weights reordered once for oneDNN's packed-weight kernel (fp32 everywhere;
+bf16 only on CPUs that multiply bf16 in hardware, which is where specviz runs its drafters in bf16).
 
 Why it matters here: decoding a small model on a CPU is dominated by its matrix products with 1–16 rows. On a
 2-core AVX2 machine torch's default fp32 `linear` (MKL sgemm on a row-major weight) reads a 1536 × 576 weight at
@@ -6,7 +7,7 @@ about 11 GB/s for 1–3 rows and gets slower per call from 1 to 3 rows. oneDNN, 
 into its blocked layout, runs the same products about twice as fast and nearly flat from 1 to 16 rows. That
 flatness is what speculative decoding needs: verifying 8 drafted tokens then costs little more than one.
 
-It is the same arithmetic in the same precision (fp32): results differ from `F.linear` by rounding only (about
+It is the same arithmetic in the same precision (the weight's): results differ from `F.linear` by rounding only (about
 1e-6 relative), just as MKL's own results already differ between 1 and 8 rows. The target is still the same model,
 and every path (plain decoding, every drafter and transformers' own `generate()`) runs through the same modules.
 The packed copy costs one more copy of the weights in memory; the original `weight` stays, so code that reads
@@ -167,7 +168,8 @@ def usable(weight: torch.Tensor) -> bool:
 
 
 def pack_linears(model: nn.Module) -> int:
-    """Swap every fp32 CPU `nn.Linear` under `model` for a PackedLinear, in place; returns how many were swapped.
+    """Swap every packable CPU `nn.Linear` under `model` (see `usable`) for a PackedLinear, in place; returns
+    how many were swapped.
 
     Meant for frozen models used for inference; see PackedLinear for moves, casts and weight loads afterwards.
     """

@@ -294,11 +294,14 @@ def build_draft_model(target, assets_dir, dtype: torch.dtype | None = None):
     embedding = target.get_input_embeddings()
     if cfg.vocab_size != embedding.weight.shape[0] or cfg.hidden_size != embedding.weight.shape[1]:
         raise SpecvizError(f"draft at {assets_dir} does not fit this target's embedding {tuple(embedding.weight.shape)}")
-    dtype = dtype or embedding.weight.dtype
-    draft = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    draft = AutoModelForCausalLM.from_config(cfg, dtype=embedding.weight.dtype)
     state = read_state_dict(assets_dir)
     own = {k: v for k, v in draft.state_dict().items() if "embed_tokens" not in k and not k.startswith("lm_head")}
     draft.load_state_dict(match_state_dict(own, state, str(assets_dir)), strict=False)
+    if dtype is not None and dtype != embedding.weight.dtype:
+        from specviz.models import cast_parameters
+
+        cast_parameters(draft, dtype)  # its own weights only (the shared ones are not attached yet); fp32 rotary
     share_embedding(draft, target, dtype)
     draft.draft_vocab = None  # (Vd,) by falling frequency, when the folder has one: what the drafter may propose
     if (assets_dir / DRAFT_VOCAB_FILE).is_file():

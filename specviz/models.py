@@ -481,9 +481,19 @@ def draft_dtype(target_dtype: torch.dtype, device: str | torch.device) -> torch.
     forced = os.environ.get(DRAFT_DTYPE_ENV)
     if forced:
         return as_dtype(forced)
-    if torch.device(device).type == "cpu" and target_dtype == torch.float32 and fastlinear.native_bf16():
+    if (torch.device(device).type == "cpu" and target_dtype == torch.float32 and fastlinear.wanted()
+            and fastlinear.native_bf16() and fastlinear.supported(torch.bfloat16)):
         return torch.bfloat16
     return target_dtype
+
+
+def cast_parameters(module: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """Cast the floating-point parameters only: unlike `module.to(dtype)` this keeps fp32 buffers such as the
+    rotary `inv_freq`, which rounded to bf16 would turn far positions by visibly wrong angles. In place."""
+    for parameter in module.parameters():
+        if parameter.is_floating_point() and parameter.dtype != dtype:
+            parameter.data = parameter.data.to(dtype)
+    return module
 
 
 def as_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -578,7 +588,7 @@ def load(model: str = "smollm2-135m", draft_model: str | None = None, device: st
         draft = shipped.get("draft")
     for module in (target, draft, *shipped.values()):
         if module is not None:
-            fastlinear.pack_linears(module)  # CPU fp32 only; a no-op elsewhere (see specviz/fastlinear.py)
+            fastlinear.pack_linears(module)  # CPU fp32 (bf16 with native bf16); a no-op elsewhere (see specviz/fastlinear.py)
     return LoadedModels(model, target, draft, tokenizer, chosen_device, chosen_dtype,
                         eagle=shipped.get("eagle"), medusa=shipped.get("medusa"))
 
@@ -598,7 +608,7 @@ def logit_postprocessing(config) -> str | None:
 
 
 def load_shipped(preset: Preset, target: torch.nn.Module, assets: Path = ASSETS) -> dict:
-    """The trained drafters of a preset that exist in assets/, on the target's device and dtype."""
+    """The trained drafters of a preset that exist in assets/, on the target's device, in draft_dtype."""
     from specviz import heads
 
     loaders = {
@@ -610,7 +620,7 @@ def load_shipped(preset: Preset, target: torch.nn.Module, assets: Path = ASSETS)
     for kind, name in preset.shipped:
         folder = assets / name
         if (folder / "model.safetensors").is_file():
-            module = loaders[kind](folder).to(device=target.device, dtype=draft_dtype(target.dtype, target.device))
+            module = cast_parameters(loaders[kind](folder).to(device=target.device), draft_dtype(target.dtype, target.device))
             out[kind] = module.eval().requires_grad_(False)
     return out
 

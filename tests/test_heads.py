@@ -200,7 +200,9 @@ def test_a_bf16_draft_gets_its_own_copy_of_the_target_embedding_and_the_target_i
     target = LlamaForCausalLM(tiny_config(tie_word_embeddings=True)).eval().requires_grad_(False)
     save_draft_model(init_draft(target, (1,)), tmp_path / "draft", {})
     before = target.get_input_embeddings().weight.clone()
-    draft = build_draft_model(target, tmp_path / "draft", torch.bfloat16).to(dtype=torch.bfloat16)
+    draft = build_draft_model(target, tmp_path / "draft", torch.bfloat16)
+    assert {p.dtype for p in draft.parameters()} == {torch.bfloat16}
+    assert draft.model.rotary_emb.inv_freq.dtype == torch.float32  # rounded to bf16 it would turn far positions wrongly
     embedding, head = draft.get_input_embeddings().weight, draft.get_output_embeddings().weight
     assert embedding.dtype == torch.bfloat16 and head is embedding  # its own copy, still tied
     assert embedding.data_ptr() != target.get_input_embeddings().weight.data_ptr()

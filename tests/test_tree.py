@@ -127,6 +127,27 @@ def test_eagle_and_medusa_greedy_equal_target_alone(total_tokens):
             assert all(n.parent == -1 or n.parent < n.id for e in evs[1:-1] for n in e.nodes)
 
 
+@pytest.mark.parametrize("fast", ["1", "0"], ids=["lean forward", "transformers forward"])
+def test_bf16_heads_against_an_fp32_target_stay_lossless(fast, monkeypatch):
+    """specviz.models.draft_dtype runs shipped heads in bf16 beside an fp32 target: features, embeddings, masks
+    and the head's cache are cast to the head's dtype, and the output is still the target's."""
+    from specviz import fastdecoder
+    from specviz.models import cast_parameters
+
+    monkeypatch.setenv("SPECVIZ_FAST_DECODER", fast)
+    target = tiny_llama(scale=3.0)
+    eagle, medusa = (cast_parameters(head, torch.bfloat16) for head in tiny_heads(target))
+    assert (fastdecoder.for_eagle(eagle) is None) == (fast == "0")
+    reference = hf_greedy(target, PROMPT, 30)
+    vocab = torch.arange(0, 64, 2)
+    for drafter in (EagleDrafter(eagle, target, TreeShape(depth=3, top_k=3, total_tokens=8)),
+                    EagleDrafter(eagle, target, TreeShape(depth=3, top_k=2, total_tokens=8), draft_vocab=vocab),
+                    MedusaDrafter(medusa, target, tree=[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)], draft_vocab=vocab)):
+        evs = run(target, drafter, max_new_tokens=30)
+        assert evs[-1].token_ids == reference, drafter.name
+        assert sum(len(e.nodes) for e in evs[1:-1]) > 0
+
+
 def test_eagle_build_stages_describe_the_tree():
     target = tiny_llama(scale=3.0)
     eagle, _ = tiny_heads(target)
