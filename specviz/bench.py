@@ -49,7 +49,7 @@ SCHEMA_VERSION = 1
 PEERS = ("generate", "generate_assisted", "generate_prompt_lookup")
 # ours vs theirs: the pairs a user chooses between
 HEAD_TO_HEAD = (("none", "generate"), ("draft", "generate_assisted"), ("ngram", "generate_prompt_lookup"))
-FULL_SIZES = (1, 2, 4, 8, 16, 32, 64)
+FULL_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64)  # dense where the CPU curve is not smooth (see costs.AUTO_SIZES)
 QUICK_SIZES = (1, 4, 16)
 
 # progress(done, total, label): called after each unit of work (a decode, a cost curve)

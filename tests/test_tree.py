@@ -4,6 +4,7 @@ import torch
 from transformers import DynamicCache
 
 from specviz import engine
+from specviz.costs import AUTO_SIZES, interpolate
 from specviz import verify as verify_module
 from specviz.drafters.eagle import EagleDrafter, TreeShape, best_budget
 from specviz.drafters.medusa import MedusaDrafter, check_tree
@@ -173,6 +174,16 @@ def test_auto_budget_stops_where_extra_nodes_cost_more_than_they_bring():
     assert best_budget([-0.1, -0.5, -3.0], steep) == 0
     knee = lambda n: 1.0 if n <= 3 else 10.0
     assert best_budget([-0.01, -0.02, -0.03, -0.04], knee) == 2
+
+
+def test_auto_budget_finds_the_cheap_sizes_only_where_they_are_measured():
+    # a CPU curve like this machine's: 2 tokens cost more than 1, 3-6 tokens about the same as 1, 7 jumps
+    dense = {1: 31.0, 2: 36.0, 3: 30.5, 4: 30.0, 5: 30.0, 6: 30.0, 7: 34.0, 8: 35.0, 16: 44.0}
+    assert set(dense) <= set(AUTO_SIZES)  # what the "auto" budget measures
+    scores = [-0.7, -1.4, -2.1, -2.8, -3.5, -4.0, -4.5, -5.0]
+    assert best_budget(scores, interpolate(dense)) == 5  # root + 5 nodes: the last size before the jump
+    sparse = {n: dense[n] for n in (1, 2, 4, 8, 16)}  # 5-6 interpolated between 4 and 8: overpriced
+    assert best_budget(scores, interpolate(sparse)) == 3
 
 
 def test_eagle_stops_expanding_when_a_deeper_level_cannot_pay_for_itself():
