@@ -21,6 +21,25 @@ def test_packed_linear_matches_f_linear_for_every_row_count():
             torch.testing.assert_close(packed(x), F.linear(x, linear.weight, linear.bias), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_padded_to_min_rows_come_out_bit_for_bit_as_unpadded(monkeypatch, dtype):
+    if not fastlinear.supported(dtype):
+        pytest.skip(f"no packed {dtype} kernel here")
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(300, 96, generator=generator).to(dtype)
+    bias = torch.randn(300, generator=generator).to(dtype)
+    packed = fastlinear.reorder(weight)
+    x = torch.randn(1, 2, 96, generator=generator).to(dtype)  # (batch, rows, in): transformers' layout
+    with torch.inference_mode():
+        monkeypatch.setattr(fastlinear, "MIN_ROWS", 1)
+        plain = [fastlinear.packed_product(x[:, :n], packed, bias) for n in (1, 2)]
+        monkeypatch.setattr(fastlinear, "MIN_ROWS", 4)
+        padded = [fastlinear.packed_product(x[:, :n], packed, bias) for n in (1, 2)]
+    for a, b, n in zip(plain, padded, (1, 2)):
+        assert b.shape == (1, n, 300)
+        assert torch.equal(a, b)
+
+
 def test_pack_linears_swaps_in_place_and_keeps_ties_and_outputs(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
