@@ -223,6 +223,20 @@ def test_draft_vocabulary_choices():
     assert draft_vocabulary(SimpleNamespace(), "full") is None
 
 
+def test_eagle_defaults_to_the_most_frequent_part_of_a_large_trained_vocabulary():
+    from types import SimpleNamespace
+
+    from specviz.drafters import EAGLE_DRAFT_VOCAB, default_draft_vocab
+
+    frequent_first = torch.randperm(3 * EAGLE_DRAFT_VOCAB, generator=torch.Generator().manual_seed(0))
+    assert default_draft_vocab("eagle2", SimpleNamespace(draft_vocab=frequent_first)) == EAGLE_DRAFT_VOCAB
+    # small, sorted by id (no frequency order to cut by), or absent: the trained vocabulary as it is
+    assert default_draft_vocab("eagle2", SimpleNamespace(draft_vocab=frequent_first[:100])) == "trained"
+    assert default_draft_vocab("eagle2", SimpleNamespace(draft_vocab=frequent_first.sort().values)) == "trained"
+    assert default_draft_vocab("eagle2", SimpleNamespace(draft_vocab=None)) == "trained"
+    assert default_draft_vocab("medusa", SimpleNamespace(draft_vocab=frequent_first)) == "trained"
+
+
 def test_reduced_draft_vocabulary_refuses_post_processed_logits():
     draft = tiny_llama(seed=1, layers=1)
     draft.config.final_logit_softcapping = 30.0  # logits = cap · tanh(lm_head(h) / cap): rows alone are not enough
