@@ -7,7 +7,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from specviz import bench
-from specviz.drafters import available
+from specviz.drafters import available, variants
 from specviz.errors import SpecvizError
 from specviz.ui import state
 
@@ -28,7 +28,7 @@ def run_section() -> None:
     shared, settings = state.require_model()
     if shared is None:
         return
-    names = available(shared.models)
+    names = available(shared.models) + variants(shared.models)
     c1, c2, c3 = st.columns(3)
     limit = c1.slider("Prompts (from the built-in set)", 1, len(bench.load_prompts()), 2, key="bench_limit")
     max_new = c2.slider("Max new tokens", 4, 256, 32, key="bench_max_new")

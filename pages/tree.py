@@ -52,9 +52,15 @@ chosen = c1.select_slider("Step", options=numbers, value=numbers[0], key="tree_s
 play = c2.button("▶ Play", key="tree_play", help="Step through every drafted step from the chosen one.")
 step = by_number[chosen]
 
-stage_names = []
-for b in step["build"]:
-    stage_names.append(f"expand depth {b['depth']}" if b["stage"] == "expand" else f"rerank to {b['total_tokens']}")
+def stage_name(b: dict) -> str:
+    if b["stage"] == "expand":
+        return f"expand depth {b['depth']}"
+    if b["stage"] == "lookup":
+        return "graft prompt lookup"
+    return f"rerank to {b['total_tokens']}"
+
+
+stage_names = [stage_name(b) for b in step["build"]]
 stage = "verified tree"
 if stage_names:
     stage = st.radio("Construction", stage_names + ["verified tree"], index=len(stage_names), horizontal=True,

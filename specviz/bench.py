@@ -40,7 +40,7 @@ from specviz import engine, fastdecoder, fastlinear
 from specviz.api import encode_prompt
 from specviz.cli import add_model_args
 from specviz.costs import fitting_context, interpolate, synchronize, verify_costs
-from specviz.drafters import available, make_drafter, parse_spec
+from specviz.drafters import available, make_drafter, parse_spec, variants
 from specviz.errors import SpecvizError
 from specviz.sampling import Sampling
 
@@ -291,7 +291,7 @@ def method_order(methods: list[str], turn: int) -> list[str]:
 
 def chosen_drafters(models, requested: tuple[str, ...]) -> list[str]:
     """`none` first (the baseline), then the requested drafters, or every available one."""
-    names = list(requested) or available(models)
+    names = list(requested) or available(models) + variants(models)
     ready = available(models)
     for name in names:
         if parse_spec(name)[0] not in ready:

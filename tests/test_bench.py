@@ -82,7 +82,7 @@ def test_cli_on_a_tiny_model_writes_a_report_that_validates(tmp_path, prompts_fi
     assert bench.main(cli(tmp_path, prompts_file)) == 0
     report = json.loads((tmp_path / "b.json").read_text())
     jsonschema.validate(report, bench.BENCH_SCHEMA)
-    assert list(report["drafters"]) == ["none", "ngram", "draft", "medusa", "eagle2"]
+    assert list(report["drafters"]) == ["none", "ngram", "draft", "medusa", "eagle2", "eagle2:lookup=4"]  # + variants()
     assert set(report["peers"]) == {"generate", "generate_assisted", "generate_prompt_lookup"}
     assert report["outputs_match_none"] is True and report["mismatching_prompts"] == []
     for name, d in report["drafters"].items():
@@ -92,7 +92,7 @@ def test_cli_on_a_tiny_model_writes_a_report_that_validates(tmp_path, prompts_fi
     assert all(p["outputs_match_generate"] for p in report["peers"].values())  # the peers got our settings
     assert list(report["verify_cost_ms"]) == ["1", "2", "4"] and list(report["tree_verify_cost_ms"]) == ["1", "2", "4"]
     assert report["floor"]["weight_bytes"] > 0 and report["floor_ms_per_token"] > 0
-    assert len(report["runs"]) == 2 * 8  # two prompts × (5 drafters + 3 peers)
+    assert len(report["runs"]) == 2 * 9  # two prompts × (5 drafters + 1 variant + 3 peers)
     markdown = (tmp_path / "b.md").read_text()
     assert markdown.startswith("# specviz bench") and "python -m specviz bench --prompts" in markdown
     assert markdown in capsys.readouterr().out

@@ -106,3 +106,25 @@ def test_catches_a_dropped_bonus(models, monkeypatch):
     monkeypatch.setattr("specviz.engine.verify", no_bonus)
     p_value, tv = check(models, T1, "bad", 1)
     assert p_value < 1e-6, f"planted bug not caught: p = {p_value:.2e}"
+
+
+def test_eagle_with_prompt_lookup_grafted_on_matches_the_target(models):
+    """EAGLE-2's tree with prompt lookup's continuation grafted on (eagle2:lookup=N): grafted tokens are point
+    masses beside the head's, so the two-token distribution must still be the target's."""
+    from specviz import engine
+    from specviz.drafters.eagle import EagleDrafter, TreeShape
+    from specviz.heads import EagleHead
+
+    target = models[0]
+    torch.manual_seed(0)
+    head = EagleHead(target.config).eval()
+    for parameter in head.parameters():
+        parameter.data.normal_(0, 0.3)
+    prompt = [1, 2, 3, 1, 2]  # its suffix (1, 2) occurred before: lookup proposes 3, 1, 2
+    make = lambda: EagleDrafter(head, target, TreeShape(depth=2, top_k=2, total_tokens=6), lookup=3)  # noqa: E731
+    tokenizer = TinyTokenizer(VOCAB, eos=None)
+    first = list(engine.decode(target, tokenizer, make(), prompt, engine.RunSettings(2, T1)))[1]
+    assert [b["stage"] for b in first.build][-2:] == ["lookup", "rerank"]
+    counts = sampled_two_tokens(target, tokenizer, make, prompt, T1, N)
+    p_value = chi_square_p_value(counts, exact_two_tokens(target, prompt, T1))
+    assert p_value > PASS_P, f"chi-square p = {p_value:.2e}"

@@ -149,6 +149,38 @@ def test_bf16_heads_against_an_fp32_target_stay_lossless(fast, monkeypatch):
         assert sum(len(e.nodes) for e in evs[1:-1]) > 0
 
 
+def test_prompt_lookup_grafted_onto_the_eagle_tree_keeps_the_output_and_learns_its_rate():
+    from specviz import events
+    from specviz.ui import figures
+
+    target = tiny_llama(scale=3.0)
+    eagle, _ = tiny_heads(target)
+    reference = hf_greedy(target, PROMPT, 40)
+    for total_tokens in (8, "auto"):
+        flat = (lambda n: 1.0) if total_tokens == "auto" else None  # verifying is free: take every node with a chance
+        drafter = EagleDrafter(eagle, target, TreeShape(depth=3, top_k=2, total_tokens=total_tokens), verify_cost=flat,
+                               lookup=4)
+        evs = run(target, drafter, max_new_tokens=40)
+        assert evs[-1].token_ids == reference
+        assert drafter.options()["lookup"] == 4
+        grafts = [(e, b) for e in evs[1:-1] for b in e.build if b["stage"] == "lookup"]
+        assert grafts, "the repetitive prompt and output give prompt lookup matches"
+        assert drafter.lookup_tries > 2  # what happened to the grafted tokens was counted
+        for step, graft in grafts:
+            assert [c["parent_cid"] for c in graft["candidates"]][0] == -1  # a path from the root
+            assert graft["rate"] == pytest.approx(graft["candidates"][0]["score"])
+            assert step.build[-1]["stage"] == "rerank"
+        # a grafted token the head did not propose is a node without q, drawn in the build view with its stage
+        step, graft = next((e, b) for e, b in grafts if any(c["q"] is None for c in b["candidates"]))
+        new = {c["token"] for c in graft["candidates"] if c["q"] is None}
+        assert any(n.q is None and n.token in new for n in step.nodes)
+        stage = [b["stage"] for b in step.build].index("lookup")
+        figure = figures.build_stage_figure(events.to_dict(step), stage)
+        assert "prompt lookup" in figure.layout.title.text
+    plain = EagleDrafter(eagle, target, TreeShape(depth=3, top_k=2, total_tokens=8))
+    assert not [b for e in run(target, plain, max_new_tokens=12)[1:-1] for b in e.build if b["stage"] == "lookup"]
+
+
 def test_eagle_build_stages_describe_the_tree():
     target = tiny_llama(scale=3.0)
     eagle, _ = tiny_heads(target)

@@ -16,6 +16,7 @@ import torch
 
 from specviz import fastdecoder
 from specviz.drafters.base import Drafter, DraftRequest, DraftTiming, Outcome
+from specviz.drafters.ngram import lookup
 from specviz.fastlinear import rows_projection
 from specviz.kvcache import crop_cache, new_cache
 from specviz.tree import ROOT, DraftTree
@@ -38,7 +39,7 @@ class Candidate:
     cid: int
     parent: int  # parent cid, ROOT for depth 1
     token: int
-    q: float
+    q: float | None  # None for a grafted lookup token (no q)
     log_score: float  # sum of log q along the path
     depth: int
     entry: int = -1  # index of its head-cache entry once expanded
@@ -50,9 +51,10 @@ class EagleDrafter(Drafter):
     needs_features = True
 
     def __init__(self, head, target, shape: TreeShape = TreeShape(), draft_vocab: torch.Tensor | None = None,
-                 verify_cost=None):
+                 verify_cost=None, lookup: int = 0):
         """head: specviz.heads.EagleHead; target: the target model (its embedding and LM head are reused).
-        draft_vocab: (Vd,) token ids the head may propose (None = all). verify_cost: n -> seconds, for "auto"."""
+        draft_vocab: (Vd,) token ids the head may propose (None = all). verify_cost: n -> seconds, for "auto".
+        lookup: graft up to this many tokens of prompt lookup (n-gram) onto the tree (0: none); see _graft_lookup."""
         self.head = head
         self.embed = target.get_input_embeddings()
         lm_head = target.get_output_embeddings().weight  # (V, H)
@@ -69,11 +71,14 @@ class EagleDrafter(Drafter):
         self.pending: tuple[torch.Tensor, list[int]] | None = None  # features and tokens not yet fed
         self.last = None  # (H,) head output of the last committed entry: it predicts the root's successor
         self.depth_cost = DraftTiming(cold=1)  # one more depth; the run's first expansion is cold, not counted
+        self.lookup = lookup
+        self.lookup_hits, self.lookup_tries = 1, 2  # grafted tokens accepted / tried, from a Beta(1, 1) prior
+        self.grafted: list[int] = []  # this step's grafted tokens that made it into the tree (a path from the root)
 
     def options(self) -> dict:
         return {"depth": self.shape.depth, "top_k": self.shape.top_k, "total_tokens": self.shape.total_tokens,
                 "early_stop": self.shape.early_stop and self.verify_cost is not None,
-                "draft_vocab": None if self.vocab is None else int(self.vocab.numel())}
+                "draft_vocab": None if self.vocab is None else int(self.vocab.numel()), "lookup": self.lookup}
 
     # ---- per-run state: the head's cache follows the committed sequence --------------------------------------
     def start(self, prompt_ids: torch.Tensor, features: torch.Tensor | None) -> None:
@@ -83,6 +88,12 @@ class EagleDrafter(Drafter):
     def observe(self, outcome: Outcome) -> None:
         # The root and each accepted node now have true features; pair them with the tokens that follow them.
         self.pending = (outcome.features, outcome.committed)
+        if self.grafted:  # the grafted path was followed for `hits` tokens; each token whose parent was reached was tried
+            hits = 0
+            while hits < min(outcome.accepted, len(self.grafted)) and outcome.committed[hits] == self.grafted[hits]:
+                hits += 1
+            self.lookup_hits += hits
+            self.lookup_tries += min(len(self.grafted), hits + 1)
 
     @torch.inference_mode()
     def _catch_up(self) -> None:
@@ -102,6 +113,7 @@ class EagleDrafter(Drafter):
     @torch.inference_mode()
     def propose(self, request: DraftRequest) -> DraftTree:
         self._catch_up()
+        self.grafted = []
         shape = self.shape
         depth = min(shape.depth, request.max_depth)
         if self.last is None or depth <= 0:
@@ -122,7 +134,29 @@ class EagleDrafter(Drafter):
             hidden = self._expand(kept, candidates, entries)  # (k, H) predicted features of the kept nodes
             frontier = self._children(hidden, kept, candidates, shape.top_k)
             self.depth_cost.add(time.perf_counter() - started)
-        return self._rerank(candidates, build)
+        grafted = self._graft_lookup(request.ids, depth, candidates) if self.lookup else []
+        if grafted:
+            build.append({"stage": "lookup", "rate": self.lookup_hits / self.lookup_tries,
+                          "candidates": [_described(c) for c in grafted], "kept": [c.cid for c in grafted]})
+        return self._rerank(candidates, build, grafted)
+
+    def _graft_lookup(self, ids: torch.Tensor, depth: int, candidates: list[Candidate]) -> list[Candidate]:
+        """Prompt lookup's continuation of the context as one more branch of the tree. Where it agrees with the
+        head's candidates it reuses them (raising their score), elsewhere it adds nodes. A grafted token at depth d
+        scores r^d, r the share of grafted tokens accepted so far in this run, so the auto budget weighs it against
+        the head's nodes. Grafted nodes are point masses, like every node of this tree."""
+        rate = self.lookup_hits / self.lookup_tries
+        path, parent, log_score = [], ROOT, 0.0
+        for d, token in enumerate(lookup(ids, min(self.lookup, depth), max_ngram=3, min_ngram=2), 1):
+            log_score += math.log(rate)
+            node = next((c for c in candidates if c.parent == parent and c.depth == d and c.token == token), None)
+            if node is None:
+                node = Candidate(len(candidates), parent, token, q=None, log_score=log_score, depth=d)
+                candidates.append(node)
+            node.log_score = max(node.log_score, log_score)
+            path.append(node)
+            parent = node.cid
+        return path
 
     def _not_worth_deeper(self, kept: list[Candidate]) -> bool:
         """Σ of the kept path scores bounds the expected accepted nodes one depth further; each saves at most one
@@ -184,7 +218,7 @@ class EagleDrafter(Drafter):
         """The feature that precedes candidate c: the head's prediction at its parent (or at the root)."""
         return self.last if c.parent == ROOT else candidates[c.parent].hidden
 
-    def _rerank(self, candidates: list[Candidate], build: list[dict]) -> DraftTree:
+    def _rerank(self, candidates: list[Candidate], build: list[dict], grafted: list[Candidate] = ()) -> DraftTree:
         ranked = sorted(candidates, key=lambda c: (-c.log_score, c.depth))
         budget = self.shape.total_tokens
         if budget == "auto":  # the cut that maximises expected tokens per second on this machine
@@ -200,6 +234,7 @@ class EagleDrafter(Drafter):
                 continue
             parent = ROOT if c.parent == ROOT else node_of[c.parent]
             node_of[c.cid] = tree.add(c.token, parent, q=c.q, score=math.exp(c.log_score))
+        self.grafted = [c.token for c in grafted if c.cid in node_of]  # a prefix of the grafted path
         build.append({"stage": "rerank", "total_tokens": len(tree), "kept": list(node_of),
                       "node_ids": [[cid, n] for cid, n in node_of.items()]})
         tree.build = build
@@ -210,10 +245,14 @@ class EagleDrafter(Drafter):
         return {
             "stage": "expand",
             "depth": depth,
-            "candidates": [{"cid": c.cid, "parent_cid": c.parent, "token": c.token, "q": round(c.q, 6),
-                            "score": round(math.exp(c.log_score), 8)} for c in frontier],
+            "candidates": [_described(c) for c in frontier],
             "kept": [c.cid for c in kept],
         }
+
+
+def _described(c: Candidate) -> dict:
+    return {"cid": c.cid, "parent_cid": c.parent, "token": c.token, "q": None if c.q is None else round(c.q, 6),
+            "score": round(math.exp(c.log_score), 8)}
 
 
 def best_budget(log_scores: list[float], verify_cost) -> int:

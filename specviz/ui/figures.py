@@ -266,11 +266,11 @@ def build_stage_figure(step: dict, stage_index: int) -> go.Figure:
     current = stages[-1]
     candidates, kept_before = {}, set()
     for st in stages:
-        if st["stage"] == "expand":
+        if st["stage"] in ("expand", "lookup"):  # lookup: prompt lookup's branch grafted on (new or re-scored nodes)
             for c in st["candidates"]:
                 candidates[c["cid"]] = c
     for st in stages[:-1]:
-        if st["stage"] == "expand":
+        if st["stage"] in ("expand", "lookup"):
             kept_before |= set(st["kept"])
     kept_now = set(current["kept"])
     items = [{"id": -1, "parent": None, "label": "root", "hover": "root", "status": "root"}]
@@ -278,17 +278,21 @@ def build_stage_figure(step: dict, stage_index: int) -> go.Figure:
         if current["stage"] == "rerank":
             status = "kept" if cid in kept_now else "dropped"
         elif cid in kept_now:
-            status = "kept"
+            status = "kept"  # at a lookup stage: the grafted path
         elif cid in kept_before:
             status = "expanded"
         else:
             status = "dropped"
-        hover = f"<b>{label(c['text'])}</b> (id {c['token']})<br>q = {fmt(c['q'])}<br>path score = {fmt(c['score'])}"
+        hover = (f"<b>{label(c['text'])}</b> (id {c['token']})<br>q = {fmt(c['q'])}"
+                 + (" (grafted by prompt lookup: no q)" if c["q"] is None else "") + f"<br>path score = {fmt(c['score'])}")
         parent = c["parent_cid"] if c["parent_cid"] in candidates else -1  # a malformed trace still draws
         items.append({"id": cid, "parent": parent, "label": label(c["text"]), "hover": hover, "status": status})
     if current["stage"] == "expand":
         title = (f"expand depth {current['depth']}: {len(current['candidates'])} candidates, "
                  f"the {len(kept_now)} best by path score are expanded next")
+    elif current["stage"] == "lookup":
+        title = (f"prompt lookup: {len(current['candidates'])} tokens grafted on, each scored "
+                 f"{current['rate']:.2f} per depth (the share of grafted tokens accepted so far)")
     else:
         title = f"rerank: the best {current['total_tokens']} candidates of the whole tree by path score become the draft"
     return _tree_figure(items, title)

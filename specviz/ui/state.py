@@ -20,7 +20,7 @@ IN_APP = "_in_app"  # True while app.py runs the current page through st.navigat
 ENV_MODEL = "SPECVIZ_DEFAULT_MODEL"  # a preset name or a local model folder the sidebar starts with
 DEFAULT_PROMPT = "Write a Python function that reverses a string."
 # Tree drafters' settings the sidebar shows; EAGLE-2's defaults (depth, top_k, total_tokens) sized for a CPU.
-TREE_DEFAULTS = {"depth": 5, "top_k": 4, "total_tokens": 24}
+TREE_DEFAULTS = {"depth": 5, "top_k": 4, "total_tokens": 24, "lookup": 0}
 DRAFTER_HELP = {
     "none": "plain autoregressive decoding: one target forward per token (the baseline)",
     "ngram": "prompt lookup: copy what followed the last matching n-gram in the context (no q)",
@@ -41,7 +41,7 @@ class Settings:
     k: int = 4
     seed: int = 0
     max_new_tokens: int = 32
-    tree: tuple | None = None  # (("depth", d), ("top_k", t), ("total_tokens", n)) for eagle2
+    tree: tuple | None = None  # (("depth", d), ("top_k", t), ("total_tokens", n), ("lookup", l)) for eagle2
 
     def stream_kwargs(self, **overrides) -> dict:
         """Arguments for specviz.stream (without models=); `overrides` replace any of them."""
@@ -134,6 +134,9 @@ def sidebar() -> tuple[SharedModels | None, Settings | None]:
                     ("depth", st.slider("depth", 1, 10, TREE_DEFAULTS["depth"], key="sb_depth")),
                     ("top_k", st.slider("top_k (children expanded per depth)", 1, 10, TREE_DEFAULTS["top_k"], key="sb_tree_top_k")),
                     ("total_tokens", st.slider("total_tokens (nodes kept)", 2, 64, TREE_DEFAULTS["total_tokens"], key="sb_total")),
+                    ("lookup", st.slider("lookup (prompt-lookup tokens grafted on, 0 = off)", 0, 8, TREE_DEFAULTS["lookup"],
+                                         key="sb_lookup", help="Graft prompt lookup's continuation of the context "
+                                         "onto the tree as one more branch (the `eagle2:lookup=4` variant).")),
                 )
         seed = st.sidebar.number_input("Seed", 0, 2**31 - 1, 0, key="sb_seed")
         max_new = st.sidebar.slider("Max new tokens", 1, 256, 32, key="sb_max_new")
