@@ -57,7 +57,9 @@ def stage_name(b: dict) -> str:
         return f"expand depth {b['depth']}"
     if b["stage"] == "lookup":
         return "graft prompt lookup"
-    return f"rerank to {b['total_tokens']}"
+    if b["stage"] == "rerank":
+        return f"rerank to {b['total_tokens']}"
+    return str(b["stage"])  # a stage this version does not know (a newer trace) still gets a name
 
 
 stage_names = [stage_name(b) for b in step["build"]]

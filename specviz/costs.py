@@ -11,9 +11,9 @@ import torch
 from specviz.kvcache import crop_cache
 from specviz.tree import DraftTree
 
-# Every n up to 8, then steps: on a CPU the curve is not smooth there (SmolLM2-135M on 2 cores: a forward over 2
-# tokens costs 1.15x one over 1, 3-6 tokens about the same as 1, 7 jumps), and interpolating between 1, 2, 4 and 8
-# overprices 5-6 token trees, the cheapest place to verify more candidates.
+# Every n up to 8, then steps: on a CPU the curve is not smooth there (SmolLM2-135M on 2 cores: 3-6 tokens cost
+# about what 1 costs, 7 is a step up), and interpolating between 1, 2, 4 and 8 overprices 5-6 token trees, the
+# cheapest place to verify more candidates.
 AUTO_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 48, 64)
 
 _curves: "weakref.WeakKeyDictionary[torch.nn.Module, dict[int, float]]" = weakref.WeakKeyDictionary()

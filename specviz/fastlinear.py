@@ -2,8 +2,9 @@
 bf16 only on CPUs that multiply bf16 in hardware, which is where specviz runs its drafters in bf16).
 
 Why it matters here: decoding a small model on a CPU is dominated by its matrix products with 1–16 rows. On a
-2-core AVX2 machine torch's default fp32 `linear` (MKL sgemm on a row-major weight) reads a 1536 × 576 weight at
-about 11 GB/s for 1–3 rows and gets slower per call from 1 to 3 rows. oneDNN, given the weight already reordered
+2-core AVX2 machine (the first sessions' host; later ones list AVX-512) torch's default fp32 `linear` (MKL sgemm
+on a row-major weight) reads a 1536 × 576 weight at about 11 GB/s for 1–3 rows and gets slower per call from 1 to
+3 rows. oneDNN, given the weight already reordered
 into its blocked layout, runs the same products about twice as fast and nearly flat from 1 to 16 rows. That
 flatness is what speculative decoding needs: verifying 8 drafted tokens then costs little more than one.
 
@@ -31,7 +32,8 @@ ROWS_HINT = 16  # the batch size oneDNN picks its blocking for; 8–64 all measu
 # Products over fewer rows than this are padded with zero rows: on this project's 2-core AVX-512 CPU oneDNN's kernels
 # for 1 and 2 rows stream the weights slower than its 4-row kernel. One SmolLM2-135M forward (fp32, LM head included)
 # over 2 tokens: 36.3 ms unpadded, 32.1 padded, 31.0 for 4 real tokens; over 1 token: 32.0 and 30.5. Each real row
-# comes out bit for bit the same (tested). `PYTHONPATH=. python scripts/padded_rows.py` measures it here.
+# comes out the same to rounding (bit for bit for most shapes; tested). `PYTHONPATH=. python scripts/padded_rows.py`
+# measures it here.
 MIN_ROWS = 4
 ENV_SWITCH = "SPECVIZ_PACKED_LINEAR"  # "0" turns packing off (to compare, or where oneDNN misbehaves)
 

@@ -22,22 +22,26 @@ def test_packed_linear_matches_f_linear_for_every_row_count():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rows_padded_to_min_rows_come_out_bit_for_bit_as_unpadded(monkeypatch, dtype):
+@pytest.mark.parametrize("out_features, in_features", [(300, 96), (3072, 576), (576, 1536), (8192, 576)])
+def test_rows_padded_to_min_rows_come_out_as_unpadded_to_rounding(monkeypatch, dtype, out_features, in_features):
+    """(3072, 576), (576, 1536): SmolLM2-135M's fused gate-up and its down projection; (8192, 576): an LM head."""
     if not fastlinear.supported(dtype):
         pytest.skip(f"no packed {dtype} kernel here")
     generator = torch.Generator().manual_seed(0)
-    weight = torch.randn(300, 96, generator=generator).to(dtype)
-    bias = torch.randn(300, generator=generator).to(dtype)
+    weight = torch.randn(out_features, in_features, generator=generator).to(dtype)
+    bias = torch.randn(out_features, generator=generator).to(dtype)
     packed = fastlinear.reorder(weight)
-    x = torch.randn(1, 2, 96, generator=generator).to(dtype)  # (batch, rows, in): transformers' layout
+    x = torch.randn(1, 2, in_features, generator=generator).to(dtype)  # (batch, rows, in): transformers' layout
     with torch.inference_mode():
         monkeypatch.setattr(fastlinear, "MIN_ROWS", 1)
         plain = [fastlinear.packed_product(x[:, :n], packed, bias) for n in (1, 2)]
         monkeypatch.setattr(fastlinear, "MIN_ROWS", 4)
         padded = [fastlinear.packed_product(x[:, :n], packed, bias) for n in (1, 2)]
     for a, b, n in zip(plain, padded, (1, 2)):
-        assert b.shape == (1, n, 300)
-        assert torch.equal(a, b)
+        assert b.shape == (1, n, out_features)
+        # bit for bit for most shapes; oneDNN may split a long row (the 1536-wide down projection) differently
+        tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+        torch.testing.assert_close(a, b, rtol=tolerance, atol=tolerance * a.abs().max().item())
 
 
 def test_pack_linears_swaps_in_place_and_keeps_ties_and_outputs(tiny_model_dir):

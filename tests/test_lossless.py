@@ -120,11 +120,12 @@ def test_eagle_with_prompt_lookup_grafted_on_matches_the_target(models):
     head = EagleHead(target.config).eval()
     for parameter in head.parameters():
         parameter.data.normal_(0, 0.3)
-    prompt = [1, 2, 3, 1, 2]  # its suffix (1, 2) occurred before: lookup proposes 3, 1, 2
+    prompt = [1, 2, 3, 1, 2]  # its suffix (1, 2) occurred before: lookup proposes 3 (one token: max_depth is 1 here)
     make = lambda: EagleDrafter(head, target, TreeShape(depth=2, top_k=2, total_tokens=6), lookup=3)  # noqa: E731
     tokenizer = TinyTokenizer(VOCAB, eos=None)
     first = list(engine.decode(target, tokenizer, make(), prompt, engine.RunSettings(2, T1)))[1]
     assert [b["stage"] for b in first.build][-2:] == ["lookup", "rerank"]
+    assert [n.token for n in first.nodes].count(3) == 1  # grafted (a new node or the head's own): one node
     counts = sampled_two_tokens(target, tokenizer, make, prompt, T1, N)
     p_value = chi_square_p_value(counts, exact_two_tokens(target, prompt, T1))
     assert p_value > PASS_P, f"chi-square p = {p_value:.2e}"

@@ -165,11 +165,19 @@ def test_prompt_lookup_grafted_onto_the_eagle_tree_keeps_the_output_and_learns_i
         assert drafter.options()["lookup"] == 4
         grafts = [(e, b) for e in evs[1:-1] for b in e.build if b["stage"] == "lookup"]
         assert grafts, "the repetitive prompt and output give prompt lookup matches"
-        assert drafter.lookup_tries > 2  # what happened to the grafted tokens was counted
+        kept = sum(1 for e, _ in grafts if any(n.q is None for n in e.nodes))
+        assert drafter.lookup_tries - 2 >= kept  # every step with a kept grafted node added at least one try
         for step, graft in grafts:
-            assert [c["parent_cid"] for c in graft["candidates"]][0] == -1  # a path from the root
-            assert graft["rate"] == pytest.approx(graft["candidates"][0]["score"])
+            path = graft["candidates"]
+            assert path[0]["parent_cid"] == -1 and all(b["parent_cid"] == a["cid"] for a, b in zip(path, path[1:]))
+            for depth, c in enumerate(path, 1):  # r^depth, or the head's own path score where that is larger
+                assert c["score"] >= graft["rate"] ** depth * (1 - 1e-6)
+                if c["q"] is None:
+                    assert c["score"] == pytest.approx(graft["rate"] ** depth, rel=1e-5)
+            assert all(a["score"] >= b["score"] for a, b in zip(path, path[1:]))  # never a child above its parent
             assert step.build[-1]["stage"] == "rerank"
+            siblings = [(n.parent, n.token) for n in step.nodes]
+            assert len(siblings) == len(set(siblings))  # a grafted token the head proposed too is one node
         # a grafted token the head did not propose is a node without q, drawn in the build view with its stage
         step, graft = next((e, b) for e, b in grafts if any(c["q"] is None for c in b["candidates"]))
         new = {c["token"] for c in graft["candidates"] if c["q"] is None}
@@ -179,6 +187,21 @@ def test_prompt_lookup_grafted_onto_the_eagle_tree_keeps_the_output_and_learns_i
         assert "prompt lookup" in figure.layout.title.text
     plain = EagleDrafter(eagle, target, TreeShape(depth=3, top_k=2, total_tokens=8))
     assert not [b for e in run(target, plain, max_new_tokens=12)[1:-1] for b in e.build if b["stage"] == "lookup"]
+
+
+def test_grafted_tokens_are_counted_along_the_accepted_path_even_when_the_text_ends():
+    from specviz.drafters.base import Outcome
+    from specviz.drafters.eagle import accepted_along
+
+    def outcome(accepted, committed):
+        return Outcome(accepted=accepted, committed=committed, features=None)
+
+    assert accepted_along([5, 6, 7], outcome(3, [5, 6, 7, 8])) == (3, 3)  # all accepted, then a bonus token
+    assert accepted_along([5, 6, 7], outcome(0, [9])) == (0, 1)  # the first was tried and rejected
+    assert accepted_along([5, 6, 7], outcome(2, [5, 9, 4])) == (1, 2)  # the head's branch was accepted past 5
+    assert accepted_along([5, 6], outcome(4, [5, 6, 1, 2, 3])) == (2, 2)  # past the graft: nothing more to try
+    # end of text at the grafted 6: the engine cuts `committed` there though the target accepted more
+    assert accepted_along([5, 6, 7, 8], outcome(4, [5, 6])) == (2, 3)
 
 
 def test_eagle_build_stages_describe_the_tree():

@@ -73,7 +73,7 @@ class EagleDrafter(Drafter):
         self.depth_cost = DraftTiming(cold=1)  # one more depth; the run's first expansion is cold, not counted
         self.lookup = lookup
         self.lookup_hits, self.lookup_tries = 1, 2  # grafted tokens accepted / tried, from a Beta(1, 1) prior
-        self.grafted: list[int] = []  # this step's grafted tokens that made it into the tree (a path from the root)
+        self.grafted: list[int] = []  # this step's grafted tokens that the budget kept (a path from the root)
 
     def options(self) -> dict:
         return {"depth": self.shape.depth, "top_k": self.shape.top_k, "total_tokens": self.shape.total_tokens,
@@ -88,12 +88,10 @@ class EagleDrafter(Drafter):
     def observe(self, outcome: Outcome) -> None:
         # The root and each accepted node now have true features; pair them with the tokens that follow them.
         self.pending = (outcome.features, outcome.committed)
-        if self.grafted:  # the grafted path was followed for `hits` tokens; each token whose parent was reached was tried
-            hits = 0
-            while hits < min(outcome.accepted, len(self.grafted)) and outcome.committed[hits] == self.grafted[hits]:
-                hits += 1
+        if self.grafted:
+            hits, tries = accepted_along(self.grafted, outcome)
             self.lookup_hits += hits
-            self.lookup_tries += min(len(self.grafted), hits + 1)
+            self.lookup_tries += tries
 
     @torch.inference_mode()
     def _catch_up(self) -> None:
@@ -142,9 +140,11 @@ class EagleDrafter(Drafter):
 
     def _graft_lookup(self, ids: torch.Tensor, depth: int, candidates: list[Candidate]) -> list[Candidate]:
         """Prompt lookup's continuation of the context as one more branch of the tree. Where it agrees with the
-        head's candidates it reuses them (raising their score), elsewhere it adds nodes. A grafted token at depth d
-        scores r^d, r the share of grafted tokens accepted so far in this run, so the auto budget weighs it against
-        the head's nodes. Grafted nodes are point masses, like every node of this tree."""
+        head's candidates it reuses them (their score becomes the larger of the two), elsewhere it adds nodes. A
+        grafted token at depth d scores r^d, r the share of grafted tokens accepted so far in this run (of those the
+        budget kept and whose parent was accepted), and the auto budget weighs it against the head's nodes. Grafted
+        nodes are point masses, like every node of this tree.
+        Lookup: the last 3 (else 2) tokens found earlier in the context; a 1-token match is too weak a signal."""
         rate = self.lookup_hits / self.lookup_tries
         path, parent, log_score = [], ROOT, 0.0
         for d, token in enumerate(lookup(ids, min(self.lookup, depth), max_ngram=3, min_ngram=2), 1):
@@ -248,6 +248,17 @@ class EagleDrafter(Drafter):
             "candidates": [_described(c) for c in frontier],
             "kept": [c.cid for c in kept],
         }
+
+
+def accepted_along(path: list[int], outcome: Outcome) -> tuple[int, int]:
+    """(accepted, tried) tokens of a drafted path from the root this step: the accepted path followed it for as
+    many tokens as it agrees with it, and each of its tokens whose parent was accepted was tried. `committed` may
+    be shorter than the accepted path (cut at end of text), so it bounds the count too."""
+    n = min(outcome.accepted, len(path), len(outcome.committed))
+    hits = 0
+    while hits < n and outcome.committed[hits] == path[hits]:
+        hits += 1
+    return hits, min(len(path), hits + 1)
 
 
 def _described(c: Candidate) -> dict:

@@ -291,10 +291,12 @@ def build_stage_figure(step: dict, stage_index: int) -> go.Figure:
         title = (f"expand depth {current['depth']}: {len(current['candidates'])} candidates, "
                  f"the {len(kept_now)} best by path score are expanded next")
     elif current["stage"] == "lookup":
-        title = (f"prompt lookup: {len(current['candidates'])} tokens grafted on, each scored "
-                 f"{current['rate']:.2f} per depth (the share of grafted tokens accepted so far)")
+        title = (f"prompt lookup: {len(current.get('candidates', []))} tokens grafted on, scored "
+                 f"{fmt(current.get('rate'), 2)} per depth (the share of grafted tokens accepted so far)")
+    elif current["stage"] == "rerank":
+        title = f"rerank: the best {current.get('total_tokens')} candidates of the whole tree by path score become the draft"
     else:
-        title = f"rerank: the best {current['total_tokens']} candidates of the whole tree by path score become the draft"
+        title = str(current["stage"])
     return _tree_figure(items, title)
 
 

@@ -11,7 +11,7 @@ import streamlit as st
 
 from specviz import events as ev
 from specviz import models as m
-from specviz.drafters import available
+from specviz.drafters import available, parse_spec
 from specviz.errors import SpecvizError
 from specviz.ui.runner import SharedModels
 
@@ -48,8 +48,9 @@ class Settings:
         values = {**asdict(self), **overrides}
         kwargs = {name: values[name] for name in ("drafter", "temperature", "top_p", "top_k", "k", "seed", "max_new_tokens")}
         tree = values["tree"]
-        if tree and kwargs["drafter"] == "eagle2":
-            kwargs["drafter_options"] = dict(tree)
+        name, spec_options = parse_spec(kwargs["drafter"])
+        if tree and name == "eagle2":  # the sidebar's tree, also for variants such as eagle2:lookup=4 (theirs win)
+            kwargs["drafter_options"] = {**dict(tree), **spec_options}
         return kwargs
 
 
