@@ -198,7 +198,7 @@ def test_adaptive_draft_length_does_not_count_the_prompt_as_a_draft_step(target,
         forward.forward([prompt[t]], cache)
         times.append(time.perf_counter() - started)
     one_token = sorted(times)[2]
-    drafter = DraftModelDrafter(target, k=4, adaptive=True, verify_cost=lambda n: 2 * one_token)  # drafting pays
+    drafter = DraftModelDrafter(target, k=4, adaptive=True, verify_cost=lambda n: 4 * one_token)  # drafting pays, with margin for a noisy machine
     events = list(engine.decode(target, tok, drafter, prompt, engine.RunSettings(40)))
     drafted = [len(e.nodes) for e in events[1:-2]]
     assert sum(n >= 1 for n in drafted) >= 0.8 * len(drafted), drafted  # (a little slack for a noisy machine)
