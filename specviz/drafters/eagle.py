@@ -134,7 +134,7 @@ class EagleDrafter(Drafter):
             self.depth_cost.add(time.perf_counter() - started)
         grafted = self._graft_lookup(request.ids, depth, candidates) if self.lookup else []
         if grafted:
-            build.append({"stage": "lookup", "rate": self.lookup_hits / self.lookup_tries,
+            build.append({"stage": "lookup", "rate": self.lookup_rate,
                           "candidates": [_described(c) for c in grafted], "kept": [c.cid for c in grafted]})
         return self._rerank(candidates, build, grafted)
 
@@ -145,7 +145,7 @@ class EagleDrafter(Drafter):
         budget kept and whose parent was accepted), and the auto budget weighs it against the head's nodes. Grafted
         nodes are point masses, like every node of this tree.
         Lookup: the last 3 (else 2) tokens found earlier in the context; a 1-token match is too weak a signal."""
-        rate = self.lookup_hits / self.lookup_tries
+        rate = self.lookup_rate
         path, parent, log_score = [], ROOT, 0.0
         for d, token in enumerate(lookup(ids, min(self.lookup, depth), max_ngram=3, min_ngram=2), 1):
             log_score += math.log(rate)
@@ -217,6 +217,11 @@ class EagleDrafter(Drafter):
     def _hidden_of(self, c: Candidate, candidates: list[Candidate]) -> torch.Tensor:
         """The feature that precedes candidate c: the head's prediction at its parent (or at the root)."""
         return self.last if c.parent == ROOT else candidates[c.parent].hidden
+
+    @property
+    def lookup_rate(self) -> float:
+        """The share of grafted tokens accepted so far in this run (with its Beta(1, 1) prior)."""
+        return self.lookup_hits / self.lookup_tries
 
     def _rerank(self, candidates: list[Candidate], build: list[dict], grafted: list[Candidate] = ()) -> DraftTree:
         ranked = sorted(candidates, key=lambda c: (-c.log_score, c.depth))
