@@ -198,11 +198,7 @@ def show(report: dict) -> None:
         c2.plotly_chart(predicted_figure(report), key="bench_predicted")
     if any(d["per_position_acceptance"] for d in report["drafters"].values()):
         st.plotly_chart(acceptance_figure(report), key="bench_acceptance")
-    floor = report["floor"]
-    st.markdown(f"**Weight-streaming floor.** A plain decoding step reads every weight once: "
-                f"{floor['weight_bytes'] / 1e6:,.1f} MB ÷ {floor['bandwidth_gb_s']:.1f} GB/s (measured in the run) = "
-                f"{floor['floor_ms_per_token']:.1f} ms per token at best; `none` took "
-                f"{floor['none_ms_per_token']:.1f} ms per token.")
+    st.markdown("**Weight-streaming floor.** A plain decoding step reads every weight once: " + bench.floor_sentence(report["floor"]))
     with st.expander("The whole report as Markdown (what `--md-out` writes)"):
         st.markdown(bench.to_markdown(report))
     st.download_button("Download the report (JSON)", json.dumps(report, indent=1), "bench.json", "application/json",

@@ -254,19 +254,32 @@ def run_peer(models, name: str, arguments: dict, prompt: Prompt, prompt_ids: lis
 # --------------------------------------------------------------------------------- costs of the machine
 
 
+class BandwidthProbe:
+    """Memory bandwidth measured whenever asked, on two `megabytes` MB buffers kept for the whole bench (allocated
+    and written once, so no timing pays for page faults). A copy reads and writes every byte, so bandwidth =
+    2 × size / median time of `repeats` copies after a warm-up one. On a shared machine the figure moves with
+    the other tenants, so the bench measures it right before every `none` run and sets each prompt's floor by it."""
+
+    def __init__(self, device: torch.device, megabytes: int = 256, repeats: int = 5):
+        self.device, self.repeats = device, repeats
+        n = megabytes * 1_000_000 // 4  # float32 elements
+        self.source = torch.ones(n, dtype=torch.float32, device=device)
+        self.destination = torch.zeros_like(self.source)
+
+    def measure(self) -> float:
+        times = []
+        for _ in range(self.repeats + 1):  # the first is a warm-up
+            synchronize(self.device)
+            started = time.perf_counter()
+            self.destination.copy_(self.source)
+            synchronize(self.device)
+            times.append(time.perf_counter() - started)
+        return 2 * self.source.numel() * 4 / statistics.median(times[1:]) / 1e9
+
+
 def memory_bandwidth_gb_s(device: torch.device, megabytes: int = 256, repeats: int = 5) -> float:
-    """Copy a `megabytes` MB tensor; a copy reads and writes every byte, so bandwidth = 2 × size / median time."""
-    n = megabytes * 1_000_000 // 4  # float32 elements
-    source = torch.ones(n, dtype=torch.float32, device=device)
-    destination = torch.zeros_like(source)  # written once so the timed copies do not pay for page faults
-    times = []
-    for _ in range(repeats + 1):  # the first is a warm-up
-        synchronize(device)
-        started = time.perf_counter()
-        destination.copy_(source)
-        synchronize(device)
-        times.append(time.perf_counter() - started)
-    return 2 * n * 4 / statistics.median(times[1:]) / 1e9
+    """One BandwidthProbe measurement, in GB/s."""
+    return BandwidthProbe(device, megabytes, repeats).measure()
 
 
 def streamed_weight_bytes(model) -> int:
@@ -335,13 +348,16 @@ def run_bench(models, prompts: list[Prompt], settings: BenchSettings | None = No
             decode(method, prompts[0], encoded[0], short, short_peers, 0)
             tick(f"warm-up {method}")
     runs: list[Run] = []
+    probe = BandwidthProbe(models.target.device, settings.bandwidth_mb, settings.bandwidth_repeats)
+    bandwidth: dict[str, list[float]] = {}  # GB/s measured right before each `none` run, by prompt
     for i, (prompt, ids) in enumerate(zip(prompts, encoded)):
         for r in range(settings.repeats):
             for method in method_order(methods, i * settings.repeats + r):
+                if method == "none":
+                    bandwidth.setdefault(prompt.id, []).append(probe.measure())
                 runs.append(decode(method, prompt, ids, settings, peers, r))
                 tick(f"{prompt.id} · {method}")
-
-    bandwidth = memory_bandwidth_gb_s(models.target.device, settings.bandwidth_mb, settings.bandwidth_repeats)
+    del probe
     costs = {"chain": {}, "tree": {}}
     if settings.verify_sizes:
         costs = verify_costs(models.target, settings.verify_sizes, settings.context_len, settings.cost_repeats,
@@ -518,7 +534,37 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def floor_report(weight_bytes: int, bandwidth: dict[str, list[float]], none: MethodRuns) -> dict:
+    """The weight-streaming floor (weight bytes ÷ bandwidth) against `none`'s time per token. Each prompt's floor
+    uses the bandwidth measured right before its `none` runs (median over repeats), so a tenant who slows the
+    machine down for a while moves both sides of that prompt's ratio; the headline share is the median of the
+    per-prompt shares, beside the one from the run's totals and the median bandwidth."""
+    samples = [gb_s for per_prompt in bandwidth.values() for gb_s in per_prompt]
+    median_bandwidth = statistics.median(samples)
+    floor_ms = 1e3 * weight_bytes / (median_bandwidth * 1e9)
+    none_ms = speed(none)["ms_per_token"]
+    shares = []
+    for prompt, gb_s in bandwidth.items():
+        tokens = len(none.first(prompt).token_ids)
+        if tokens:
+            prompt_floor_ms = 1e3 * weight_bytes / (statistics.median(gb_s) * 1e9)
+            shares.append(prompt_floor_ms / (1e3 * none.wall_s(prompt) / tokens))
+    return {
+        "weight_bytes": weight_bytes,
+        "bandwidth_gb_s": median_bandwidth,
+        "bandwidth_gb_s_range": [min(samples), max(samples)],
+        "bandwidth_samples": len(samples),
+        "floor_ms_per_token": floor_ms,
+        "floor_tokens_per_s": 1e3 / floor_ms,
+        "none_ms_per_token": none_ms,
+        "none_share_of_floor": statistics.median(shares) if shares else None,
+        "none_share_of_floor_per_prompt": summary(shares),
+        "none_share_of_floor_totals": floor_ms / none_ms if none_ms else None,
+    }
+
+
 def build_report(models, prompts, encoded, settings, drafters, peers, runs, chain_curve, tree_curve, bandwidth, command) -> dict:
+    """bandwidth: {prompt id: [GB/s measured before each of its `none` runs]}."""
     greedy = settings.sampling().greedy
     grouped = {m: MethodRuns([r for r in runs if r.method == m]) for m in drafters + peers}
     none = grouped["none"]
@@ -528,13 +574,11 @@ def build_report(models, prompts, encoded, settings, drafters, peers, runs, chai
                     for a, b in HEAD_TO_HEAD if a in grouped and b in grouped]
     bad = sorted({m["prompt"] for d in drafter_reports.values() for m in d["mismatches"]})
 
-    weight_bytes = streamed_weight_bytes(models.target)
-    floor_ms = 1e3 * weight_bytes / (bandwidth * 1e9)
-    none_ms = drafter_reports["none"]["ms_per_token"]
+    floor = floor_report(streamed_weight_bytes(models.target), bandwidth, none)
     dtype = next(models.target.parameters()).dtype
     return {
         "schema_version": SCHEMA_VERSION,
-        "machine": {**machine_info(models.target.device, dtype, bandwidth, fastlinear.is_packed(models.target),
+        "machine": {**machine_info(models.target.device, dtype, floor["bandwidth_gb_s"], fastlinear.is_packed(models.target),
                                    target_forward(models.target)),
                     "draft_dtypes": draft_dtypes(models)},
         "config": {
@@ -572,16 +616,8 @@ def build_report(models, prompts, encoded, settings, drafters, peers, runs, chai
         "tree_verify_cost_ms": tree_curve,
         "predicted_speedup": {name: predicted_speedup(d, chain_curve, tree_curve) for name, d in drafter_reports.items()}
         if chain_curve else {},
-        "floor_ms_per_token": floor_ms,
-        "floor": {
-            "weight_bytes": weight_bytes,
-            "bandwidth_gb_s": bandwidth,
-            "floor_ms_per_token": floor_ms,
-            "floor_tokens_per_s": 1e3 / floor_ms,
-            "none_ms_per_token": none_ms,
-            "forward_1_ms": chain_curve.get("1"),
-            "none_share_of_floor": floor_ms / none_ms if none_ms else None,
-        },
+        "floor_ms_per_token": floor["floor_ms_per_token"],
+        "floor": {**floor, "forward_1_ms": chain_curve.get("1")},
         "runs": [{"prompt": r.prompt, "method": r.method, "repeat": r.repeat, "new_tokens": len(r.token_ids),
                   "wall_s": r.wall_s, "tokens_per_s": r.tokens_per_s} for r in runs],
     }
@@ -728,7 +764,12 @@ BENCH_SCHEMA = {
             "required": ["weight_bytes", "bandwidth_gb_s", "floor_ms_per_token", "floor_tokens_per_s", "none_ms_per_token"],
             "properties": {"weight_bytes": {"type": "integer"}, "bandwidth_gb_s": _NUMBER, "floor_ms_per_token": _NUMBER,
                            "floor_tokens_per_s": _NUMBER, "none_ms_per_token": _NULLABLE_NUMBER,
-                           "forward_1_ms": _NULLABLE_NUMBER, "none_share_of_floor": _NULLABLE_NUMBER},
+                           "forward_1_ms": _NULLABLE_NUMBER, "none_share_of_floor": _NULLABLE_NUMBER,
+                           # since 2026-12-01 (older reports have one bandwidth figure for the whole run)
+                           "bandwidth_gb_s_range": {"type": "array", "items": _NUMBER, "minItems": 2, "maxItems": 2},
+                           "bandwidth_samples": {"type": "integer", "minimum": 1},
+                           "none_share_of_floor_per_prompt": _SUMMARY,
+                           "none_share_of_floor_totals": _NULLABLE_NUMBER},
         },
         "runs": {
             "type": "array",
@@ -785,6 +826,28 @@ def _spread(s: dict | None) -> str:
 
 def _match(value) -> str:
     return {True: "yes", False: "**NO**", None: "not checked (T > 0)"}[value]
+
+
+def floor_sentence(fl: dict) -> str:
+    """The floor paragraph of the Markdown report and the Benchmarks page (older reports lack the per-prompt part)."""
+    if fl.get("bandwidth_gb_s_range"):
+        low, high = fl["bandwidth_gb_s_range"]
+        measured = (f"{fl['bandwidth_gb_s']:.1f} GB/s (median of {fl['bandwidth_samples']} copy measurements, one right "
+                    f"before each `none` run; {low:.1f}–{high:.1f})")
+    else:
+        measured = f"{fl['bandwidth_gb_s']:.1f} GB/s (copy, measured once in the run)"
+    text = (f"{fl['weight_bytes'] / 1e6:,.1f} MB of target weights read per step ÷ {measured} = "
+            f"**{fl['floor_ms_per_token']:.1f} ms per token** ({fl['floor_tokens_per_s']:.1f} tokens/s) at best for "
+            f"autoregressive decoding. Measured: `none` {_f(fl['none_ms_per_token'], '.1f')} ms per token; ")
+    per_prompt = fl.get("none_share_of_floor_per_prompt")
+    if per_prompt:
+        text += (f"per prompt, against the bandwidth measured just before it, `none` reaches **{100 * per_prompt['median']:.0f} %** "
+                 f"of the floor's tokens/s (median; {100 * per_prompt['min']:.0f}–{100 * per_prompt['max']:.0f} %), "
+                 f"{_f(None if fl.get('none_share_of_floor_totals') is None else 100 * fl['none_share_of_floor_totals'], '.0f', ' %')} "
+                 f"from the totals and the median bandwidth")
+    else:
+        text += f"{_f(None if fl['none_share_of_floor'] is None else 100 * fl['none_share_of_floor'], '.0f', ' %')} of the floor's tokens/s"
+    return text + f"; one target forward over 1 token: {_f(fl.get('forward_1_ms'), '.1f')} ms."
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -856,13 +919,7 @@ def to_markdown(report: dict) -> str:
                           _f(p["verify_ms_per_step_curve"], ".1f"), _f(p["verify_ms_per_step_measured"], ".1f"),
                           _f(p["other_ms_per_step"], ".1f"), _f(p["predicted"], ".2f", "×"), _f(p["measured"], ".2f", "×")]
                          for n, p in report["predicted_speedup"].items()])
-    fl = report["floor"]
-    lines += ["", "## Weight-streaming floor", "",
-              f"{fl['weight_bytes'] / 1e6:,.1f} MB of target weights read per step ÷ {fl['bandwidth_gb_s']:.1f} GB/s = "
-              f"**{fl['floor_ms_per_token']:.1f} ms per token** ({fl['floor_tokens_per_s']:.1f} tokens/s) at best for "
-              f"autoregressive decoding. Measured: `none` {_f(fl['none_ms_per_token'], '.1f')} ms per token"
-              f" ({_f(None if fl['none_share_of_floor'] is None else 100 * fl['none_share_of_floor'], '.0f', ' %')} of the floor's tokens/s); "
-              f"one target forward over 1 token: {_f(fl.get('forward_1_ms'), '.1f')} ms."]
+    lines += ["", "## Weight-streaming floor", "", floor_sentence(report["floor"])]
     bad = [(n, x) for n, d in report["drafters"].items() for x in d["mismatches"]]
     bad += [(n, x) for n, p in report["peers"].items() for x in p["mismatches"]]
     if bad:

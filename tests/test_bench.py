@@ -92,6 +92,7 @@ def test_cli_on_a_tiny_model_writes_a_report_that_validates(tmp_path, prompts_fi
     assert all(p["outputs_match_generate"] for p in report["peers"].values())  # the peers got our settings
     assert list(report["verify_cost_ms"]) == ["1", "2", "4"] and list(report["tree_verify_cost_ms"]) == ["1", "2", "4"]
     assert report["floor"]["weight_bytes"] > 0 and report["floor_ms_per_token"] > 0
+    assert report["floor"]["bandwidth_samples"] == 2  # one right before each `none` run
     assert len(report["runs"]) == 2 * 9  # two prompts × (5 drafters + 1 variant + 3 peers)
     markdown = (tmp_path / "b.md").read_text()
     assert markdown.startswith("# specviz bench") and "python -m specviz bench --prompts" in markdown
@@ -104,7 +105,24 @@ def test_sampling_and_repeats_validate_and_skip_the_identity_check(tiny, prompts
     bench.validate(report)
     assert report["outputs_match_none"] is None and report["drafters"]["ngram"]["outputs_match_none"] is None
     assert len(report["runs"]) == 2 * 2 * 5
+    assert report["floor"]["bandwidth_samples"] == 4 and report["floor"]["none_share_of_floor_per_prompt"]["n"] == 2
     assert tiny.draft.generation_config.num_assistant_tokens is None  # the shared draft was not mutated
+
+
+def test_each_prompt_is_held_to_the_floor_of_the_bandwidth_measured_beside_it():
+    """A tenant halves the bandwidth during prompt b and `none` slows down with it: per prompt, `none` is at 50 %
+    of its floor both times, while the run's totals against the median bandwidth would say otherwise."""
+    runs = bench.MethodRuns([bench.Run("none", "a", 0, [1] * 100, 1.0), bench.Run("none", "b", 0, [1] * 100, 2.0),
+                             bench.Run("none", "b", 1, [1] * 100, 2.0)])
+    weight_bytes = 10**8  # 100 MB: 5 ms at 20 GB/s, 10 ms at 10 GB/s
+    floor = bench.floor_report(weight_bytes, {"a": [20.0], "b": [10.0, 10.0]}, runs)
+    assert floor["none_share_of_floor_per_prompt"] == {"median": pytest.approx(0.5), "min": pytest.approx(0.5),
+                                                       "max": pytest.approx(0.5), "n": 2}
+    assert floor["none_share_of_floor"] == pytest.approx(0.5)
+    assert floor["bandwidth_gb_s"] == 10.0 and floor["bandwidth_gb_s_range"] == [10.0, 20.0]
+    assert floor["none_ms_per_token"] == pytest.approx(15.0)  # 3 s of `none` over 200 tokens (medians per prompt)
+    assert floor["none_share_of_floor_totals"] == pytest.approx(10.0 / 15.0)
+    assert "50 %" in bench.floor_sentence({**floor, "forward_1_ms": None})
 
 
 class ConstantDrafter(Drafter):
