@@ -554,6 +554,7 @@ def floor_report(weight_bytes: int, bandwidth: dict[str, list[float]], none: Met
         "bandwidth_gb_s": median_bandwidth,
         "bandwidth_gb_s_range": [min(samples), max(samples)],
         "bandwidth_samples": len(samples),
+        "bandwidth_by_prompt": bandwidth,
         "floor_ms_per_token": floor_ms,
         "floor_tokens_per_s": 1e3 / floor_ms,
         "none_ms_per_token": none_ms,
@@ -768,6 +769,7 @@ BENCH_SCHEMA = {
                            # since 2026-12-01 (older reports have one bandwidth figure for the whole run)
                            "bandwidth_gb_s_range": {"type": "array", "items": _NUMBER, "minItems": 2, "maxItems": 2},
                            "bandwidth_samples": {"type": "integer", "minimum": 1},
+                           "bandwidth_by_prompt": {"type": "object", "additionalProperties": {"type": "array", "items": _NUMBER}},
                            "none_share_of_floor_per_prompt": _SUMMARY,
                            "none_share_of_floor_totals": _NULLABLE_NUMBER},
         },
