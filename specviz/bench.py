@@ -99,7 +99,7 @@ def load_prompts(path: str | os.PathLike | None = None, limit: int | None = None
     """JSONL rows with `turns` (the first turn is used) or `instruction`; the built-in set when path is None."""
     path = Path(path) if path else PROMPTS_FILE
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = path.read_text(encoding="utf-8").split("\n")  # JSONL: not splitlines(), which also splits inside strings at U+2028 and the like
     except OSError as err:
         raise SpecvizError(f"cannot read the prompts file {path}: {err}") from err
     prompts = []

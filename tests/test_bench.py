@@ -70,6 +70,13 @@ def test_prompts_use_the_first_turn_or_the_instruction(prompts_file):
     assert 12 <= len(builtin) <= 20 and len({p.id for p in builtin}) == len(builtin)
 
 
+def test_a_line_separator_inside_a_prompt_is_part_of_the_prompt(tmp_path):
+    """U+2028 is valid inside a JSON string (the training instructions have some); JSONL rows end at \\n only."""
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps({"instruction": "one\u2028two"}, ensure_ascii=False) + "\n", encoding="utf-8")
+    assert [p.text for p in bench.load_prompts(path)] == ["one\u2028two"]
+
+
 def test_a_bad_prompts_file_is_a_clear_error(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"turns": []}\n')
