@@ -9,7 +9,7 @@ from specviz import engine, events
 from specviz.drafters import make_drafter
 from specviz.drafters.base import NoDraft
 from specviz.drafters.draft_model import DraftModelDrafter
-from specviz.drafters.ngram import NgramDrafter, lookup
+from specviz.drafters.ngram import NgramDrafter, lookup, lookup_match
 from specviz.errors import SpecvizError
 from specviz.sampling import Sampling
 from tiny import EOS, TinyTokenizer, hf_greedy, tiny_llama
@@ -110,6 +110,8 @@ def test_ngram_lookup_proposes_the_continuation_of_the_latest_match():
     ids = torch.tensor([1, 2, 3, 9, 9, 1, 2, 3, 4, 5, 1, 2])
     assert lookup(ids, 3, max_ngram=3, min_ngram=1) == [3, 4, 5]
     assert lookup(torch.tensor([7, 8]), 3, 3, 1) == []
+    assert lookup_match(ids, 2, max_ngram=3, min_ngram=2) == (2, [3, 4])  # the suffix (1, 2) matched, not 3 tokens
+    assert lookup_match(ids, 0, 3, 2) == (0, [])
 
 
 def test_api_accepts_loaded_models(target, tok):

@@ -29,8 +29,24 @@ class NgramDrafter(Drafter):
 
 def lookup(ids: torch.Tensor, k: int, max_ngram: int, min_ngram: int) -> list[int]:
     """Continuation (up to k tokens) of the most recent earlier occurrence of the longest matching suffix."""
+    return lookup_match(ids, k, max_ngram, min_ngram)[1]
+
+
+def lookup_match(ids: torch.Tensor, k: int, max_ngram: int, min_ngram: int) -> tuple[int, list[int]]:
+    """(n, continuation): the length n of the longest suffix of `ids` found earlier in them (max_ngram down to
+    min_ngram) and up to k tokens that followed its most recent earlier occurrence; (0, []) when none is found."""
     if k <= 0:
-        return []
+        return 0, []
+    length = ids.shape[0]
+    for n in range(max_ngram, min_ngram - 1, -1):
+        if length <= n:
+            continue
+        windows = ids[:-1].unfold(0, n, 1)  # (L - n, n): every earlier n-gram that has a continuation
+        starts = (windows == ids[-n:]).all(dim=1).nonzero().flatten()
+        if starts.numel():
+            start = int(starts[-1]) + n
+            return n, ids[start : start + k].tolist()
+    return 0, []
     length = ids.shape[0]
     for n in range(max_ngram, min_ngram - 1, -1):
         if length <= n:
