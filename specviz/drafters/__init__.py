@@ -154,12 +154,10 @@ def make_drafter(name: str, models, k: int = 4, options: dict | None = None) -> 
         graft = options.pop("lookup", 0)
         if graft < 0:
             raise SpecvizError(f"eagle2 option lookup must be >= 0 (tokens of prompt lookup to graft), got {graft}")
-        rates = options.pop("lookup_rates", "split")
         if options:
             raise SpecvizError(f"unknown eagle2 options: {', '.join(options)}")
         cost = interpolate(forward_latency(models.target)) if shape.total_tokens == "auto" else None
-        return EagleDrafter(heads, models.target, shape, draft_vocab=vocab, verify_cost=cost, lookup=graft,
-                            lookup_rates=rates)
+        return EagleDrafter(heads, models.target, shape, draft_vocab=vocab, verify_cost=cost, lookup=graft)
     raise SpecvizError(f"unknown drafter '{name}'; choose one of: {', '.join(DRAFTERS)}")
 
 

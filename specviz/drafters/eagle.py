@@ -15,9 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from specviz import fastdecoder
-from specviz.errors import SpecvizError
 from specviz.drafters.base import Drafter, DraftRequest, DraftTiming, Outcome
-from specviz.drafters.ngram import lookup_match
+from specviz.drafters.ngram import lookup
 from specviz.fastlinear import rows_projection
 from specviz.kvcache import crop_cache, new_cache
 from specviz.tree import ROOT, DraftTree
@@ -47,51 +46,15 @@ class Candidate:
     hidden: torch.Tensor | None = None  # (H,) the head's prediction at this node once expanded
 
 
-class LookupRates:
-    """The chance that a grafted lookup token is accepted given that its parent was, learned in the run from the
-    grafted tokens the budget kept, each rate from a Beta(1, 1) prior (1 hit in 2 tries).
-
-    split (the default): one rate per (match length, first grafted token or a later one). A 3-token match
-    predicts better than a 2-token one, and once a continuation's first token is right the copy usually goes on:
-    on the target's greedy answers to 24 training instructions (`scripts/lookup_depth.py`,
-    results/lookup-depth.txt) the first token of a 3-token match was right 0.73 of the time and each later one
-    0.79–0.95 given the ones before (rising with depth), against 0.50 and 0.59–0.89 after a 2-token match. One
-    rate for all prices the later tokens of a good copy too low and a 2-token match's first token too high.
-    split=False: that single rate (the first version; kept to measure the two side by side)."""
-
-    def __init__(self, split: bool = True):
-        self.split = split
-        self.counts: dict = {}  # key -> [accepted, tried], prior included
-
-    def _key(self, match: int, depth: int):
-        return (match, depth == 1) if self.split else None
-
-    def rate(self, match: int, depth: int) -> float:
-        accepted, tried = self.counts.get(self._key(match, depth), (1, 2))
-        return accepted / tried
-
-    def observe(self, match: int, accepted: int, tried: int) -> None:
-        """A grafted path whose first `tried` tokens were tested and whose first `accepted` of those passed."""
-        for depth in range(1, tried + 1):
-            tally = self.counts.setdefault(self._key(match, depth), [1, 2])
-            tally[0] += depth <= accepted
-            tally[1] += 1
-
-    def tried(self) -> int:
-        """Grafted tokens tested so far in the run."""
-        return sum(tried - 2 for _, tried in self.counts.values())
-
-
 class EagleDrafter(Drafter):
     name = "eagle2"
     needs_features = True
 
     def __init__(self, head, target, shape: TreeShape = TreeShape(), draft_vocab: torch.Tensor | None = None,
-                 verify_cost=None, lookup: int = 0, lookup_rates: str = "split"):
+                 verify_cost=None, lookup: int = 0):
         """head: specviz.heads.EagleHead; target: the target model (its embedding and LM head are reused).
         draft_vocab: (Vd,) token ids the head may propose (None = all). verify_cost: n -> seconds, for "auto".
-        lookup: graft up to this many tokens of prompt lookup (n-gram) onto the tree (0: none); see _graft_lookup.
-        lookup_rates: "split" or "single", how grafted tokens are scored (LookupRates)."""
+        lookup: graft up to this many tokens of prompt lookup (n-gram) onto the tree (0: none); see _graft_lookup."""
         self.head = head
         self.embed = target.get_input_embeddings()
         lm_head = target.get_output_embeddings().weight  # (V, H)
@@ -109,17 +72,13 @@ class EagleDrafter(Drafter):
         self.last = None  # (H,) head output of the last committed entry: it predicts the root's successor
         self.depth_cost = DraftTiming(cold=1)  # one more depth; the run's first expansion is cold, not counted
         self.lookup = lookup
-        if lookup_rates not in ("split", "single"):
-            raise SpecvizError(f"eagle2 option lookup_rates must be split or single, got {lookup_rates!r}")
-        self.lookup_rates = LookupRates(split=lookup_rates == "split")
+        self.lookup_hits, self.lookup_tries = 1, 2  # grafted tokens accepted / tried, from a Beta(1, 1) prior
         self.grafted: list[int] = []  # this step's grafted tokens that the budget kept (a path from the root)
-        self.graft_match = 0  # the length of the match that proposed them
 
     def options(self) -> dict:
         return {"depth": self.shape.depth, "top_k": self.shape.top_k, "total_tokens": self.shape.total_tokens,
                 "early_stop": self.shape.early_stop and self.verify_cost is not None,
-                "draft_vocab": None if self.vocab is None else int(self.vocab.numel()), "lookup": self.lookup,
-                **({"lookup_rates": "split" if self.lookup_rates.split else "single"} if self.lookup else {})}
+                "draft_vocab": None if self.vocab is None else int(self.vocab.numel()), "lookup": self.lookup}
 
     # ---- per-run state: the head's cache follows the committed sequence --------------------------------------
     def start(self, prompt_ids: torch.Tensor, features: torch.Tensor | None) -> None:
@@ -130,7 +89,9 @@ class EagleDrafter(Drafter):
         # The root and each accepted node now have true features; pair them with the tokens that follow them.
         self.pending = (outcome.features, outcome.committed)
         if self.grafted:
-            self.lookup_rates.observe(self.graft_match, *accepted_along(self.grafted, outcome))
+            hits, tries = accepted_along(self.grafted, outcome)
+            self.lookup_hits += hits
+            self.lookup_tries += tries
 
     @torch.inference_mode()
     def _catch_up(self) -> None:
@@ -171,25 +132,23 @@ class EagleDrafter(Drafter):
             hidden = self._expand(kept, candidates, entries)  # (k, H) predicted features of the kept nodes
             frontier = self._children(hidden, kept, candidates, shape.top_k)
             self.depth_cost.add(time.perf_counter() - started)
-        # the graft may reach deeper than the head grows its tree: a copy that starts right tends to go on
-        grafted = self._graft_lookup(request.ids, request.max_depth, candidates) if self.lookup else []
+        grafted = self._graft_lookup(request.ids, depth, candidates) if self.lookup else []
         if grafted:
-            rates = [self.lookup_rates.rate(self.graft_match, d) for d in range(1, len(grafted) + 1)]
-            build.append({"stage": "lookup", "match": self.graft_match, "rates": rates, "rate": rates[0],
+            build.append({"stage": "lookup", "rate": self.lookup_rate,
                           "candidates": [_described(c) for c in grafted], "kept": [c.cid for c in grafted]})
         return self._rerank(candidates, build, grafted)
 
     def _graft_lookup(self, ids: torch.Tensor, depth: int, candidates: list[Candidate]) -> list[Candidate]:
         """Prompt lookup's continuation of the context as one more branch of the tree. Where it agrees with the
         head's candidates it reuses them (their score becomes the larger of the two), elsewhere it adds nodes. A
-        grafted token at depth d scores r_1 · … · r_d, r_j the chance, learned in this run, that a grafted token at
-        depth j is accepted given its parent was (LookupRates), and the auto budget weighs it against the head's
-        nodes. Grafted nodes are point masses, like every node of this tree.
+        grafted token at depth d scores r^d, r the share of grafted tokens accepted so far in this run (of those the
+        budget kept and whose parent was accepted), and the auto budget weighs it against the head's nodes. Grafted
+        nodes are point masses, like every node of this tree.
         Lookup: the last 3 (else 2) tokens found earlier in the context; a 1-token match is too weak a signal."""
-        self.graft_match, proposal = lookup_match(ids, min(self.lookup, depth), max_ngram=3, min_ngram=2)
+        rate = self.lookup_rate
         path, parent, log_score = [], ROOT, 0.0
-        for d, token in enumerate(proposal, 1):
-            log_score += math.log(self.lookup_rates.rate(self.graft_match, d))
+        for d, token in enumerate(lookup(ids, min(self.lookup, depth), max_ngram=3, min_ngram=2), 1):
+            log_score += math.log(rate)
             node = next((c for c in candidates if c.parent == parent and c.depth == d and c.token == token), None)
             if node is None:
                 node = Candidate(len(candidates), parent, token, q=None, log_score=log_score, depth=d)
@@ -258,6 +217,11 @@ class EagleDrafter(Drafter):
     def _hidden_of(self, c: Candidate, candidates: list[Candidate]) -> torch.Tensor:
         """The feature that precedes candidate c: the head's prediction at its parent (or at the root)."""
         return self.last if c.parent == ROOT else candidates[c.parent].hidden
+
+    @property
+    def lookup_rate(self) -> float:
+        """The share of grafted tokens accepted so far in this run (with its Beta(1, 1) prior)."""
+        return self.lookup_hits / self.lookup_tries
 
     def _rerank(self, candidates: list[Candidate], build: list[dict], grafted: list[Candidate] = ()) -> DraftTree:
         ranked = sorted(candidates, key=lambda c: (-c.log_score, c.depth))

@@ -291,14 +291,8 @@ def build_stage_figure(step: dict, stage_index: int) -> go.Figure:
         title = (f"expand depth {current['depth']}: {len(current['candidates'])} candidates, "
                  f"the {len(kept_now)} best by path score are expanded next")
     elif current["stage"] == "lookup":
-        rates = current.get("rates")
-        if rates:  # per depth: the chance, learned in the run, that a grafted token passes when its parent did
-            title = (f"prompt lookup: {len(current.get('candidates', []))} tokens grafted on after a "
-                     f"{current.get('match')}-token match; each scores its parent's score × "
-                     f"{', '.join(fmt(r, 2) for r in rates)} by depth (acceptance learned in this run)")
-        else:  # a trace from the first version: one rate for every depth
-            title = (f"prompt lookup: {len(current.get('candidates', []))} tokens grafted on, scored "
-                     f"{fmt(current.get('rate'), 2)} per depth (the share of grafted tokens accepted so far)")
+        title = (f"prompt lookup: {len(current.get('candidates', []))} tokens grafted on, scored "
+                 f"{fmt(current.get('rate'), 2)} per depth (the share of grafted tokens accepted so far)")
     elif current["stage"] == "rerank":
         title = f"rerank: the best {current.get('total_tokens')} candidates of the whole tree by path score become the draft"
     else:
