@@ -156,6 +156,23 @@ def predicted_figure(report: dict) -> go.Figure:
     return fig
 
 
+def floor_figure(report: dict, points: list[dict]) -> go.Figure:
+    """`none`'s ms per token against the bandwidth measured right before it, with the floor it is held to."""
+    weight_bytes = report["floor"]["weight_bytes"]
+    fig = go.Figure()
+    fig.add_scatter(name="`none`, one prompt each", x=[p["bandwidth_gb_s"] for p in points],
+                    y=[p["none_ms_per_token"] for p in points], text=[p["prompt"] for p in points], mode="markers",
+                    hovertemplate="%{text}: %{x:.1f} GB/s, %{y:.1f} ms/token<extra></extra>")
+    low, high = min(p["bandwidth_gb_s"] for p in points), max(p["bandwidth_gb_s"] for p in points)
+    xs = [low + (high - low) * i / 20 for i in range(21)]
+    for share, label in ((1.0, "floor: weights ÷ bandwidth"), (0.5, "half the floor's tokens/s")):
+        fig.add_scatter(name=label, x=xs, y=[1e3 * weight_bytes / (x * 1e9) / share for x in xs], mode="lines",
+                        line_dash="dash" if share == 1.0 else "dot")
+    fig.update_layout(title="Does plain decoding follow the memory? `none` against the bandwidth measured just before it",
+                      xaxis_title="copy bandwidth (GB/s)", yaxis=dict(title="ms per token", rangemode="tozero"), height=420)
+    return fig
+
+
 # ------------------------------------------------------------------------------------------- report
 def rounded(value, digits: int = 2):
     return None if value is None else round(value, digits)
@@ -199,6 +216,11 @@ def show(report: dict) -> None:
     if any(d["per_position_acceptance"] for d in report["drafters"].values()):
         st.plotly_chart(acceptance_figure(report), key="bench_acceptance")
     st.markdown("**Weight-streaming floor.** A plain decoding step reads every weight once: " + bench.floor_sentence(report["floor"]))
+    points = bench.none_against_bandwidth(report)
+    if points:
+        st.plotly_chart(floor_figure(report, points), key="bench_floor")
+        st.caption("Where the points stay level while the bandwidth moves, something other than the memory (the "
+                   "matrix-product kernels, the rest of the forward) sets the speed of plain decoding.")
     with st.expander("The whole report as Markdown (what `--md-out` writes)"):
         st.markdown(bench.to_markdown(report))
     st.download_button("Download the report (JSON)", json.dumps(report, indent=1), "bench.json", "application/json",

@@ -628,14 +628,28 @@ def _model_path(model) -> str:
     return getattr(model.config, "_name_or_path", "") or "draft"
 
 
-def per_prompt_speedups(report: dict, baseline: str, methods) -> dict[str, dict[str, float]]:
-    """{method: {prompt: tokens/s over the baseline's}} from a report's runs, as the summaries compute them
-    (tokens of the first repeat over the median time of the repeats), for charts of the spread."""
+def per_prompt_rates(report: dict) -> dict[tuple[str, str], float]:
+    """{(method, prompt): tokens/s} from a report's runs, as the summaries compute them (tokens of the first
+    repeat over the median time of the repeats)."""
     rows: dict[tuple[str, str], list[dict]] = {}
     for run in report["runs"]:
         rows.setdefault((run["method"], run["prompt"]), []).append(run)
-    rate = {key: min(runs, key=lambda r: r["repeat"])["new_tokens"] / statistics.median(r["wall_s"] for r in runs)
+    return {key: min(runs, key=lambda r: r["repeat"])["new_tokens"] / statistics.median(r["wall_s"] for r in runs)
             for key, runs in rows.items()}
+
+
+def none_against_bandwidth(report: dict) -> list[dict]:
+    """Per prompt: the bandwidth measured right before its `none` runs (median) and `none`'s ms per token, for a
+    chart of whether plain decoding follows the memory; empty for reports made before per-run bandwidth."""
+    rate = per_prompt_rates(report)
+    return [{"prompt": prompt, "bandwidth_gb_s": statistics.median(gb_s), "none_ms_per_token": 1e3 / rate["none", prompt]}
+            for prompt, gb_s in (report["floor"].get("bandwidth_by_prompt") or {}).items()
+            if gb_s and rate.get(("none", prompt))]
+
+
+def per_prompt_speedups(report: dict, baseline: str, methods) -> dict[str, dict[str, float]]:
+    """{method: {prompt: tokens/s over the baseline's}} from a report's runs, for charts of the spread."""
+    rate = per_prompt_rates(report)
     return {m: {p: rate[m, p] / rate[baseline, p] for (name, p) in rate if name == m and (baseline, p) in rate}
             for m in methods}
 

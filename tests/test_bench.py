@@ -130,6 +130,12 @@ def test_each_prompt_is_held_to_the_floor_of_the_bandwidth_measured_beside_it():
     assert floor["none_ms_per_token"] == pytest.approx(15.0)  # 3 s of `none` over 200 tokens (medians per prompt)
     assert floor["none_share_of_floor_totals"] == pytest.approx(10.0 / 15.0)
     assert "50 %" in bench.floor_sentence({**floor, "forward_1_ms": None})
+    report = {"floor": floor, "runs": [{"method": r.method, "prompt": r.prompt, "repeat": r.repeat,
+                                        "new_tokens": len(r.token_ids), "wall_s": r.wall_s} for r in runs.runs]}
+    assert bench.none_against_bandwidth(report) == [
+        {"prompt": "a", "bandwidth_gb_s": 20.0, "none_ms_per_token": pytest.approx(10.0)},
+        {"prompt": "b", "bandwidth_gb_s": 10.0, "none_ms_per_token": pytest.approx(20.0)}]
+    assert bench.none_against_bandwidth({**report, "floor": {"bandwidth_gb_s": 10.0}}) == []  # an older report
 
 
 class ConstantDrafter(Drafter):
@@ -252,13 +258,18 @@ def test_the_benchmarks_page_runs_a_bench_and_shows_a_saved_report(tiny_model_di
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     assert not at.error, [e.value for e in at.error]
-    assert len(at.get("plotly_chart")) == 5  # rates, spread, verify cost, predicted, acceptance
+    assert len(at.get("plotly_chart")) == 6  # rates, spread, verify cost, predicted, acceptance, none vs bandwidth
     assert "python -m specviz bench --model" in at.code[0].value
+
+    at.radio(key="bench_source").set_value("a file on the server")  # a report made before per-run bandwidth
+    at.run()
+    at.text_input(key="bench_path").set_value(str(ROOT / "results" / "bench-smollm2-t0.json"))
+    at.run()
+    assert not at.exception and not at.error
+    assert len(at.get("plotly_chart")) == 5 and any("measured once in the run" in m.value for m in at.markdown)
 
     saved = tmp_path / "saved.json"
     saved.write_text('{"not": "a report"}')
-    at.radio(key="bench_source").set_value("a file on the server")
-    at.run()
     at.text_input(key="bench_path").set_value(str(saved))
     at.run()
     assert "is not a specviz bench report" in at.error[0].value
