@@ -47,13 +47,3 @@ def lookup_match(ids: torch.Tensor, k: int, max_ngram: int, min_ngram: int) -> t
             start = int(starts[-1]) + n
             return n, ids[start : start + k].tolist()
     return 0, []
-    length = ids.shape[0]
-    for n in range(max_ngram, min_ngram - 1, -1):
-        if length <= n:
-            continue
-        windows = ids[:-1].unfold(0, n, 1)  # (L - n, n): every earlier n-gram that has a continuation
-        starts = (windows == ids[-n:]).all(dim=1).nonzero().flatten()
-        if starts.numel():
-            start = int(starts[-1]) + n
-            return ids[start : start + k].tolist()
-    return []
