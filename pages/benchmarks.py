@@ -160,7 +160,7 @@ def floor_figure(report: dict, points: list[dict]) -> go.Figure:
     """`none`'s ms per token against the bandwidth measured right before it, with the floor it is held to."""
     weight_bytes = report["floor"]["weight_bytes"]
     fig = go.Figure()
-    fig.add_scatter(name="`none`, one prompt each", x=[p["bandwidth_gb_s"] for p in points],
+    fig.add_scatter(name="none, one prompt each", x=[p["bandwidth_gb_s"] for p in points],
                     y=[p["none_ms_per_token"] for p in points], text=[p["prompt"] for p in points], mode="markers",
                     hovertemplate="%{text}: %{x:.1f} GB/s, %{y:.1f} ms/token<extra></extra>")
     low, high = min(p["bandwidth_gb_s"] for p in points), max(p["bandwidth_gb_s"] for p in points)
@@ -168,7 +168,7 @@ def floor_figure(report: dict, points: list[dict]) -> go.Figure:
     for share, label in ((1.0, "floor: weights ÷ bandwidth"), (0.5, "half the floor's tokens/s")):
         fig.add_scatter(name=label, x=xs, y=[1e3 * weight_bytes / (x * 1e9) / share for x in xs], mode="lines",
                         line_dash="dash" if share == 1.0 else "dot")
-    fig.update_layout(title="Does plain decoding follow the memory? `none` against the bandwidth measured just before it",
+    fig.update_layout(title="Does plain decoding follow the memory? none against the bandwidth measured just before it",
                       xaxis_title="copy bandwidth (GB/s)", yaxis=dict(title="ms per token", rangemode="tozero"), height=420)
     return fig
 
