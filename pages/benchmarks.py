@@ -152,7 +152,7 @@ def predicted_figure(report: dict) -> go.Figure:
     fig.add_bar(name="predicted from τ and the cost curve", x=list(rows), y=[r["predicted"] for r in rows.values()])
     fig.add_bar(name="measured (median over prompts)", x=list(rows), y=[r["measured"] for r in rows.values()])
     fig.add_hline(y=1.0, line_dash="dot")
-    fig.update_layout(title="Speedup over `none`: predicted vs measured", yaxis_title="×", barmode="group", height=400)
+    fig.update_layout(title="Speedup over none: predicted vs measured", yaxis_title="×", barmode="group", height=400)
     return fig
 
 
