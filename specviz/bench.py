@@ -277,11 +277,6 @@ class BandwidthProbe:
         return 2 * self.source.numel() * 4 / statistics.median(times[1:]) / 1e9
 
 
-def memory_bandwidth_gb_s(device: torch.device, megabytes: int = 256, repeats: int = 5) -> float:
-    """One BandwidthProbe measurement, in GB/s."""
-    return BandwidthProbe(device, megabytes, repeats).measure()
-
-
 def streamed_weight_bytes(model) -> int:
     """Bytes of weights one decoding step must read: every parameter once (tied ones once), except the input
     embedding, of which a step reads one row, unless the LM head shares it (then the head reads all of it)."""
@@ -543,12 +538,9 @@ def floor_report(weight_bytes: int, bandwidth: dict[str, list[float]], none: Met
     median_bandwidth = statistics.median(samples)
     floor_ms = 1e3 * weight_bytes / (median_bandwidth * 1e9)
     none_ms = speed(none)["ms_per_token"]
-    shares = []
-    for prompt, gb_s in bandwidth.items():
-        tokens = len(none.first(prompt).token_ids)
-        if tokens:
-            prompt_floor_ms = 1e3 * weight_bytes / (statistics.median(gb_s) * 1e9)
-            shares.append(prompt_floor_ms / (1e3 * none.wall_s(prompt) / tokens))
+    # the floor's seconds per token × `none`'s tokens per second = the share of the floor's tokens/s reached
+    shares = [weight_bytes / (statistics.median(gb_s) * 1e9) * none.tokens_per_s(prompt) for prompt, gb_s in bandwidth.items()
+              if none.first(prompt).token_ids]
     return {
         "weight_bytes": weight_bytes,
         "bandwidth_gb_s": median_bandwidth,
