@@ -1,12 +1,12 @@
 """The numbers the app's pages compute besides decoding: bandwidth arithmetic, cost, predicted speedup,
 the speculative sampling rule on small hand-made distributions, and two-sample statistics.
 
-Pure Python (numpy, scipy, torch for the measurements); never imports streamlit. p = target, q = draft.
+Pure Python (numpy, scipy); never imports streamlit. p = target, q = draft. The copy-bandwidth measurement is
+specviz.bench.BandwidthProbe.
 """
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,27 +44,6 @@ def weight_bytes(model) -> int:
             seen.add(key)
             total += tensor.numel() * tensor.element_size()
     return total
-
-
-def measure_copy_bandwidth(n_bytes: int = 256 << 20, repeats: int = 5, device: str = "cpu") -> float:
-    """Memory traffic of a large tensor copy, in bytes/s (best of `repeats`).
-
-    A copy reads n_bytes and writes n_bytes, so traffic = 2 · n_bytes / time. 256 MiB is far larger than any
-    CPU cache, so the copy runs at memory speed."""
-    import torch
-
-    src = torch.ones(n_bytes // 4, dtype=torch.float32, device=device)
-    dst = torch.empty_like(src)
-    best = math.inf
-    for _ in range(repeats):
-        if device != "cpu":
-            torch.cuda.synchronize()
-        started = time.perf_counter()
-        dst.copy_(src)
-        if device != "cpu":
-            torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - started)
-    return 2 * n_bytes / best
 
 
 # ----------------------------------------------------------------------------------------------- cost

@@ -162,6 +162,8 @@ def test_overview_measures_this_machine(app):
     ok(at.run())
     labels = [m.label for m in at.metric]
     assert "Per-token latency (measured)" in labels and "Share explained by weight streaming" in labels
+    bandwidth = next(m.value for m in at.metric if m.label == "Copy bandwidth (measured)")
+    assert float(bandwidth.removesuffix(" GB/s").replace(",", "")) > 0.1  # the bench's probe, in GB/s
 
 
 def test_tree_page_steps_through_the_build_stages_of_a_tree(app, tree_trace):
