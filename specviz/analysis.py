@@ -35,17 +35,6 @@ def ms_per_token(params: float, bytes_per_param: float, bandwidth_bytes_per_s: f
     return params * bytes_per_param / bandwidth_bytes_per_s * 1e3
 
 
-def weight_bytes(model) -> int:
-    """Bytes of a torch model's parameters, counting tied (shared) tensors once."""
-    seen, total = set(), 0
-    for tensor in model.parameters():
-        key = tensor.data_ptr()
-        if key not in seen:
-            seen.add(key)
-            total += tensor.numel() * tensor.element_size()
-    return total
-
-
 # ----------------------------------------------------------------------------------------------- cost
 
 
