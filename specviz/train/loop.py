@@ -47,7 +47,7 @@ class TrainConfig:
     medusa_layers: int = 1
     medusa_decay: float = 0.8  # loss weight of head k is decay**k
     # draft
-    draft_layers: tuple[int, ...] = (0, 14, 29)  # target layers that initialise the draft's layers
+    draft_layers: tuple[int, ...] = (0, 1, 2)  # target layers that initialise the draft's layers
     command: str = ""  # the exact command line, for the provenance note
 
 
