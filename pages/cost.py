@@ -12,11 +12,16 @@ state.intro(
 )
 
 
+CHAIN_DRAFTERS = ("ngram", "draft")
+
+
 def measured_runs() -> dict[str, list[dict]]:
     """Finished runs of this session: the race's (for the current settings or any) and the last live run."""
     runs = {}
     for (key, drafter), events in st.session_state.get("race_cache", {}).items():
-        runs[f"race: {drafter} ({key[-2]} tokens, seed {key[-3]})"] = events
+        _, prompt, temperature, _, _, k, seed, max_new, _ = key  # pages/race.py's settings key
+        label = f"race: {drafter} on “{prompt[:24]}…”, T {temperature}, K {k}, {max_new} tokens, seed {seed}"
+        runs[label if label not in runs else f"{label} ({len(runs)})"] = events  # top-p, top-k or tree differ
     trace, source = state.get_trace()
     if trace and state.done_of(trace):
         runs[f"{source}: {trace[0]['drafter']}"] = trace
@@ -82,10 +87,12 @@ st.latex(r"E[\text{tokens per step}] = \frac{1 - \alpha^{K+1}}{1 - \alpha}")
 st.markdown("tokens, and costs (draft time + verify time) ÷ (time of one plain target step). Predicted speedup = "
             "expected tokens per step ÷ step cost. Both α and the costs come from runs measured here.")
 baselines = [n for n, e in runs.items() if e[0]["drafter"] == "none"]
-specs = [n for n, e in runs.items() if e[0]["drafter"] != "none"]
+# the formula is a chain's: a tree's acceptance (accepted ÷ every node drafted) and depth do not fit it
+specs = [n for n, e in runs.items() if e[0]["drafter"].split(":")[0] in CHAIN_DRAFTERS]
 if not baselines or not specs:
-    st.info("Needs a `none` run and a speculative run: run the *Topology race* (it runs every drafter, `none` "
-            "included), then come back.")
+    st.info("Needs a `none` run and a chain run (`ngram` or `draft`): run the *Topology race* (it runs every "
+            "drafter, `none` included), then come back. Tree drafters (`medusa`, `eagle2`) do not fit this "
+            "formula; the Benchmarks page predicts their speedup from the measured verify-cost curve.")
 else:
     c1, c2 = st.columns(2)
     base_name = c1.selectbox("Baseline (none)", baselines, key="cost_base")

@@ -35,7 +35,8 @@ new_tokens = c[3].selectbox("Tokens per run", [2, 1], key="ll_tokens",
                                  "draft 1 token, then add a replacement or a bonus). With 1 nothing can be drafted.")
 what = st.radio("Compare", ["first generated token", "first two tokens (as a pair)"], horizontal=True, key="ll_what",
                 disabled=new_tokens == 1)
-key = (shared.name, prompt, drafter, int(n), temperature, new_tokens, settings.top_p, settings.top_k, settings.k)
+key = (shared.name, prompt, drafter, int(n), temperature, new_tokens, settings.top_p, settings.top_k, settings.k,
+       settings.tree)  # the sidebar's EAGLE-2 tree settings change the drafter too
 results = st.session_state.setdefault("ll_cache", {})
 
 if st.button(f"Sample {2 * int(n)} runs", type="primary", key="ll_run"):

@@ -116,6 +116,8 @@ def load_prompts(path: str | os.PathLike | None = None, limit: int | None = None
             raise SpecvizError(f"{path}:{number} needs a non-empty 'turns' list or an 'instruction'")
         prompts.append(Prompt(str(row.get("id", row.get("question_id", number))), text))
     if limit is not None:
+        if limit < 1:
+            raise SpecvizError(f"--limit must be >= 1, got {limit}")
         prompts = prompts[:limit]
     if not prompts:
         raise SpecvizError(f"no prompts to run from {path}")
@@ -313,6 +315,8 @@ def run_bench(models, prompts: list[Prompt], settings: BenchSettings | None = No
     settings = settings or BenchSettings()
     if settings.repeats < 1:
         raise SpecvizError(f"repeats must be >= 1, got {settings.repeats}")
+    if settings.bandwidth_mb < 1:
+        raise SpecvizError(f"the bandwidth probe needs at least 1 MB, got {settings.bandwidth_mb}")
     if not prompts:
         raise SpecvizError("no prompts to run")
     check_unique_ids(prompts)
@@ -426,7 +430,7 @@ def speed(method: MethodRuns) -> dict:
 
 def drafter_report(method: MethodRuns, none: MethodRuns, greedy: bool) -> dict:
     firsts = method.firsts()
-    steps = sum(r.steps for r in firsts)
+    steps, all_steps = sum(r.steps for r in firsts), sum(r.steps for r in method.runs)
     drafted, accepted = sum(r.drafted for r in firsts), sum(r.accepted for r in firsts)
     depth = max((len(r.reached) for r in firsts), default=0)
     reached = [sum(r.reached[d] for r in firsts if d < len(r.reached)) for d in range(depth)]
@@ -443,8 +447,9 @@ def drafter_report(method: MethodRuns, none: MethodRuns, greedy: bool) -> dict:
         "per_position_acceptance": [a / n for a, n in zip(accepted_at, reached)],
         "draft_share": sum(r.draft_s for r in method.runs) / wall,
         "verify_share": sum(r.verify_s for r in method.runs) / wall,
-        "draft_ms_per_step": 1e3 * sum(r.draft_s for r in firsts) / steps if steps else 0.0,
-        "verify_ms_per_step": 1e3 * sum(r.verify_s for r in firsts) / steps if steps else 0.0,
+        # over every repeat, as the wall time (median over repeats) is: the first repeat alone may be the slow one
+        "draft_ms_per_step": 1e3 * sum(r.draft_s for r in method.runs) / all_steps if all_steps else 0.0,
+        "verify_ms_per_step": 1e3 * sum(r.verify_s for r in method.runs) / all_steps if all_steps else 0.0,
         "inputs_per_step": 1 + drafted / steps if steps else 1.0,
         "tree": any(r.tree for r in firsts),
         "speedup_vs_none": summary(ratios(method, none)),
@@ -459,12 +464,15 @@ def peer_report(method: MethodRuns, plain: MethodRuns, greedy: bool) -> dict:
             "outputs_match_generate": (not found) if greedy else None, "mismatches": found}
 
 
-def predicted_speedup(drafter: dict, chain_curve: dict, tree_curve: dict) -> dict:
+def predicted_speedup(drafter: dict, chain_curve: dict, tree_curve: dict) -> dict | None:
     """Speedup over `none` predicted from measured τ, draft cost and the verify-cost curve:
-    τ · c(1) / (draft ms per step + c(inputs per step)), c the curve (the tree curve for tree drafters)."""
-    cost = interpolate({int(n): ms for n, ms in (tree_curve if drafter["tree"] else chain_curve).items()})
-    one = interpolate({int(n): ms for n, ms in chain_curve.items()})(1)
-    verify = cost(drafter["inputs_per_step"])
+    τ · c(1) / (draft ms per step + c(inputs per step)), c the curve (the tree curve for tree drafters).
+    None when the curves cannot say: c(1) not measured, or one size only where a step verifies more tokens."""
+    curve = {int(n): ms for n, ms in (tree_curve if drafter["tree"] else chain_curve).items()}
+    if "1" not in chain_curve or not curve or (len(curve) == 1 and drafter["inputs_per_step"] > min(curve)):
+        return None
+    one = chain_curve["1"]
+    verify = interpolate(curve)(drafter["inputs_per_step"])
     step_ms = 1e3 * drafter["wall_s"] / drafter["steps"] if drafter["steps"] else 0.0
     measured = drafter["speedup_vs_none"]
     return {
@@ -607,8 +615,8 @@ def build_report(models, prompts, encoded, settings, drafters, peers, runs, chai
         "mismatching_prompts": bad,
         "verify_cost_ms": chain_curve,
         "tree_verify_cost_ms": tree_curve,
-        "predicted_speedup": {name: predicted_speedup(d, chain_curve, tree_curve) for name, d in drafter_reports.items()}
-        if chain_curve else {},
+        "predicted_speedup": {name: p for name, d in drafter_reports.items()
+                              if (p := predicted_speedup(d, chain_curve, tree_curve)) is not None},
         "floor_ms_per_token": floor["floor_ms_per_token"],
         "floor": {**floor, "forward_1_ms": chain_curve.get("1")},
         "runs": [{"prompt": r.prompt, "method": r.method, "repeat": r.repeat, "new_tokens": len(r.token_ids),
@@ -959,6 +967,15 @@ def write_atomically(path: str | os.PathLike, text: str) -> None:
         raise
 
 
+def check_writable(path: str | os.PathLike) -> None:
+    """Before a long run: fail now, not after it, when an output file could not be written."""
+    folder = Path(path).resolve().parent
+    while not folder.exists():  # write_atomically makes the missing folders
+        folder = folder.parent
+    if Path(path).is_dir() or not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise SpecvizError(f"cannot write {path}: {'it is a folder' if Path(path).is_dir() else f'{folder} is not writable'}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m specviz bench",
                                 description="Every drafter against `none` and against transformers' generate(), side by side.")
@@ -1040,6 +1057,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         settings = settings_from_args(args)
+        for path in (args.json_out, args.md_out):
+            if path:
+                check_writable(path)
         if args.threads is not None:
             if args.threads < 1:
                 raise SpecvizError(f"--threads must be >= 1, got {args.threads}")
@@ -1056,12 +1076,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     markdown = to_markdown(report)
-    if args.json_out:
-        write_atomically(args.json_out, json.dumps(report, indent=1) + "\n")
-    if args.md_out:
-        write_atomically(args.md_out, markdown)
-    print(markdown)
+    print(markdown)  # first: a run's result is never lost to an output file that fails after it
     report_mismatches(report)
+    for path, text in ((args.json_out, json.dumps(report, indent=1) + "\n"), (args.md_out, markdown)):
+        if path:
+            try:
+                write_atomically(path, text)
+            except OSError as err:
+                print(f"error: cannot write {path}: {err}", file=sys.stderr)
+                return 2
     return exit_code(report, args.allow_mismatch)
 
 

@@ -26,7 +26,10 @@ def add_decoding_args(parser: argparse.ArgumentParser) -> None:
 
 def cmd_generate(args) -> int:
     from specviz import api, events
+    from specviz.bench import check_writable
 
+    if args.trace:
+        check_writable(args.trace)  # before the decode, not after it
     stream = api.stream(
         args.prompt,
         model=args.model,
@@ -48,7 +51,10 @@ def cmd_generate(args) -> int:
             print(event.text_delta, end="", flush=True)
     done = collected[-1]
     if args.trace:
-        events.write_trace(collected, args.trace)
+        try:
+            events.write_trace(collected, args.trace)
+        except OSError as err:
+            raise SpecvizError(f"cannot write the trace to {args.trace}: {err}") from err
     if args.json:
         print(json.dumps({"text": done.text, "token_ids": done.token_ids, "stats": done.stats}))
     else:

@@ -89,11 +89,14 @@ def forward_latency(model) -> dict[int, float]:
 
 
 def interpolate(curve: dict[int, float]):
-    """n -> seconds, linear between measured sizes, extrapolated linearly past the last one."""
+    """n -> seconds, linear between measured sizes, extrapolated linearly past the last one (a curve of one
+    size is flat)."""
     xs = sorted(curve)
+    if not xs:
+        raise ValueError("an empty cost curve")
 
     def cost(n: int) -> float:
-        if n <= xs[0]:
+        if n <= xs[0] or len(xs) == 1:
             return curve[xs[0]]
         for a, b in zip(xs, xs[1:]):
             if n <= b:

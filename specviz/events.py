@@ -109,11 +109,16 @@ def to_dict(event: Event) -> dict:
 def write_trace(events: Iterable[Event | dict], path: str | Path) -> None:
     """One JSON object a line; written to a temporary file and renamed, so a failure leaves nothing half-written."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for e in events:
-            f.write(json.dumps(e if isinstance(e, dict) else to_dict(e), ensure_ascii=False) + "\n")
-    tmp.replace(path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            for e in events:
+                f.write(json.dumps(e if isinstance(e, dict) else to_dict(e), ensure_ascii=False) + "\n")
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def read_trace(path: str | Path) -> list[dict]:

@@ -77,6 +77,51 @@ def test_a_line_separator_inside_a_prompt_is_part_of_the_prompt(tmp_path):
     assert [p.text for p in bench.load_prompts(path)] == ["one\u2028two"]
 
 
+def test_a_curve_of_one_size_gives_a_report_without_tree_predictions(tmp_path, prompts_file, tiny, monkeypatch):
+    """--verify-sizes 1 (the floor's forward alone): no cost of a several-token step to predict from."""
+    monkeypatch.setattr(bench, "_load_models", lambda args: tiny)
+    argv = cli(tmp_path, prompts_file, "--drafters", "ngram,eagle2", "--no-peers")
+    argv[argv.index("1,2,4")] = "1"
+    assert bench.main(argv) == 0
+    report = json.loads((tmp_path / "b.json").read_text())
+    assert report["verify_cost_ms"].keys() == {"1"} and report["floor"]["forward_1_ms"] > 0
+    assert "eagle2" not in report["predicted_speedup"]  # a step verifies several tokens: c(n) unknown
+    assert "none" in report["predicted_speedup"]  # one token a step: c(1) is all it needs
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--limit", "0", "--limit must be >= 1"),
+    ("--bandwidth-mb", "0", "bandwidth probe needs at least 1 MB"),
+])
+def test_bad_bench_numbers_fail_before_any_decode(tmp_path, prompts_file, tiny, monkeypatch, capsys, flag, value, message):
+    monkeypatch.setattr(bench, "_load_models", lambda args: tiny)
+    monkeypatch.setattr(bench, "run_drafter", lambda *a, **k: pytest.fail("decoded before refusing the settings"))
+    assert bench.main(cli(tmp_path, prompts_file, flag, value, "--no-peers")) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_an_unwritable_output_fails_before_the_run(tmp_path, prompts_file, monkeypatch, capsys):
+    monkeypatch.setattr(bench, "_load_models", lambda args: pytest.fail("loaded models for a run it cannot save"))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    argv = cli(tmp_path, prompts_file)
+    argv[argv.index("--json-out") + 1] = str(blocker / "b.json")
+    assert bench.main(argv) == 2
+    assert "cannot write" in capsys.readouterr().err
+
+
+def test_a_failed_output_write_still_prints_the_report(tmp_path, prompts_file, tiny, monkeypatch, capsys):
+    monkeypatch.setattr(bench, "_load_models", lambda args: tiny)
+
+    def full_disk(path, text):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(bench, "write_atomically", full_disk)
+    assert bench.main(cli(tmp_path, prompts_file, "--drafters", "ngram", "--no-peers")) == 2
+    out, err = capsys.readouterr()
+    assert "| `ngram` |" in out and "No space left on device" in err
+
+
 def test_a_bad_prompts_file_is_a_clear_error(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"turns": []}\n')

@@ -69,6 +69,17 @@ def test_perfect_draft_accepts_everything_and_adds_a_bonus(target, tok):
     assert done.stats["per_position_acceptance"] == [1.0] * 4
 
 
+def test_a_trace_that_fails_midway_leaves_no_file(tmp_path):
+    def events_then_failure():
+        yield {"type": "start"}
+        raise RuntimeError("the decode broke")
+
+    path = tmp_path / "sub" / "run.jsonl"  # a missing folder is made
+    with pytest.raises(RuntimeError, match="broke"):
+        events.write_trace(events_then_failure(), path)
+    assert list(path.parent.iterdir()) == []
+
+
 def test_every_event_validates_and_the_trace_replays(target, tok, tmp_path):
     evs = run(target, tok, DraftModelDrafter(tiny_llama(seed=1, layers=1), 3), max_new_tokens=30, sampling=Sampling(1.0))
     for e in evs:
@@ -145,6 +156,8 @@ def test_api_accepts_loaded_models(target, tok):
         (dict(drafter="none:depth=2"), "takes no options"),
         (dict(drafter="draft:adaptive=maybe"), "true or false"),
         (dict(drafter="ngram:k=2.5"), "whole number"),
+        (dict(drafter="ngram:min_ngram=0"), "1 <= min_ngram <= max_ngram"),
+        (dict(drafter="ngram:min_ngram=4:max_ngram=2"), "1 <= min_ngram <= max_ngram"),
     ],
 )
 def test_bad_input_is_a_clear_error(target, tok, kwargs, message):

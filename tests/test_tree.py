@@ -259,6 +259,33 @@ def test_eagle_stops_expanding_when_a_deeper_level_cannot_pay_for_itself():
     assert [len([s for s in e.build if s["stage"] == "expand"]) for e in evs[1:3]] == [4, 4]
 
 
+@pytest.mark.parametrize("shape, message", [
+    (dict(top_k=0), "top_k must be a whole number >= 1"),
+    (dict(depth=0), "depth must be"),
+    (dict(total_tokens=-3), "total_tokens must be 'auto' or a whole number"),
+    (dict(total_tokens=1.5), "total_tokens must be"),
+    (dict(total_tokens="abc"), "total_tokens must be"),
+])
+def test_a_bad_eagle_tree_shape_is_a_clear_error(shape, message):
+    with pytest.raises(SpecvizError, match=message):
+        TreeShape(**shape)
+
+
+def test_tree_drafters_refuse_budgets_and_vocabularies_they_cannot_use():
+    target = tiny_llama(seed=0, layers=1)
+    with pytest.raises(SpecvizError, match="medusa option total_tokens"):
+        MedusaDrafter(MedusaHeads(target.config), target, total_tokens=-3)
+    with pytest.raises(SpecvizError, match="ranks 4 candidates per position but its draft vocabulary has only 2"):
+        EagleDrafter(EagleHead(target.config), target, TreeShape(top_k=4), draft_vocab=torch.tensor([3, 5]))
+    with pytest.raises(SpecvizError, match="lookup must be >= 0"):
+        EagleDrafter(EagleHead(target.config), target, lookup=-1)
+
+
+def test_a_cost_curve_of_one_size_is_flat():
+    cost = interpolate({1: 0.03})
+    assert cost(1) == cost(6) == 0.03
+
+
 def test_medusa_tree_paths_are_checked():
     with pytest.raises(SpecvizError, match="no parent"):
         check_tree([(0,), (1, 0)], num_heads=4)

@@ -152,8 +152,6 @@ def make_drafter(name: str, models, k: int = 4, options: dict | None = None) -> 
             return _construct(MedusaDrafter, name, options, heads, models.target, draft_vocab=vocab, verify_cost=cost)
         shape = TreeShape(**{key: options.pop(key) for key in ("depth", "top_k", "total_tokens", "early_stop") if key in options})
         graft = options.pop("lookup", 0)
-        if graft < 0:
-            raise SpecvizError(f"eagle2 option lookup must be >= 0 (tokens of prompt lookup to graft), got {graft}")
         if options:
             raise SpecvizError(f"unknown eagle2 options: {', '.join(options)}")
         cost = interpolate(forward_latency(models.target)) if shape.total_tokens == "auto" else None

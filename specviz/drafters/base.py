@@ -5,8 +5,25 @@ from dataclasses import dataclass
 
 import torch
 
+from specviz.errors import SpecvizError
 from specviz.sampling import Sampling
 from specviz.tree import DraftTree
+
+
+def check_total_tokens(drafter: str, total_tokens, whole_tree_allowed: bool = False) -> None:
+    """A tree drafter's node budget: "auto" (cut by the measured verify cost) or a whole number >= 1
+    (None too where it means the drafter's whole fixed tree)."""
+    if total_tokens == "auto" or (total_tokens is None and whole_tree_allowed):
+        return
+    if isinstance(total_tokens, bool) or not isinstance(total_tokens, int) or total_tokens < 1:
+        raise SpecvizError(f"{drafter} option total_tokens must be 'auto' or a whole number of nodes >= 1, got {total_tokens!r}")
+
+
+def check_vocab_covers(drafter: str, draft_vocab, needed: int) -> None:
+    """A draft vocabulary must hold at least the `needed` candidates a drafter ranks per position."""
+    if draft_vocab is not None and len(draft_vocab) < needed:
+        raise SpecvizError(f"{drafter} ranks {needed} candidates per position but its draft vocabulary has only "
+                           f"{len(draft_vocab)} tokens; use a larger draft_vocab")
 
 
 @dataclass

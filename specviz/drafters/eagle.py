@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from specviz import fastdecoder
-from specviz.drafters.base import Drafter, DraftRequest, DraftTiming, Outcome
+from specviz.drafters.base import Drafter, DraftRequest, DraftTiming, Outcome, check_total_tokens, check_vocab_covers
+from specviz.errors import SpecvizError
 from specviz.drafters.ngram import lookup
 from specviz.fastlinear import rows_projection
 from specviz.kvcache import crop_cache, new_cache
@@ -32,6 +33,13 @@ class TreeShape:
     # with "auto": stop expanding once even the best case of one more depth (every kept node's path accepted
     # and extended) would save less target time than that depth costs to draft, as measured in this run
     early_stop: bool = True
+
+    def __post_init__(self):
+        for key in ("depth", "top_k"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise SpecvizError(f"eagle2 option {key} must be a whole number >= 1, got {value!r}")
+        check_total_tokens("eagle2", self.total_tokens)
 
 
 @dataclass
@@ -55,6 +63,9 @@ class EagleDrafter(Drafter):
         """head: specviz.heads.EagleHead; target: the target model (its embedding and LM head are reused).
         draft_vocab: (Vd,) token ids the head may propose (None = all). verify_cost: n -> seconds, for "auto".
         lookup: graft up to this many tokens of prompt lookup (n-gram) onto the tree (0: none); see _graft_lookup."""
+        if lookup < 0:
+            raise SpecvizError(f"eagle2 option lookup must be >= 0 (tokens of prompt lookup to graft), got {lookup}")
+        check_vocab_covers("eagle2", draft_vocab, shape.top_k)
         self.head = head
         self.embed = target.get_input_embeddings()
         lm_head = target.get_output_embeddings().weight  # (V, H)

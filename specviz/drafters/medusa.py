@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from specviz.drafters.base import Drafter, DraftRequest, Outcome
+from specviz.drafters.base import Drafter, DraftRequest, Outcome, check_total_tokens, check_vocab_covers
 from specviz.fastlinear import rows_projection
 from specviz.drafters.eagle import best_budget
 from specviz.tree import ROOT, DraftTree
@@ -46,6 +46,7 @@ class MedusaDrafter(Drafter):
         events are all marked lossy; the default is the lossless rule.
         total_tokens: None keeps the whole fixed tree; an int or "auto" (with verify_cost: n -> seconds) keeps
         only the best nodes by path score, as the EAGLE-2 drafter does."""
+        check_total_tokens("medusa", total_tokens, whole_tree_allowed=True)
         self.lossy = typical
         self.typical = Typical(epsilon, delta)
         self.heads = heads
@@ -60,6 +61,7 @@ class MedusaDrafter(Drafter):
         self.verify_cost = verify_cost
         self.paths = check_tree(tree, heads.num_heads)
         self.max_rank = max(max(p) for p in self.paths) + 1
+        check_vocab_covers("medusa", draft_vocab, self.max_rank)
         self.feature = None  # (H,) the target's feature just before the root
 
     def options(self) -> dict:
@@ -109,7 +111,7 @@ class MedusaDrafter(Drafter):
         if self.total_tokens == "auto":
             keep = best_budget([math.log(max(score[p], 1e-30)) for p in ranked], self.verify_cost)
         else:
-            keep = int(self.total_tokens)
+            keep = self.total_tokens
         chosen = set(ranked[:keep])
         return [p for p in paths if p in chosen and all(p[:i] in chosen for i in range(1, len(p)))]
 

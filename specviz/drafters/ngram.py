@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from specviz.drafters.base import Drafter, DraftRequest
+from specviz.errors import SpecvizError
 from specviz.tree import DraftTree
 
 
@@ -13,6 +14,8 @@ class NgramDrafter(Drafter):
     name = "ngram"
 
     def __init__(self, k: int = 4, max_ngram: int = 3, min_ngram: int = 1):
+        if not 1 <= min_ngram <= max_ngram:
+            raise SpecvizError(f"ngram needs 1 <= min_ngram <= max_ngram, got min_ngram={min_ngram}, max_ngram={max_ngram}")
         self.k = k
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
