@@ -134,7 +134,7 @@ def test_cli_on_a_tiny_model_writes_a_report_that_validates(tmp_path, prompts_fi
     assert bench.main(cli(tmp_path, prompts_file)) == 0
     report = json.loads((tmp_path / "b.json").read_text())
     jsonschema.validate(report, bench.BENCH_SCHEMA)
-    assert list(report["drafters"]) == ["none", "ngram", "draft", "medusa", "eagle2", "eagle2:lookup=4"]  # + variants()
+    assert list(report["drafters"]) == ["none", "ngram", "draft", "medusa", "eagle2", "draft:adaptive=true", "eagle2:lookup=4"]  # + variants()
     assert set(report["peers"]) == {"generate", "generate_assisted", "generate_prompt_lookup"}
     assert report["outputs_match_none"] is True and report["mismatching_prompts"] == []
     for name, d in report["drafters"].items():
@@ -145,7 +145,7 @@ def test_cli_on_a_tiny_model_writes_a_report_that_validates(tmp_path, prompts_fi
     assert list(report["verify_cost_ms"]) == ["1", "2", "4"] and list(report["tree_verify_cost_ms"]) == ["1", "2", "4"]
     assert report["floor"]["weight_bytes"] > 0 and report["floor_ms_per_token"] > 0
     assert report["floor"]["bandwidth_samples"] == 2  # one right before each `none` run
-    assert len(report["runs"]) == 2 * 9  # two prompts × (5 drafters + 1 variant + 3 peers)
+    assert len(report["runs"]) == 2 * 10  # two prompts × (5 drafters + 2 variants + 3 peers)
     markdown = (tmp_path / "b.md").read_text()
     assert markdown.startswith("# specviz bench") and "python -m specviz bench --prompts" in markdown
     assert markdown in capsys.readouterr().out
@@ -306,9 +306,19 @@ def test_the_benchmarks_page_runs_a_bench_and_shows_a_saved_report(tiny_model_di
     assert len(at.get("plotly_chart")) == 6  # rates, spread, verify cost, predicted, acceptance, none vs bandwidth
     assert "python -m specviz bench --model" in at.code[0].value
 
-    at.radio(key="bench_source").set_value("a file on the server")  # a report made before per-run bandwidth
+    at.radio(key="bench_source").set_value("a file on the server")  # the page's default report
     at.run()
     at.text_input(key="bench_path").set_value(str(ROOT / "results" / "bench-smollm2-t0.json"))
+    at.run()
+    assert not at.exception and not at.error
+    assert len(at.get("plotly_chart")) == 6
+
+    old = json.loads((ROOT / "results" / "bench-smollm2-t0.json").read_text())  # as reports were before 2026-12-01:
+    for key in ("bandwidth_gb_s_range", "bandwidth_samples", "bandwidth_by_prompt",  # one bandwidth figure a run
+                "none_share_of_floor_per_prompt", "none_share_of_floor_totals"):
+        old["floor"].pop(key)
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    at.text_input(key="bench_path").set_value(str(tmp_path / "old.json"))
     at.run()
     assert not at.exception and not at.error
     assert len(at.get("plotly_chart")) == 5 and any("measured once in the run" in m.value for m in at.markdown)
