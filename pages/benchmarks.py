@@ -2,6 +2,7 @@
 
 Render only: measuring, summarising and the report's schema live in specviz/bench.py."""
 import json
+from pathlib import Path
 
 import plotly.graph_objects as go
 import streamlit as st
@@ -20,6 +21,8 @@ state.intro(
 
 REPORT = "bench_report"  # session key: (report, where it came from)
 SOURCES = ("this session's run", "upload a JSON file", "a file on the server")
+SAVED = "results/bench-smollm2-t0.json"  # the README's T = 0 bench, shown until this session runs one
+PROJECT = Path(__file__).resolve().parent.parent
 
 
 # ------------------------------------------------------------------------------------------------ run
@@ -66,6 +69,7 @@ def run_section() -> None:
 # ------------------------------------------------------------------------------------------- choose
 def chosen_report() -> dict | None:
     st.header("2. A report")
+    st.session_state.setdefault("bench_source", SOURCES[2])  # a measured report from the start, not an empty page
     source = st.radio("Show", SOURCES, horizontal=True, key="bench_source")
     if source == SOURCES[0]:
         saved = st.session_state.get(REPORT)
@@ -79,10 +83,13 @@ def chosen_report() -> dict | None:
             if upload is None:
                 return None
             return bench.parse_report(upload.getvalue(), upload.name)
-        path = st.text_input("Path on the server (a .json file)", "results/bench-smollm2-t0.json", key="bench_path").strip()
+        path = st.text_input("Path on the server (a .json file; a relative one may also be in the project)", SAVED,
+                             key="bench_path").strip()
         if not path.endswith(".json"):
             st.info("Enter the path of a report written by `--json-out` (a .json file).")
             return None
+        if not Path(path).exists() and (PROJECT / path).exists():  # the app started from another folder
+            path = str(PROJECT / path)
         return bench.load_report(path)
     except SpecvizError as err:
         st.error(str(err))
@@ -102,8 +109,9 @@ def rates_figure(report: dict) -> go.Figure:
     title = "Tokens per second (all prompts together)"
     fastest = max([d["tokens_per_s"] for d in drafters.values()] + [p["tokens_per_s"] for p in peers.values()])
     if floor <= 3 * fastest:
-        fig.add_hline(y=floor, line_dash="dash", annotation_text=f"weight-streaming floor: {floor:.1f} tokens/s "
-                                                                 "(autoregressive at best)")
+        # a short label at the left: a long one overflows a narrow chart and is cut off
+        fig.add_hline(y=floor, line_dash="dash", annotation_text=f"floor {floor:.1f}", annotation_position="top left")
+        title += "<br><sup>dashed: the weight-streaming floor, autoregressive at best</sup>"
     else:  # a line far above the bars would flatten them
         title += f"<br><sup>weight-streaming floor: {floor:,.1f} tokens/s, off this scale</sup>"
     fig.update_layout(title=title, yaxis_title="tokens/s", height=420)
