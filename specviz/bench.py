@@ -26,7 +26,6 @@ import platform
 import shlex
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -38,6 +37,7 @@ from transformers import GenerationConfig
 
 from specviz import engine, fastdecoder, fastlinear
 from specviz.api import encode_prompt
+from specviz.atomic import check_writable, write_atomically
 from specviz.cli import add_model_args
 from specviz.costs import fitting_context, interpolate, synchronize, verify_costs
 from specviz.drafters import available, make_drafter, parse_spec, variants
@@ -951,29 +951,6 @@ def to_markdown(report: dict) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ CLI
-
-
-def write_atomically(path: str | os.PathLike, text: str) -> None:
-    """Write to a temp file beside `path`, then rename: readers see the old file or the whole new one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-
-
-def check_writable(path: str | os.PathLike) -> None:
-    """Before a long run: fail now, not after it, when an output file could not be written."""
-    folder = Path(path).resolve().parent
-    while not folder.exists():  # write_atomically makes the missing folders
-        folder = folder.parent
-    if Path(path).is_dir() or not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
-        raise SpecvizError(f"cannot write {path}: {'it is a folder' if Path(path).is_dir() else f'{folder} is not writable'}")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -26,7 +26,7 @@ def add_decoding_args(parser: argparse.ArgumentParser) -> None:
 
 def cmd_generate(args) -> int:
     from specviz import api, events
-    from specviz.bench import check_writable
+    from specviz.atomic import check_writable
 
     if args.trace:
         check_writable(args.trace)  # before the decode, not after it

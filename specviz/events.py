@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Union
 
+from specviz.atomic import replacing
+
 SCHEMA_VERSION = 1
 
 # A top-N list: [[token_id, text, prob], ...], most likely first.
@@ -108,17 +110,9 @@ def to_dict(event: Event) -> dict:
 
 def write_trace(events: Iterable[Event | dict], path: str | Path) -> None:
     """One JSON object a line; written to a temporary file and renamed, so a failure leaves nothing half-written."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            for e in events:
-                f.write(json.dumps(e if isinstance(e, dict) else to_dict(e), ensure_ascii=False) + "\n")
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with replacing(path) as temp, open(temp, "w", encoding="utf-8") as f:
+        for e in events:
+            f.write(json.dumps(e if isinstance(e, dict) else to_dict(e), ensure_ascii=False) + "\n")
 
 
 def read_trace(path: str | Path) -> list[dict]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import random
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import torch
 TARGET_NAME = "smollm2-135m"
 
 
+from specviz.atomic import replacing, write_atomically
 from specviz.models import cache_root  # one cache root for fetched models and training data
 
 
@@ -41,12 +41,9 @@ def load_target(model_path: str | Path):
 
 
 def write_json_atomic(path: Path, obj) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2))
-    os.replace(tmp, path)
+    write_atomically(path, json.dumps(obj, indent=2))
 
 
 def save_torch_atomic(path: Path, obj) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    with replacing(path) as temp:
+        torch.save(obj, temp)

@@ -28,6 +28,8 @@ from safetensors.torch import load_file, save_file
 
 from specviz import fastlinear
 
+from specviz.atomic import replacing
+
 from .common import default_data_dir, default_model_path, load_target, write_json_atomic
 
 log = logging.getLogger("specviz.train.data")
@@ -226,9 +228,8 @@ def build_dataset(cfg: DataConfig, target=None, tokenizer=None) -> dict:
             continue
         t0 = time.time()
         shard = build_shard(target, prompts, cfg, eos_id, target.config.vocab_size)
-        tmp = out / f"{name}.safetensors.tmp"
-        save_file(shard, str(tmp))
-        tmp.replace(out / f"{name}.safetensors")
+        with replacing(out / f"{name}.safetensors") as temp:
+            save_file(shard, str(temp))
         n_resp = int(shard["token_counts"].sum())
         done[name] = {
             "name": name, "split": name.split("-")[0], "n_seqs": len(prompts),
