@@ -16,8 +16,8 @@ import torch
 
 from specviz import fastdecoder
 from specviz.drafters.base import Drafter, DraftRequest, DraftTiming, Outcome, check_total_tokens, check_vocab_covers
-from specviz.errors import SpecvizError
 from specviz.drafters.ngram import lookup
+from specviz.errors import SpecvizError
 from specviz.fastlinear import rows_projection
 from specviz.kvcache import crop_cache, new_cache
 from specviz.tree import ROOT, DraftTree
