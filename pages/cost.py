@@ -77,8 +77,11 @@ st.markdown(
     f"against your own price in the calculator above. The saving of speculative decoding "
     f"({rows[0]['ms_per_token'] / rows[1]['ms_per_token']:.2f}× fewer \\$ per token) does not depend on the price."
 )
-st.caption("42.1 ms/token is close to the bandwidth bound: 70e9 × 2 bytes ÷ 3.35 TB/s = "
-           f"{analysis.ms_per_token(70e9, 2, 3.35e12):.1f} ms (see *Why it works*).")
+st.caption("The node's bandwidth bound: the 140 GB of 16-bit weights do not fit in one 80 GB H100, so 8 GPUs each "
+           "stream an eighth of them per token: 70e9 × 2 bytes ÷ (8 × 3.35 TB/s) = "
+           f"{analysis.ms_per_token(70e9, 2, 8 * 3.35e12):.1f} ms. The guide's 42.1 ms/token is about "
+           f"{42.1 / analysis.ms_per_token(70e9, 2, 8 * 3.35e12):.0f}× that; the guide does not say where the rest "
+           "goes (see *Why it works* for the bound).")
 
 # ---------------------------------------------------------------------------------- predicted speedup
 st.header("3. Predicted vs measured speedup")

@@ -93,7 +93,8 @@ else:
                                       "the samples differ more than chance usually allows (or this is the 1% case)."))
 st.caption(f"Chi-square test of homogeneity on a 2 × {test['columns']} table; {test['pooled']} rare outcomes (expected "
            "count below 5) pooled into one column. Total variation = ½ Σ |share in sample A − share in sample B|; with "
-           f"N = {test['n_a']} even two identical distributions show a TV of roughly 0.1–0.3 from sampling noise alone.")
+           f"N = {test['n_a']} and {test['n_b']}, two samples of one distribution (these two pooled) differ by a TV of "
+           f"about {test['noise_tv']:.2f} from sampling noise alone (normal approximation; it shrinks as 1/√N).")
 
 counts_a, counts_b = Counter(side_a), Counter(side_b)
 top = sorted(set(counts_a) | set(counts_b), key=lambda o: -(counts_a[o] + counts_b[o]))[:25]

@@ -217,8 +217,12 @@ def two_sample_test(samples_a: list, samples_b: list, min_expected: float = 5.0)
     if rare:
         table[0].append(sum(ca[o] for o in rare))
         table[1].append(sum(cb[o] for o in rare))
-    result = {"n_a": na, "n_b": nb, "tv": tv, "columns": len(table[0]), "pooled": len(rare), "chi2": math.nan,
-              "dof": 0, "p_value": math.nan}
+    # the TV that sampling noise alone gives two samples of these sizes from one distribution (the pooled one):
+    # each share difference is about normal with variance p(1 − p)(1/na + 1/nb), and E|Z| = σ·√(2/π)
+    pooled = [(ca[o] + cb[o]) / (na + nb) for o in outcomes] if na and nb else []
+    noise_tv = 0.5 * sum(math.sqrt(2 / math.pi * p * (1 - p) * (1 / na + 1 / nb)) for p in pooled) if pooled else math.nan
+    result = {"n_a": na, "n_b": nb, "tv": tv, "noise_tv": noise_tv, "columns": len(table[0]), "pooled": len(rare),
+              "chi2": math.nan, "dof": 0, "p_value": math.nan}
     if len(table[0]) >= 2:
         chi2, p_value, dof, _ = stats.chi2_contingency(np.array(table), correction=False)
         result.update(chi2=float(chi2), dof=int(dof), p_value=float(p_value))

@@ -812,6 +812,8 @@ def parse_report(text: str | bytes, source: str = "the report") -> dict:
     try:
         report = json.loads(text)
         validate(report)
+    except UnicodeDecodeError:
+        raise SpecvizError(f"{source} is not a text file") from None
     except json.JSONDecodeError as err:
         raise SpecvizError(f"{source} is not JSON: {err}") from err
     except jsonschema.ValidationError as err:
@@ -823,7 +825,7 @@ def parse_report(text: str | bytes, source: str = "the report") -> dict:
 def load_report(path: str | os.PathLike) -> dict:
     """Read a saved report and check it against the schema (SpecvizError when it is not one)."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = Path(path).read_bytes()
     except OSError as err:
         raise SpecvizError(f"cannot read the bench report {path}: {err}") from err
     return parse_report(text, str(path))

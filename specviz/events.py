@@ -126,7 +126,7 @@ def read_trace(path: str | Path) -> list[dict]:
                     events.append(json.loads(line))
                 except json.JSONDecodeError as e:
                     raise SpecvizError(f"{path}: line {n} is not JSON ({e.msg})") from None
-    if not events or events[0].get("type") != "start":
+    if not events or not all(isinstance(e, dict) for e in events) or events[0].get("type") != "start":
         raise SpecvizError(f"{path}: not a specviz trace (it must start with a 'start' event)")
     if events[0].get("schema_version") != SCHEMA_VERSION:
         raise SpecvizError(

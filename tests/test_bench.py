@@ -122,6 +122,13 @@ def test_a_failed_output_write_still_prints_the_report(tmp_path, prompts_file, t
     assert "| `ngram` |" in out and "No space left on device" in err
 
 
+@pytest.mark.parametrize("data, message", [(b"\x80{}", "not a text file"), (b"{", "not JSON"),
+                                           (b"[1, 2]", "not a specviz bench report")])
+def test_a_file_that_is_no_report_is_a_clear_error(data, message):
+    with pytest.raises(SpecvizError, match=message):
+        bench.parse_report(data, "upload.json")
+
+
 def test_a_bad_prompts_file_is_a_clear_error(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"turns": []}\n')

@@ -69,6 +69,14 @@ def test_perfect_draft_accepts_everything_and_adds_a_bonus(target, tok):
     assert done.stats["per_position_acceptance"] == [1.0] * 4
 
 
+@pytest.mark.parametrize("text", ["[1, 2]\n", '{"type": "start"}\n7\n', ""])
+def test_a_file_that_is_no_trace_is_a_clear_error(tmp_path, text):
+    path = tmp_path / "t.jsonl"
+    path.write_text(text)
+    with pytest.raises(SpecvizError, match="not a specviz trace"):
+        events.read_trace(path)
+
+
 def test_a_trace_that_fails_midway_leaves_no_file(tmp_path):
     def events_then_failure():
         yield {"type": "start"}
