@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .atomic import replacing, write_atomically
 from .errors import SpecvizError
 
 log = logging.getLogger("specviz.heads")
@@ -68,8 +69,9 @@ def write_weights(folder: str | Path, state: dict[str, torch.Tensor], config: di
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     cast = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in state.items()}
-    save_file(cast, str(folder / "model.safetensors"))
-    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    with replacing(folder / "model.safetensors") as temp:  # a failed save leaves the shipped files whole
+        save_file(cast, str(temp))
+    write_atomically(folder / "config.json", json.dumps(config, indent=2) + "\n")
     return folder
 
 
@@ -348,14 +350,15 @@ def save_draft_model(draft, path, config_extra: dict, dtype: torch.dtype = torch
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     state = {k: v for k, v in draft.state_dict().items() if "embed_tokens" not in k and not k.startswith("lm_head")}
-    draft.config.save_pretrained(str(path))
-    config = json.loads((path / "config.json").read_text())
+    config = json.loads(draft.config.to_json_string())  # what save_pretrained would write
     config["dtype"] = str(dtype).removeprefix("torch.")
     config["specviz"] = {"kind": "draft", "shares_target_embedding": True, **config_extra}
     from safetensors.torch import save_file
 
-    save_file({k: v.to(dtype).contiguous() for k, v in state.items()}, str(path / "model.safetensors"))
-    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    with replacing(path / "model.safetensors") as temp:  # a failed save leaves the shipped files whole
+        save_file({k: v.to(dtype).contiguous() for k, v in state.items()}, str(temp))
+    write_atomically(path / "config.json", json.dumps(config, indent=2) + "\n")
     if draft_vocab is not None:
-        save_file({"draft_vocab": draft_vocab.to(torch.int64).contiguous()}, str(path / DRAFT_VOCAB_FILE))
+        with replacing(path / DRAFT_VOCAB_FILE) as temp:
+            save_file({"draft_vocab": draft_vocab.to(torch.int64).contiguous()}, str(temp))
     return path

@@ -90,9 +90,10 @@ def _model_choice() -> str | None:
         preset = st.sidebar.selectbox("Preset", presets, index=presets.index(env) if env in presets else 0,
                                       key="sb_preset", help="\n\n".join(f"**{p.name}**: {p.description}"
                                                                        for p in m.PRESETS.values()))
-        target = m.PRESETS[preset].target
-        if not m.is_fetched(target.key):
-            st.sidebar.warning(f"{preset} is not in the cache yet: {m.format_megabytes(target.size_bytes)} "
+        chosen = m.PRESETS[preset]
+        missing = [f for f in (chosen.target, chosen.draft) if f is not None and not m.is_fetched(f.key)]
+        if missing:  # the draft model is fetched with the target
+            st.sidebar.warning(f"{preset} is not in the cache yet: {m.format_megabytes(sum(f.size_bytes for f in missing))} "
                                "to download and convert.")
             if not st.sidebar.button(f"Fetch and load {preset}", key="sb_fetch"):
                 return None
