@@ -138,6 +138,10 @@ def test_resume_continues_from_checkpoint(dataset, tmp_path):
     train_medusa(run_config("medusa", dataset, tmp_path, medusa_heads=1, steps=30, resume=True), target)
     state = torch.load(tmp_path / "runs" / "medusa" / "checkpoint.pt", weights_only=True)
     assert state["history"]["finished_steps"] == 30
+    # the first window after resuming at 20 holds 5 steps (21-25), not log_every = 25: its mean is a mean
+    history = state["history"]
+    loss = {step: means["ce0"] for step, means in zip(history["steps"], history["losses"])}  # head 0's cross-entropy
+    assert list(loss) == [20, 25, 30] and 0.5 < loss[25] / loss[30] < 2, loss
 
 
 @torch.no_grad()

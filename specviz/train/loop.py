@@ -152,6 +152,7 @@ def train(
     start = last_ckpt = time.time()
     base_seconds = history.seconds
     window: dict[str, float] = {}
+    in_window = 0  # steps summed in `window` (a resumed run's first window may be short)
     step_done = first
     module.train()
     bar = tqdm(train_batches(data, cfg, first), total=cfg.steps, initial=first, desc=cfg.kind, mininterval=10)
@@ -166,12 +167,12 @@ def train(
         step_done = step + 1
         for k, v in stats.items():
             window[k] = window.get(k, 0.0) + float(v)
+        in_window += 1
         if step_done % log_every == 0 or step_done == cfg.steps:
-            n = log_every if step_done % log_every == 0 else step_done % log_every
-            means = {k: v / n for k, v in window.items()}
+            means = {k: v / in_window for k, v in window.items()}
             history.steps.append(step_done)
             history.losses.append(means)
-            window = {}
+            window, in_window = {}, 0
             bar.set_postfix({k: f"{v:.3f}" for k, v in means.items()})
             log.info("%s step %d lr %.2e %s", cfg.kind, step_done, lr_at(step, cfg, history.seconds),
                      " ".join(f"{k} {v:.4f}" for k, v in means.items()))
