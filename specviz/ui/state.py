@@ -19,8 +19,9 @@ APP = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 IN_APP = "_in_app"  # True while app.py runs the current page through st.navigation
 ENV_MODEL = "SPECVIZ_DEFAULT_MODEL"  # a preset name or a local model folder the sidebar starts with
 DEFAULT_PROMPT = "Write a Python function that reverses a string."
-# Tree drafters' settings the sidebar shows; EAGLE-2's defaults (depth, top_k, total_tokens) sized for a CPU.
-TREE_DEFAULTS = {"depth": 5, "top_k": 4, "total_tokens": 24, "lookup": 0}
+# Tree drafters' settings the sidebar shows: the drafter's own defaults (total_tokens "auto", the cut that pays under
+# this machine's measured verify cost; a fixed budget, the slider, when unticked), so the pages race what the bench runs.
+TREE_DEFAULTS = {"depth": 5, "top_k": 4, "total_tokens": 24, "lookup": 0}  # total_tokens: the slider's start
 DRAFTER_HELP = {
     "none": "plain autoregressive decoding: one target forward per token (the baseline)",
     "ngram": "prompt lookup: copy what followed the last matching n-gram in the context (no q)",
@@ -135,7 +136,11 @@ def sidebar() -> tuple[SharedModels | None, Settings | None]:
                 tree = (
                     ("depth", st.slider("depth", 1, 10, TREE_DEFAULTS["depth"], key="sb_depth")),
                     ("top_k", st.slider("top_k (children expanded per depth)", 1, 10, TREE_DEFAULTS["top_k"], key="sb_tree_top_k")),
-                    ("total_tokens", st.slider("total_tokens (nodes kept)", 2, 64, TREE_DEFAULTS["total_tokens"], key="sb_total")),
+                    ("total_tokens", "auto" if st.checkbox(
+                        "total_tokens auto", True, key="sb_total_auto",
+                        help="Keep the nodes that pay under this machine's measured verify-cost curve (the default "
+                             "everywhere else). Untick to fix the number of nodes.")
+                     else st.slider("total_tokens (nodes kept)", 2, 64, TREE_DEFAULTS["total_tokens"], key="sb_total")),
                     ("lookup", st.slider("lookup (prompt-lookup tokens grafted on, 0 = off)", 0, 8, TREE_DEFAULTS["lookup"],
                                          key="sb_lookup", help="Graft prompt lookup's continuation of the context "
                                          "onto the tree as one more branch (the `eagle2:lookup=4` variant).")),
