@@ -27,7 +27,6 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specviz import fastlinear
-
 from specviz.atomic import replacing
 
 from .common import default_data_dir, default_model_path, load_target, write_json_atomic

@@ -19,9 +19,9 @@ APP = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 IN_APP = "_in_app"  # True while app.py runs the current page through st.navigation
 ENV_MODEL = "SPECVIZ_DEFAULT_MODEL"  # a preset name or a local model folder the sidebar starts with
 DEFAULT_PROMPT = "Write a Python function that reverses a string."
-# Tree drafters' settings the sidebar shows: the drafter's own defaults (total_tokens "auto", the cut that pays under
-# this machine's measured verify cost; a fixed budget, the slider, when unticked), so the pages race what the bench runs.
-TREE_DEFAULTS = {"depth": 5, "top_k": 4, "total_tokens": 24, "lookup": 0}  # total_tokens: the slider's start
+# The sidebar's EAGLE-2 tree settings start at the drafter's own defaults, so the pages run what the bench runs:
+# total_tokens is "auto" (a ticked checkbox); unticked, the slider's fixed budget, which starts at 24.
+TREE_DEFAULTS = {"depth": 5, "top_k": 4, "total_tokens": 24, "lookup": 0}
 DRAFTER_HELP = {
     "none": "plain autoregressive decoding: one target forward per token (the baseline)",
     "ngram": "prompt lookup: copy what followed the last matching n-gram in the context (no q)",
