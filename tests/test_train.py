@@ -1,13 +1,16 @@
 """Tiny end-to-end runs: data -> EAGLE / Medusa / draft trainers on a random 2-layer model, in seconds."""
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from specviz.errors import SpecvizError
 from specviz.heads import EagleHead, MedusaHeads, build_draft_model
-from specviz.train.data import DataConfig, build_dataset, draft_vocabulary, load_split, read_instructions, token_counts
+from specviz.train.data import (DataConfig, build_dataset, draft_vocabulary, load_split, read_index, read_instructions,
+                                token_counts)
 from specviz.train.loop import TrainConfig
 
 VOCAB = 128
@@ -62,6 +65,9 @@ def test_data_shards_index_and_resume(dataset):
     assert torch.allclose(feats.float(), ref, atol=2e-2, rtol=1e-2)
     again = build_dataset(cfg, target, ByteTokenizer())  # every shard already there: nothing regenerated
     assert again["shards"] == index["shards"]
+    with pytest.raises(SpecvizError, match=r"other settings \(n_val 8 -> 4\)"):  # held-out prompts would leak
+        build_dataset(replace(cfg, n_val=4), target, ByteTokenizer())
+    assert read_index(cfg.out_dir)["shards"] == index["shards"]  # and the index is as it was
     counts = token_counts(cfg.out_dir)
     vocab = draft_vocabulary(counts, 16, EOS)
     assert vocab[0] == EOS and len(vocab) == 16 and len(set(vocab.tolist())) == 16

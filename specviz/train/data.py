@@ -28,6 +28,7 @@ from safetensors.torch import load_file, save_file
 
 from specviz import fastlinear
 from specviz.atomic import replacing
+from specviz.errors import SpecvizError
 
 from .common import default_data_dir, default_model_path, load_target, write_json_atomic
 
@@ -206,6 +207,20 @@ def read_index(out_dir: str | Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
+# What decides the contents of the shards already on disk: a rerun that changes one of these would mix two
+# datasets (with another n_val, held-out prompts would become training ones). n_prompts may grow: that resumes.
+# (The model and prompts paths are left out: the same files may sit elsewhere on another machine.)
+MAKING = ("n_val", "seed", "max_new_tokens", "max_prompt_tokens", "shard_size")
+
+
+def check_same_making(previous: dict, cfg: DataConfig, out: Path) -> None:
+    changed = [f"{key} {previous[key]!r} -> {getattr(cfg, key)!r}" for key in MAKING
+               if key in previous and previous[key] != getattr(cfg, key)]
+    if changed:
+        raise SpecvizError(f"{out} holds data made with other settings ({'; '.join(changed)}): rerun with the same "
+                           "ones to add to it, or choose another --data-dir")
+
+
 def build_dataset(cfg: DataConfig, target=None, tokenizer=None) -> dict:
     """Generate and cache every shard not yet on disk. Returns the index."""
     out = Path(cfg.out_dir)
@@ -215,8 +230,7 @@ def build_dataset(cfg: DataConfig, target=None, tokenizer=None) -> dict:
         fastlinear.pack_linears(target)  # inference only here: about 2x faster generation on a CPU
     eos_id = int(tokenizer.eos_token_id)
     index = read_index(out)
-    if index and index.get("config", {}).get("seed") != cfg.seed:
-        raise ValueError(f"{out} holds data made with another seed; choose another --data-dir")
+    check_same_making(index.get("config", {}), cfg, out)
     done = {s["name"]: s for s in index.get("shards", [])}
     val, train = select_prompts(cfg, tokenizer)
     plan = shard_plan(val, train, cfg.shard_size)
