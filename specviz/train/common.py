@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 
@@ -12,7 +11,6 @@ import torch
 TARGET_NAME = "smollm2-135m"
 
 
-from specviz.atomic import replacing, write_atomically
 from specviz.models import cache_root  # one cache root for fetched models and training data
 
 
@@ -38,12 +36,3 @@ def load_target(model_path: str | Path):
     model.eval().requires_grad_(False)
     tokenizer = AutoTokenizer.from_pretrained(str(model_path))
     return model, tokenizer
-
-
-def write_json_atomic(path: Path, obj) -> None:
-    write_atomically(path, json.dumps(obj, indent=2))
-
-
-def save_torch_atomic(path: Path, obj) -> None:
-    with replacing(path) as temp:
-        torch.save(obj, temp)

@@ -27,10 +27,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specviz import fastlinear
-from specviz.atomic import replacing
+from specviz.atomic import replacing, write_atomically
 from specviz.errors import SpecvizError
 
-from .common import default_data_dir, default_model_path, load_target, write_json_atomic
+from .common import default_data_dir, default_model_path, load_target
 
 log = logging.getLogger("specviz.train.data")
 
@@ -254,7 +254,7 @@ def build_dataset(cfg: DataConfig, target=None, tokenizer=None) -> dict:
             "vocab_size": target.config.vocab_size, "eos_token_id": eos_id,
             "shards": sorted(done.values(), key=lambda s: s["name"]),
         }
-        write_json_atomic(out / "index.json", index)
+        write_atomically(out / "index.json", json.dumps(index, indent=2))
         log.info("shard %s: %d seqs, %d response tokens, %.0f s (%.1f resp tok/s)",
                  name, len(prompts), n_resp, time.time() - t0, n_resp / (time.time() - t0))
         if cfg.max_minutes is not None and time.time() - start > 60 * cfg.max_minutes:

@@ -13,7 +13,8 @@ from typing import Callable, Iterator
 import torch
 from tqdm import tqdm
 
-from .common import save_torch_atomic
+from specviz.atomic import replacing
+
 from .data import FeatureSet
 
 log = logging.getLogger("specviz.train")
@@ -146,8 +147,9 @@ def train(
 
     def save() -> None:
         history.finished_steps = step_done
-        save_torch_atomic(ckpt, {"module": module.state_dict(), "optimizer": opt.state_dict(),
-                                 "history": asdict(history), "config": asdict(cfg)})
+        with replacing(ckpt) as temp:
+            torch.save({"module": module.state_dict(), "optimizer": opt.state_dict(),
+                        "history": asdict(history), "config": asdict(cfg)}, temp)
 
     start = last_ckpt = time.time()
     base_seconds = history.seconds
