@@ -19,8 +19,8 @@ def measured_runs() -> dict[str, list[dict]]:
     """Finished runs of this session: the race's (for the current settings or any) and the last live run."""
     runs = {}
     for (key, drafter), events in st.session_state.get("race_cache", {}).items():
-        _, prompt, temperature, _, _, k, seed, max_new, _ = key  # pages/race.py's settings key
-        label = f"race: {drafter} on “{prompt[:24]}…”, T {temperature}, K {k}, {max_new} tokens, seed {seed}"
+        prompt, s = key  # pages/race.py's key: the prompt and the sidebar's state.Settings of the run
+        label = f"race: {drafter} on “{prompt[:24]}…”, T {s.temperature}, K {s.k}, {s.max_new_tokens} tokens, seed {s.seed}"
         runs[label if label not in runs else f"{label} ({len(runs)})"] = events  # top-p, top-k or tree differ
     trace, source = state.get_trace()
     if trace and state.done_of(trace):

@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import plotly.graph_objects as go
 import streamlit as st
 
@@ -20,9 +22,8 @@ c1, c2 = st.columns([1, 3])
 max_new = c1.number_input("Max new tokens", 1, 256, min(settings.max_new_tokens, 32), key="race_max_new",
                           help="Kept small by default: the drafters run one after another.")
 chosen = c2.multiselect("Drafters", drafters, default=drafters, key="race_drafters")
-key = (shared.name, prompt, settings.temperature, settings.top_p, settings.top_k, settings.k, settings.seed,
-       int(max_new), settings.tree)
-cache = st.session_state.setdefault("race_cache", {})  # (settings key, drafter) → events; revisits reuse runs
+key = (prompt, replace(settings, drafter="", max_new_tokens=int(max_new)))  # what every drafter of the race shares
+cache = st.session_state.setdefault("race_cache", {})  # (key, drafter) → events; revisits reuse runs
 todo = [d for d in chosen if (key, d) not in cache]
 st.caption(f"temperature {settings.temperature}, top-p {settings.top_p}, top-k {settings.top_k}, K {settings.k}, "
            f"seed {settings.seed} (from the sidebar). "
