@@ -56,7 +56,7 @@ class View:
         done = state.done_of(events)
         new_tokens = sum(len(s["committed"]) for s in steps)
         drafted = sum(len(s["nodes"]) for s in steps)
-        accepted = sum(len(s["accepted_path"]) for s in steps)
+        accepted = sum(committed_accepted(s) for s in steps)
         with self.metrics.container():
             cols = st.columns(5)
             cols[0].metric("steps (target forwards)", len(steps))
@@ -75,13 +75,18 @@ class View:
             self.log.dataframe(step_log(steps), hide_index=True, height=min(400, 36 * (len(steps) + 1) + 3))
 
 
+def committed_accepted(step: dict) -> int:
+    """Drafted tokens accepted and committed: a token accepted past an end-of-sequence cut is not."""
+    return sum(c["kind"] == "accepted" for c in step["committed"])
+
+
 def step_log(steps: list[dict]) -> list[dict]:
     return [
         {
             "step": s["step"],
             "drafted": len(s["nodes"]),
             "tested": len(s["tests"]),
-            "accepted": len(s["accepted_path"]),
+            "accepted": committed_accepted(s),
             "ends with": s["final"]["kind"],
             "tokens committed": " ".join(figures.visible(c["text"]) for c in s["committed"]),
             "draft ms": round(s["timing"]["draft_ms"], 1),

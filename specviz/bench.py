@@ -182,7 +182,7 @@ def run_drafter(models, name: str, prompt: Prompt, prompt_ids: list[int], settin
             run.accepted_at.append(0)
         for d in range(depth):
             run.reached[d] += 1
-        for d in range(len(step.accepted_path)):
+        for d in range(sum(c.kind == "accepted" for c in step.committed)):  # past an EOS cut: not committed
             run.accepted_at[d] += 1
         run.tree |= any(node.parent != node.id - 1 for node in step.nodes)
     return run

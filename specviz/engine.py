@@ -214,15 +214,17 @@ class _Run:
             new = [tree.tokens[i] for i in verdict.path] + [verdict.token]
             kinds = ["accepted"] * len(verdict.path) + [verdict.kind if len(tree) else "autoregressive"]
             new, kinds, stop_reason = self._truncate(new, kinds, budget)
+            # a drafted token the test accepted past an end-of-sequence cut is never committed: not counted
+            n_accepted = min(len(verdict.path), len(new))
             keep_cache_entries(self.cache, past_len, verdict.path)
             ids += new
             generated += new
-            features = hidden[[0] + [i + 1 for i in verdict.path]] if self.drafter.needs_features else None
-            self.drafter.observe(Outcome(accepted=len(verdict.path), committed=new, features=features))
+            features = hidden[[0] + [i + 1 for i in verdict.path[: len(new) - 1]]] if self.drafter.needs_features else None
+            self.drafter.observe(Outcome(accepted=n_accepted, committed=new, features=features))
             self.metrics.observe(
                 max_depth=max(tree.depths(), default=0),
                 n_drafted=len(tree),
-                n_accepted=len(verdict.path),
+                n_accepted=n_accepted,
                 n_committed=len(new),
                 draft_s=drafted - step_started,
                 verify_s=verified - drafted,

@@ -5,12 +5,13 @@ import pytest
 import torch
 
 import specviz
-from specviz import engine, events
+from specviz import bench, engine, events
 from specviz.drafters import make_drafter
 from specviz.drafters.base import NoDraft
 from specviz.drafters.draft_model import DraftModelDrafter
 from specviz.drafters.ngram import NgramDrafter, lookup, lookup_match
 from specviz.errors import SpecvizError
+from specviz.models import LoadedModels
 from specviz.sampling import Sampling
 from tiny import EOS, TinyTokenizer, hf_greedy, tiny_llama
 
@@ -60,6 +61,27 @@ def test_greedy_stops_at_eos_like_the_target():
         done = run(model, tok, drafter, max_new_tokens=60)[-1]
         assert done.token_ids == reference
         assert done.stop_reason == ("eos" if EOS in reference else "max_new_tokens")
+
+
+def test_tokens_accepted_past_an_eos_cut_are_not_counted():
+    # a perfect draft keeps drafting past the end-of-sequence token; verification accepts those tokens, but
+    # they are never committed, so acceptance counts only the accepted tokens that were committed
+    model = tiny_llama(seed=5, scale=3.0)
+    with torch.no_grad():
+        model.lm_head.weight[EOS] += 0.3 * model.lm_head.weight.mean(0)
+    reference = hf_greedy(model, PROMPT, 60)
+    assert EOS in reference and (reference.index(EOS) + 1) % 5, "the EOS must fall inside a 4-token chain"
+    events_ = run(model, TinyTokenizer(64), DraftModelDrafter(model, 4), max_new_tokens=60)
+    steps, done = [e for e in events_ if isinstance(e, events.Step)], events_[-1]
+    committed_accepted = sum(c.kind == "accepted" for s in steps for c in s.committed)
+    assert len(steps[-1].accepted_path) > len(steps[-1].committed)  # the cut happened inside the accepted path
+    assert done.stats["accepted"] == committed_accepted
+    assert done.stats["acceptance_rate"] == committed_accepted / done.stats["drafted"]
+    # the bench counts per-position acceptance from the events; it agrees with the engine's own count
+    models = LoadedModels("tiny-eos", model, model, TinyTokenizer(64), model.device, model.dtype)
+    settings = bench.quick_settings(max_new_tokens=60, k=4)
+    result = bench.run_drafter(models, "draft", bench.Prompt("p", ""), PROMPT, settings)
+    assert result.accepted == committed_accepted == sum(result.accepted_at)
 
 
 def test_perfect_draft_accepts_everything_and_adds_a_bonus(target, tok):
