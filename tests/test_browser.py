@@ -82,6 +82,13 @@ def test_live_decode_tree_and_race_in_a_browser(server):
             page.goto(server)
             expect(page.get_by_text("Drafter", exact=True)).to_be_visible(timeout=120_000)  # the model loaded
             expect(page.get_by_role("heading", name="Why speculative decoding works")).to_be_visible()
+            # the first sidebar change of the first session of a fresh server reaches the script (a folder named
+            # pages/ used to make Streamlit drop it: the sidebar's widgets changed identity after the first run)
+            expect_idle(page)
+            pick_drafter(page, "ngram")
+            expect(sidebar(page).get_by_text("prompt lookup: copy what followed")).to_be_visible()
+            pick_drafter(page, "eagle2")
+            expect(sidebar(page).get_by_text("EAGLE-2: a feature-level draft head")).to_be_visible()
             shot(page, "1-overview")
 
             nav(page, "Live decoding")
@@ -127,6 +134,16 @@ def test_live_decode_tree_and_race_in_a_browser(server):
             shot(page, "8-benchmarks")
         finally:
             browser.close()
+
+
+def sidebar(page):
+    return page.get_by_test_id("stSidebar")
+
+
+def pick_drafter(page, name: str) -> None:
+    sidebar(page).get_by_role("combobox", name="Drafter").click()
+    page.get_by_role("option", name=name, exact=True).click()
+    expect_idle(page)
 
 
 def main(page):

@@ -72,3 +72,43 @@ def test_a_stopped_or_failed_session_releases_the_model(tiny_models):
         shared.run("   ", drafter="ngram")
     assert not shared.lock.locked()
     assert tokens(shared.run("Say hello.", drafter="ngram", max_new_tokens=4))  # still usable
+
+
+def test_a_background_fetch_is_shared_and_outlives_its_callers(tmp_path, monkeypatch):
+    """Two sessions asking for the same preset get one fetch; it runs to the end on its own thread, reports its
+    progress, and a second request after it finished starts nothing when the files are there."""
+    from specviz import models
+    from specviz.ui.runner import Fetches
+
+    monkeypatch.setenv("SPECVIZ_CACHE", str(tmp_path))
+    release, fetched = threading.Event(), []
+
+    def fake_fetch(model_file, progress=None, wheelhouse=None):
+        progress("download", 5, 10)
+        release.wait(30)
+        folder = models.model_dir(model_file.key)
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text("{}")
+        (folder / "model.safetensors").write_bytes(b"")
+        fetched.append(model_file.key)
+        return folder
+
+    monkeypatch.setattr(models, "fetch", fake_fetch)
+    fetches = Fetches()
+    jobs = []
+    callers = [threading.Thread(target=lambda: jobs.append(fetches.start("smollm2-135m"))) for _ in range(2)]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join()
+    assert jobs[0] is jobs[1] and jobs[0].running
+    deadline = time.time() + 5
+    while jobs[0].done < 5 and time.time() < deadline:
+        time.sleep(0.01)
+    assert (jobs[0].stage, jobs[0].done, jobs[0].total) == ("download", 5, 10)
+    release.set()
+    jobs[0].thread.join(10)
+    assert jobs[0].finished and jobs[0].error is None and fetched == ["smollm2-135m"]
+    again = fetches.start("smollm2-135m")  # nothing missing now: a job that has nothing to fetch
+    again.thread.join(10)
+    assert again.finished and again.error is None and fetched == ["smollm2-135m"]

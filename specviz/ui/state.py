@@ -3,7 +3,6 @@ session), and running a decode from a page with its errors shown as messages."""
 from __future__ import annotations
 
 import os
-import runpy
 from dataclasses import asdict, dataclass
 from typing import Callable
 
@@ -13,10 +12,8 @@ from specviz import events as ev
 from specviz import models as m
 from specviz.drafters import available, parse_spec
 from specviz.errors import SpecvizError
-from specviz.ui.runner import SharedModels
+from specviz.ui.runner import Fetches, SharedModels
 
-APP = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "app.py")
-IN_APP = "_in_app"  # True while app.py runs the current page through st.navigation
 ENV_MODEL = "SPECVIZ_DEFAULT_MODEL"  # a preset name or a local model folder the sidebar starts with
 DEFAULT_PROMPT = "Write a Python function that reverses a string."
 # The sidebar's EAGLE-2 tree settings start at the drafter's own defaults, so the pages run what the bench runs:
@@ -93,11 +90,8 @@ def _model_choice() -> str | None:
                                                                        for p in m.PRESETS.values()))
         chosen = m.PRESETS[preset]
         missing = [f for f in (chosen.target, chosen.draft) if f is not None and not m.is_fetched(f.key)]
-        if missing:  # the draft model is fetched with the target
-            st.sidebar.warning(f"{preset} is not in the cache yet: {m.format_megabytes(sum(f.size_bytes for f in missing))} "
-                               "to download and convert.")
-            if not st.sidebar.button(f"Fetch and load {preset}", key="sb_fetch"):
-                return None
+        if missing and not _fetch_done(preset, missing):  # the draft model is fetched with the target
+            return None
         return preset
     folder = st.sidebar.text_input("Model folder", env if env not in presets else "", key="sb_folder",
                                    placeholder="/path/to/model").strip()
@@ -108,6 +102,42 @@ def _model_choice() -> str | None:
         st.sidebar.error(f"No such folder: {folder}")
         return None
     return folder
+
+
+@st.cache_resource(show_spinner=False)
+def _fetches() -> Fetches:
+    return Fetches()
+
+
+def _fetch_done(preset: str, missing: list) -> bool:
+    """Offer to fetch `preset`, then follow the fetch, which runs in a background thread shared by every session:
+    touching a widget or changing page reruns the script but leaves the download running. True once it is done."""
+    job = _fetches().get(preset)
+    if job is None or (job.finished and job.error):
+        if job is not None:
+            st.sidebar.error(f"Fetching {preset} failed: {job.error}")
+        st.sidebar.warning(f"{preset} is not in the cache yet: {m.format_megabytes(sum(f.size_bytes for f in missing))} "
+                           "to download and convert.")
+        if not st.sidebar.button(f"Fetch and load {preset}" if job is None else f"Try fetching {preset} again",
+                                 key="sb_fetch"):
+            return False
+        job = _fetches().start(preset)
+    if job.finished:
+        return True
+    with st.sidebar:
+        _follow_fetch(job)
+    return False
+
+
+@st.fragment(run_every=1.0)
+def _follow_fetch(job) -> None:
+    """Redrawn every second while the fetch runs; reruns the whole app when it has finished."""
+    if job.finished:
+        st.rerun(scope="app")
+    fraction = min(job.done / job.total, 1.0) if job.total else 0.0
+    st.progress(fraction, text=f"Fetching {job.preset}: {job.stage} {job.done:,.0f} / {job.total:,.0f}")
+    st.caption("The download runs in the background: changing page or settings, or closing this tab, does not "
+               "stop it.")
 
 
 def sidebar() -> tuple[SharedModels | None, Settings | None]:
@@ -196,14 +226,7 @@ def run_decode(shared: SharedModels, prompt: str, settings: Settings, into: list
 
 
 def intro(title: str, lines: str) -> None:
-    """Every page starts with its title and a two-line explanation.
-
-    A folder named pages/ makes Streamlit run a page file on its own (without app.py, so without the sidebar)
-    until st.navigation has run once in the process: AppTest does so on every rerun, a fresh server on a first
-    request to a sub-page. Then run app.py instead, which runs this page through st.navigation, and stop."""
-    if not st.session_state.get(IN_APP):
-        runpy.run_path(APP, run_name="__main__")
-        st.stop()
+    """Every page starts with its title and a two-line explanation."""
     st.title(title)
     st.markdown(lines)
 
