@@ -229,3 +229,19 @@ def test_a_preset_fetch_survives_reruns_and_page_changes(app, tmp_path, monkeypa
     finally:
         release.set()
         state._fetches.clear()
+
+
+@pytest.mark.skipif(not __import__("specviz.models").models.is_fetched("smollm2-135m"),
+                    reason="smollm2-135m is not fetched (make fetch)")
+def test_the_sidebar_tree_settings_reach_eagle2_runs_whatever_the_sidebar_drafter(monkeypatch):
+    """The race and the lossless page run eagle2 beside the sidebar's drafter: the tree settings apply to them."""
+    monkeypatch.setenv(ENV_MODEL, "smollm2-135m")
+    at = ok(AppTest.from_file(APP, default_timeout=TIMEOUT).run())
+    at.sidebar.selectbox(key="sb_drafter").set_value("ngram")
+    ok(at.run())
+    at.sidebar.slider(key="sb_depth").set_value(3)
+    ok(at.run())
+    settings = at.session_state["_settings"]
+    assert settings.drafter == "ngram"
+    assert settings.stream_kwargs(drafter="eagle2")["drafter_options"]["depth"] == 3
+    assert "drafter_options" not in settings.stream_kwargs()  # the n-gram drafter takes no tree

@@ -161,8 +161,9 @@ def sidebar() -> tuple[SharedModels | None, Settings | None]:
                               help="Chain drafters (n-gram, draft model) propose up to K tokens a step; `none` "
                                    "ignores it.")
         tree = None
-        if drafter == "eagle2":
-            with st.sidebar.expander("Tree (EAGLE-2)", expanded=True):
+        if "eagle2" in names:  # every EAGLE-2 run uses them: this drafter's, and the race's and lossless page's
+            with st.sidebar.expander("Tree (EAGLE-2)", expanded=drafter == "eagle2"):
+                st.caption("For every EAGLE-2 run: the pages' and the race's.")
                 tree = (
                     ("depth", st.slider("depth", 1, 10, TREE_DEFAULTS["depth"], key="sb_depth")),
                     ("top_k", st.slider("top_k (children expanded per depth)", 1, 10, TREE_DEFAULTS["top_k"], key="sb_tree_top_k")),
