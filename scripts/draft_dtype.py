@@ -77,7 +77,7 @@ def main(argv):
     base = results["none"]
     report = {"model": args.model, "prompts": len(prompts), "offset": args.offset, "max_new_tokens": args.max_new_tokens,
               "native_bf16": fastlinear.native_bf16(), "methods": {}}
-    print(f"| method | τ | tokens/s | speedup vs none (median, min–max) | output = none |\n|---|---|---|---|---|")
+    print("| method | τ | tokens/s | speedup vs none (median, min–max) | output = none |\n|---|---|---|---|---|")
     for name, outs in results.items():
         speedups = [b.stats["wall_s"] / o.stats["wall_s"] for b, o in zip(base, outs)]
         tokens = sum(o.stats["new_tokens"] for o in outs)

@@ -4,4 +4,4 @@ from specviz.engine import Result
 from specviz import events
 from specviz.errors import SpecvizError
 
-__all__ = ["generate", "stream", "loaded", "Result", "SpecvizError"]
+__all__ = ["generate", "stream", "loaded", "Result", "SpecvizError", "events"]

@@ -1,7 +1,6 @@
 """Tree verification: mask and positions, cache gather, greedy identity, statistical losslessness."""
 import pytest
 import torch
-from transformers import DynamicCache
 
 from specviz import engine
 from specviz.costs import AUTO_SIZES, interpolate
