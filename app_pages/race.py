@@ -3,7 +3,7 @@ from dataclasses import replace
 import plotly.graph_objects as go
 import streamlit as st
 
-from specviz.drafters import available, variants
+from specviz.drafters import available, parse_spec, variants
 from specviz.ui import figures, state
 
 state.intro(
@@ -22,9 +22,17 @@ c1, c2 = st.columns([1, 3])
 max_new = c1.number_input("Max new tokens", 1, 256, min(settings.max_new_tokens, 32), key="race_max_new",
                           help="Kept small by default: the drafters run one after another.")
 chosen = c2.multiselect("Drafters", drafters, default=drafters, key="race_drafters")
-key = (prompt, replace(settings, drafter="", max_new_tokens=int(max_new)))  # what every drafter of the race shares
-cache = st.session_state.setdefault("race_cache", {})  # (key, drafter) → events; revisits reuse runs
-todo = [d for d in chosen if (key, d) not in cache]
+cache = st.session_state.setdefault("race_cache", {})  # (run_key(d), d) → events; revisits reuse runs
+
+
+def run_key(drafter: str) -> tuple:
+    """What a run depends on besides its drafter: the prompt and the sidebar's settings; the tree settings only
+    for eagle2 (changing them re-runs only the eagle2 runs)."""
+    tree = settings.tree if parse_spec(drafter)[0] == "eagle2" else None
+    return prompt, replace(settings, drafter="", max_new_tokens=int(max_new), tree=tree)
+
+
+todo = [d for d in chosen if (run_key(d), d) not in cache]
 st.caption(f"temperature {settings.temperature}, top-p {settings.top_p}, top-k {settings.top_k}, K {settings.k}, "
            f"seed {settings.seed} (from the sidebar). "
            + (f"{len(chosen) - len(todo)} of {len(chosen)} runs are cached for these settings." if chosen else ""))
@@ -41,12 +49,12 @@ if st.button(f"Run the race ({len(todo)} to run)" if todo else "All runs cached:
         events = state.run_decode(shared, prompt, settings, on_event=tick, drafter=drafter, max_new_tokens=int(max_new))
         if events is None:
             break
-        cache[(key, drafter)] = events
+        cache[(run_key(drafter), drafter)] = events
     bar.empty()
     if events is not None:
         st.rerun()  # redraw with the new runs (and the button's label) from the cache
 
-runs = {d: cache[(key, d)] for d in chosen if (key, d) in cache}
+runs = {d: cache[(run_key(d), d)] for d in chosen if (run_key(d), d) in cache}
 if not runs:
     st.info("Press **Run the race** to decode with each drafter.")
     st.stop()

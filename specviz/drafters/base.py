@@ -37,9 +37,9 @@ class DraftRequest:
 
 @dataclass
 class Outcome:
-    accepted: int  # drafted tokens accepted this step
+    accepted: int  # drafted tokens accepted and committed this step (none past an end-of-sequence cut)
     committed: list[int]  # tokens committed this step (accepted + replacement/bonus)
-    features: torch.Tensor | None  # (m, H) target hidden states at the root and at each accepted node
+    features: torch.Tensor | None  # (len(committed), H) target hidden states at the root and each committed accepted node
 
 
 class Drafter:

@@ -257,6 +257,8 @@ def step_tree_figure(step: dict) -> go.Figure:
     n_tested = len(step["tests"])
     title = (f"step {step['step']}: {len(step['nodes'])} drafted, {n_tested} tested, "
              f"{len(step['accepted_path'])} accepted, then 1 {final['kind']}")
+    if len(step["committed"]) < len(step["accepted_path"]) + 1:
+        title += f" (cut at the end of the text: {len(step['committed'])} committed)"
     return _tree_figure(items, title)
 
 

@@ -76,9 +76,11 @@ class FetchJob:
                 m.fetch(model_file, self._progress)  # its own lock and temp folder: a failure leaves the cache clean
         except SpecvizError as err:
             self.error = str(err)
-        except Exception as err:  # whatever a broken download raises, the page shows it instead of hanging
+        except BaseException as err:  # whatever a broken download raises, the page shows it instead of hanging
             self.error = f"{type(err).__name__}: {err}"
         finally:
+            if self.error is None and not all(m.is_fetched(f.key) for f in files):
+                self.error = "the fetch ended but the model is not in the cache"
             self.finished = True
 
 

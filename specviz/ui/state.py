@@ -113,6 +113,8 @@ def _fetch_done(preset: str, missing: list) -> bool:
     """Offer to fetch `preset`, then follow the fetch, which runs in a background thread shared by every session:
     touching a widget or changing page reruns the script but leaves the download running. True once it is done."""
     job = _fetches().get(preset)
+    if job is not None and job.finished and not job.error:
+        job = None  # it fetched, yet files are missing now (the cache was cleared since): offer to fetch again
     if job is None or (job.finished and job.error):
         if job is not None:
             st.sidebar.error(f"Fetching {preset} failed: {job.error}")
@@ -122,7 +124,7 @@ def _fetch_done(preset: str, missing: list) -> bool:
                                  key="sb_fetch"):
             return False
         job = _fetches().start(preset)
-    if job.finished:
+    if job.finished and not job.error:  # (a failed one is shown by the fragment's rerun)
         return True
     with st.sidebar:
         _follow_fetch(job)
