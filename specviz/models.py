@@ -172,6 +172,11 @@ def is_fetched(key: str) -> bool:
     return (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
 
 
+def missing_files(preset: Preset) -> list[ModelFile]:
+    """The preset's model files not in the cache yet: its target's, then its draft's."""
+    return [f for f in (preset.target, preset.draft) if f is not None and not is_fetched(f.key)]
+
+
 @contextmanager
 def cache_lock(root: Path, key: str) -> Iterator[None]:
     """Hold an exclusive lock on <root>/.lock-<key> so that one process at a time fetches a model.

@@ -100,8 +100,7 @@ class Fetches:
             job = self.jobs.get(preset)
             if job is not None and job.running:
                 return job
-            chosen = m.PRESETS[preset]
-            files = [f for f in (chosen.target, chosen.draft) if f is not None and not m.is_fetched(f.key)]
+            files = m.missing_files(m.PRESETS[preset])
             job = FetchJob(preset)
             job.thread = threading.Thread(target=job._run, args=(files,), name=f"fetch-{preset}", daemon=True)
             self.jobs[preset] = job

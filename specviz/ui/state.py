@@ -88,8 +88,7 @@ def _model_choice() -> str | None:
         preset = st.sidebar.selectbox("Preset", presets, index=presets.index(env) if env in presets else 0,
                                       key="sb_preset", help="\n\n".join(f"**{p.name}**: {p.description}"
                                                                        for p in m.PRESETS.values()))
-        chosen = m.PRESETS[preset]
-        missing = [f for f in (chosen.target, chosen.draft) if f is not None and not m.is_fetched(f.key)]
+        missing = m.missing_files(m.PRESETS[preset])
         if missing and not _fetch_done(preset, missing):  # the draft model is fetched with the target
             return None
         return preset
@@ -113,14 +112,13 @@ def _fetch_done(preset: str, missing: list) -> bool:
     """Offer to fetch `preset`, then follow the fetch, which runs in a background thread shared by every session:
     touching a widget or changing page reruns the script but leaves the download running. True once it is done."""
     job = _fetches().get(preset)
-    if job is not None and job.finished and not job.error:
-        job = None  # it fetched, yet files are missing now (the cache was cleared since): offer to fetch again
-    if job is None or (job.finished and job.error):
-        if job is not None:
+    if job is None or job.finished:  # none yet, a failed one, or one that fetched but the files are gone again
+        failed = job is not None and job.error
+        if failed:
             st.sidebar.error(f"Fetching {preset} failed: {job.error}")
         st.sidebar.warning(f"{preset} is not in the cache yet: {m.format_megabytes(sum(f.size_bytes for f in missing))} "
                            "to download and convert.")
-        if not st.sidebar.button(f"Fetch and load {preset}" if job is None else f"Try fetching {preset} again",
+        if not st.sidebar.button(f"Try fetching {preset} again" if failed else f"Fetch and load {preset}",
                                  key="sb_fetch"):
             return False
         job = _fetches().start(preset)
