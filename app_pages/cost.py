@@ -2,6 +2,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from specviz import analysis
+from specviz.drafters import parse_spec
 from specviz.ui import state
 
 state.intro(
@@ -91,7 +92,7 @@ st.markdown("tokens, and costs (draft time + verify time) ÷ (time of one plain 
             "expected tokens per step ÷ step cost. Both α and the costs come from runs measured here.")
 baselines = [n for n, e in runs.items() if e[0]["drafter"] == "none"]
 # the formula is a chain's: a tree's acceptance (accepted ÷ every node drafted) and depth do not fit it
-specs = [n for n, e in runs.items() if e[0]["drafter"].split(":")[0] in CHAIN_DRAFTERS]
+specs = [n for n, e in runs.items() if parse_spec(e[0]["drafter"])[0] in CHAIN_DRAFTERS]
 if not baselines or not specs:
     st.info("Needs a `none` run and a chain run (`ngram` or `draft`): run the *Topology race* (it runs every "
             "drafter, `none` included), then come back. Tree drafters (`medusa`, `eagle2`) do not fit this "

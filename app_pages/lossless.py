@@ -4,7 +4,7 @@ from collections import Counter
 import streamlit as st
 
 from specviz import analysis
-from specviz.drafters import available, parse_spec
+from specviz.drafters import available
 from specviz.ui import figures, state
 
 state.intro(
@@ -36,7 +36,7 @@ new_tokens = c[3].selectbox("Tokens per run", [2, 1], key="ll_tokens",
 what = st.radio("Compare", ["first generated token", "first two tokens (as a pair)"], horizontal=True, key="ll_what",
                 disabled=new_tokens == 1)
 key = (shared.name, prompt, drafter, int(n), temperature, new_tokens, settings.top_p, settings.top_k, settings.k,
-       settings.tree if parse_spec(drafter)[0] == "eagle2" else None)  # the sidebar's tree settings change eagle2
+       settings.tree_for(drafter))
 results = st.session_state.setdefault("ll_cache", {})
 
 if st.button(f"Sample {2 * int(n)} runs", type="primary", key="ll_run"):

@@ -3,7 +3,7 @@ from dataclasses import replace
 import plotly.graph_objects as go
 import streamlit as st
 
-from specviz.drafters import available, parse_spec, variants
+from specviz.drafters import available, variants
 from specviz.ui import figures, state
 
 state.intro(
@@ -28,8 +28,7 @@ cache = st.session_state.setdefault("race_cache", {})  # (run_key(d), d) → eve
 def run_key(drafter: str) -> tuple:
     """What a run depends on besides its drafter: the prompt and the sidebar's settings; the tree settings only
     for eagle2 (changing them re-runs only the eagle2 runs)."""
-    tree = settings.tree if parse_spec(drafter)[0] == "eagle2" else None
-    return prompt, replace(settings, drafter="", max_new_tokens=int(max_new), tree=tree)
+    return prompt, replace(settings, drafter="", max_new_tokens=int(max_new), tree=settings.tree_for(drafter))
 
 
 todo = [d for d in chosen if (run_key(d), d) not in cache]

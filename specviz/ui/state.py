@@ -3,7 +3,7 @@ session), and running a decode from a page with its errors shown as messages."""
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import streamlit as st
@@ -41,14 +41,17 @@ class Settings:
     max_new_tokens: int = 32
     tree: tuple | None = None  # (("depth", d), ("top_k", t), ("total_tokens", n), ("lookup", l)) for eagle2
 
+    def tree_for(self, drafter: str) -> tuple | None:
+        """The tree settings a run of `drafter` uses: the sidebar's for eagle2 and its variants, else none."""
+        return self.tree if parse_spec(drafter)[0] == "eagle2" else None
+
     def stream_kwargs(self, **overrides) -> dict:
         """Arguments for specviz.stream (without models=); `overrides` replace any of them."""
-        values = {**asdict(self), **overrides}
-        kwargs = {name: values[name] for name in ("drafter", "temperature", "top_p", "top_k", "k", "seed", "max_new_tokens")}
-        tree = values["tree"]
-        name, spec_options = parse_spec(kwargs["drafter"])
-        if tree and name == "eagle2":  # the sidebar's tree, also for variants such as eagle2:lookup=4 (theirs win)
-            kwargs["drafter_options"] = {**dict(tree), **spec_options}
+        run = replace(self, **overrides)
+        kwargs = {name: getattr(run, name) for name in ("drafter", "temperature", "top_p", "top_k", "k", "seed", "max_new_tokens")}
+        tree = run.tree_for(run.drafter)
+        if tree:  # also for variants such as eagle2:lookup=4, whose own options win
+            kwargs["drafter_options"] = {**dict(tree), **parse_spec(run.drafter)[1]}
         return kwargs
 
 
