@@ -35,6 +35,14 @@ def write_atomically(path: str | os.PathLike, text: str) -> None:
         temp.write_text(text, encoding="utf-8")
 
 
+def save_tensors_atomically(tensors: dict, path: str | os.PathLike) -> None:
+    """A safetensors file written whole or not at all (a failed save leaves the old file, e.g. a shipped one)."""
+    from safetensors.torch import save_file
+
+    with replacing(path) as temp:
+        save_file(tensors, str(temp))
+
+
 def check_writable(path: str | os.PathLike) -> None:
     """Before a long run: fail now, not after it, when `path` could not be written (folders `replacing` would
     make are fine)."""

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .atomic import replacing, write_atomically
+from .atomic import save_tensors_atomically, write_atomically
 from .errors import SpecvizError
 
 log = logging.getLogger("specviz.heads")
@@ -64,13 +64,10 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
 
 def write_weights(folder: str | Path, state: dict[str, torch.Tensor], config: dict, dtype: torch.dtype) -> Path:
     """`model.safetensors` (floating tensors cast to `dtype`, integer ones kept) and `config.json`."""
-    from safetensors.torch import save_file
-
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     cast = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in state.items()}
-    with replacing(folder / "model.safetensors") as temp:  # a failed save leaves the shipped files whole
-        save_file(cast, str(temp))
+    save_tensors_atomically(cast, folder / "model.safetensors")
     write_atomically(folder / "config.json", json.dumps(config, indent=2) + "\n")
     return folder
 
@@ -353,12 +350,8 @@ def save_draft_model(draft, path, config_extra: dict, dtype: torch.dtype = torch
     config = json.loads(draft.config.to_json_string())  # what save_pretrained would write
     config["dtype"] = str(dtype).removeprefix("torch.")
     config["specviz"] = {"kind": "draft", "shares_target_embedding": True, **config_extra}
-    from safetensors.torch import save_file
-
-    with replacing(path / "model.safetensors") as temp:  # a failed save leaves the shipped files whole
-        save_file({k: v.to(dtype).contiguous() for k, v in state.items()}, str(temp))
+    save_tensors_atomically({k: v.to(dtype).contiguous() for k, v in state.items()}, path / "model.safetensors")
     write_atomically(path / "config.json", json.dumps(config, indent=2) + "\n")
     if draft_vocab is not None:
-        with replacing(path / DRAFT_VOCAB_FILE) as temp:
-            save_file({"draft_vocab": draft_vocab.to(torch.int64).contiguous()}, str(temp))
+        save_tensors_atomically({"draft_vocab": draft_vocab.to(torch.int64).contiguous()}, path / DRAFT_VOCAB_FILE)
     return path

@@ -31,3 +31,21 @@ def test_unwritable_targets_are_refused_up_front(tmp_path):
     (tmp_path / "a-file").write_text("")
     with pytest.raises(SpecvizError, match="not a writable folder"):
         check_writable(tmp_path / "a-file" / "out.json")
+
+
+def test_a_failed_tensor_save_keeps_the_shipped_file(tmp_path, monkeypatch):
+    import safetensors.torch
+    import torch
+
+    from specviz.atomic import save_tensors_atomically
+
+    path = tmp_path / "model.safetensors"
+    save_tensors_atomically({"w": torch.ones(2)}, path)
+    def half_written(tensors, name):
+        open(name, "wb").write(b"half")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", half_written)
+    with pytest.raises(OSError, match="disk full"):
+        save_tensors_atomically({"w": torch.zeros(2)}, path)
+    assert safetensors.torch.load_file(path)["w"].tolist() == [1.0, 1.0] and os.listdir(tmp_path) == ["model.safetensors"]

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from specviz import fastlinear
-from specviz.atomic import replacing, write_atomically
+from specviz.atomic import save_tensors_atomically, write_atomically
 from specviz.errors import SpecvizError
 
 from .common import default_data_dir, default_model_path, load_target
@@ -241,8 +241,7 @@ def build_dataset(cfg: DataConfig, target=None, tokenizer=None) -> dict:
             continue
         t0 = time.time()
         shard = build_shard(target, prompts, cfg, eos_id, target.config.vocab_size)
-        with replacing(out / f"{name}.safetensors") as temp:
-            save_file(shard, str(temp))
+        save_tensors_atomically(shard, out / f"{name}.safetensors")
         n_resp = int(shard["token_counts"].sum())
         done[name] = {
             "name": name, "split": name.split("-")[0], "n_seqs": len(prompts),
