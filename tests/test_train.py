@@ -76,6 +76,20 @@ def test_data_shards_index_and_resume(dataset):
     assert rest[-1] >= counts[[t for t in range(len(counts)) if t not in set(vocab.tolist())]].max()
 
 
+def test_later_train_shards_first_then_the_rest(dataset, tmp_path):
+    """--first-train-shard makes the later prompts' shards under their own names; a run without it fills in the
+    earlier ones, and the two runs together hold exactly what one full run holds."""
+    target, cfg, index, _ = dataset
+    later = replace(cfg, out_dir=str(tmp_path / "later"), first_train_shard=2)
+    names = [s["name"] for s in build_dataset(later, target, ByteTokenizer())["shards"]]
+    assert names == ["train-00002", "train-00003", "val-00000"]
+    filled = build_dataset(replace(later, first_train_shard=0), target, ByteTokenizer())
+    assert [s["name"] for s in filled["shards"]] == [s["name"] for s in index["shards"]]
+    for split in ("train", "val"):
+        ours, full = load_split(later.out_dir, split), load_split(cfg.out_dir, split)
+        assert torch.equal(ours.tokens, full.tokens) and torch.equal(ours.offsets, full.offsets)
+
+
 def test_benchmark_prompts_refused(tmp_path):
     bad = tmp_path / "mt_bench.jsonl"
     bad.write_text('{"instruction": "x"}\n')
@@ -110,6 +124,29 @@ def test_eagle_trains_and_loads(dataset, tmp_path):
     head = EagleHead.load(tmp_path / "eagle", target.config)
     assert head.draft_vocab is not None and (tmp_path / "eagle" / "PROVENANCE.md").exists()
     assert 0.0 <= metrics["fp32"]["acc1"] <= 1.0
+
+
+def test_eagle_goes_on_from_a_trained_head(dataset, tmp_path):
+    """--init: the second run starts where the first one's file ended (same numbers before any step), keeps its
+    draft vocabulary even when asked for another size, and carries the first run's provenance."""
+    from specviz.train.eagle import train_eagle
+
+    target = dataset[0]
+    first = train_eagle(run_config("eagle", dataset, tmp_path, unroll=1, steps=40), target)
+    again = run_config("eagle", dataset, tmp_path, unroll=1, steps=40, init=str(tmp_path / "eagle"),
+                       out=str(tmp_path / "eagle-2"), work_dir=str(tmp_path / "runs-2"), draft_vocab_size=32, lr=1e-3)
+    second = train_eagle(again, target)
+    assert second[f"initial head ({tmp_path / 'eagle'})"] == first["fp16 (shipped)"]
+    old, new = (EagleHead.load(tmp_path / name, target.config) for name in ("eagle", "eagle-2"))
+    assert torch.equal(old.draft_vocab, new.draft_vocab) and len(new.draft_vocab) == 64
+    assert not torch.equal(old.fc.weight, new.fc.weight)
+    provenance = (tmp_path / "eagle-2" / "PROVENANCE.md").read_text()
+    assert "## How the initial head was made" in provenance and provenance.count("## Validation") == 2
+    with pytest.raises(ValueError, match="no draft vocabulary"):
+        from specviz.heads import write_weights
+
+        write_weights(tmp_path / "bare", dict(old.state_dict()), {"kind": "eagle"}, torch.float16)
+        train_eagle(run_config("eagle", dataset, tmp_path, init=str(tmp_path / "bare")), target)
 
 
 def test_medusa_trains_and_loads(dataset, tmp_path):

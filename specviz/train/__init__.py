@@ -34,6 +34,8 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--max-new-tokens", type=int, default=DataConfig.max_new_tokens)
     d.add_argument("--batch-size", type=int, default=DataConfig.batch_size)
     d.add_argument("--shard-size", type=int, default=DataConfig.shard_size)
+    d.add_argument("--first-train-shard", type=int, default=0,
+                   help="make train shards from this one on (a later run can fill in the earlier ones)")
     d.add_argument("--prompts", default=DataConfig.prompts_path)
     for kind in ("eagle", "medusa", "draft"):
         t = sub.add_parser(kind, help=f"train the {kind} drafter from the cached data")
@@ -53,6 +55,9 @@ def parser() -> argparse.ArgumentParser:
             t.add_argument("--noise", type=float, default=TrainConfig.noise)
             t.add_argument("--p-weight", type=float, default=TrainConfig.p_weight)
             t.add_argument("--unroll", type=int, default=TrainConfig.unroll, choices=(1, 2))
+            t.add_argument("--init", default=None,
+                           help="start from this EAGLE asset folder (keeps its draft vocabulary), e.g. to go on "
+                                "training the shipped head on newly made data")
         if kind == "medusa":
             t.add_argument("--medusa-heads", type=int, default=TrainConfig.medusa_heads)
             t.add_argument("--medusa-layers", type=int, default=TrainConfig.medusa_layers)
@@ -88,7 +93,8 @@ def main(argv: list[str]) -> int:
         cfg = DataConfig(model_path=args.model_path, out_dir=args.data_dir, prompts_path=args.prompts,
                          n_prompts=args.n_prompts, n_val=args.n_val, seed=args.seed,
                          max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                         shard_size=args.shard_size, max_minutes=args.max_minutes)
+                         shard_size=args.shard_size, max_minutes=args.max_minutes,
+                         first_train_shard=args.first_train_shard)
         build_dataset(cfg)
         return 0
     cfg = train_config(args, argv)

@@ -13,6 +13,7 @@ sees when drafting a second token.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -124,14 +125,18 @@ def evaluate(head: EagleHead, target, batches, draft_vocab: torch.Tensor | None)
     return {"acc1": c1 / max(1, n1), "acc2_given1": c2 / max(1, n2), "positions": n1}
 
 
-def load_training_data(cfg: TrainConfig, target=None):
-    """(target, train set, val set, draft vocabulary, coverage of the response tokens by that vocabulary)."""
+def load_training_data(cfg: TrainConfig, target=None, vocab: torch.Tensor | None = None):
+    """(target, train set, val set, draft vocabulary, coverage of the response tokens by that vocabulary).
+
+    The vocabulary is `vocab` when given (a head trained before brings its own), else the data's most frequent
+    tokens."""
     from .common import load_target
     from .data import load_split, training_vocabulary
 
     target = target if target is not None else load_target(cfg.model_path)[0]
     train_set, val_set = load_split(cfg.data_dir, "train"), load_split(cfg.data_dir, "val")
-    vocab = training_vocabulary(cfg.data_dir, cfg.draft_vocab_size)
+    if vocab is None:
+        vocab = training_vocabulary(cfg.data_dir, cfg.draft_vocab_size)
     val_counts = torch.bincount(val_set.tokens[response_positions(val_set)], minlength=target.config.vocab_size)
     coverage = float(val_counts[vocab].sum() / val_counts.sum())  # of held-out response tokens
     return target, train_set, val_set, vocab, coverage
@@ -143,19 +148,33 @@ def response_positions(data) -> torch.Tensor:
                       zip(data.offsets[:-1], data.offsets[1:], data.prompt_lens)])
 
 
+def initial_head(cfg: TrainConfig, target) -> EagleHead:
+    """A random head, or the one in `cfg.init` with its draft vocabulary (a fresh head's is None until chosen)."""
+    if not cfg.init:
+        return EagleHead(target.config)
+    head = EagleHead.load(cfg.init, target.config)
+    if head.draft_vocab is None:
+        raise ValueError(f"{cfg.init} has no draft vocabulary to go on training it with")
+    return head
+
+
 def train_eagle(cfg: TrainConfig, target=None) -> dict:
-    from .common import set_seed
+    from .common import load_target, set_seed
     from .loop import eval_batches, train
     from .report import save_trained
 
     assert cfg.unroll in (1, 2), "unroll beyond depth 2 is not implemented"
     set_seed(cfg.seed)
-    target, train_set, val_set, vocab, coverage = load_training_data(cfg, target)
-    embed, w_vocab = target.get_input_embeddings(), target.lm_head.weight[vocab]
-    head = EagleHead(target.config)
+    target = target if target is not None else load_target(cfg.model_path)[0]
+    head = initial_head(cfg, target)
+    target, train_set, val_set, vocab, coverage = load_training_data(cfg, target, head.draft_vocab)
     head.draft_vocab = vocab
-    baseline = evaluate(EagleHead(target.config).eval(), target, eval_batches(val_set, cfg), vocab)
-    log.info("eagle: random head %s; draft vocab %d covers %.4f of response tokens", baseline, len(vocab), coverage)
+    embed, w_vocab = target.get_input_embeddings(), target.lm_head.weight[vocab]
+    before_name, before_head = (f"initial head ({cfg.init})", head) if cfg.init else ("random head", EagleHead(target.config))
+    before = (before_name, evaluate(before_head.eval(), target, eval_batches(val_set, cfg), vocab))
+    log.info("eagle: %s %s; draft vocab %d covers %.4f of response tokens", *before, len(vocab), coverage)
+    earlier = Path(cfg.init, "PROVENANCE.md") if cfg.init else None  # read now: --out may be the same folder
+    earlier = earlier.read_text() if earlier and earlier.exists() else f"(no PROVENANCE.md in {cfg.init})\n"
     history = train(cfg, head, make_step_loss(head, embed, w_vocab, cfg), train_set)
     extra = {"target": "smollm2-135m", "draft_vocab_size": len(vocab), "draft_vocab_coverage": round(coverage, 4),
              "draft_vocab_order": "frequency",
@@ -170,7 +189,15 @@ def train_eagle(cfg: TrainConfig, target=None) -> dict:
         f"Depth-2 training (feeding the head's own prediction back): {'yes' if cfg.unroll == 2 else 'no'}.",
         "Shipped fp16; the validation numbers below are measured both before and after rounding to fp16.",
     ]
+    if cfg.init:
+        notes.insert(0, f"Started from the head in `{cfg.init}` (its weights and its draft vocabulary; fresh optimizer "
+                        "state and learning-rate schedule); how that one was made is appended below.")
+        extra["initialised_from"] = cfg.init
     metrics = save_trained(cfg, head, lambda: evaluate(head, target, eval_batches(val_set, cfg), vocab),
-                           ("random head", baseline), history, "EAGLE head for SmolLM2-135M-Instruct", extra, notes)
+                           before, history, "EAGLE head for SmolLM2-135M-Instruct", extra, notes)
+    if cfg.init:  # keep the chain: how the starting head was made
+        path = Path(cfg.out, "PROVENANCE.md")
+        path.write_text(path.read_text() + "\n## How the initial head was made\n\n" +
+                        earlier.replace("\n#", "\n##").split("\n", 1)[-1])
     log.info("eagle: %s", metrics)
     return metrics

@@ -64,11 +64,13 @@ def write_provenance(cfg: TrainConfig, title: str, history: History, metrics: di
         f"({data['val_response_tokens']} response tokens). Generation + feature pass took "
         f"{data['generation_seconds']} s on {platform.machine()} CPU.",
         "- Features: the target's final hidden state (normed, the LM head's input) for every position, fp16, taken "
-        "from the generation pass itself (the first validation shard came from a separate clean forward; both agree "
-        "to fp16 rounding).",
+        "from the generation pass itself (a clean forward over the finished sequence agrees to fp16 rounding; "
+        "tests/test_train.py checks it).",
         f"- Data command (time-boxed and resumed; it always stops after whole shards): `python -m specviz.train data "
         f"--n-prompts {dc.get('n_prompts')} --n-val {dc.get('n_val')} --batch-size {dc.get('batch_size')} "
-        f"--max-new-tokens {dc.get('max_new_tokens')} --seed {dc.get('seed')} --max-minutes M`.",
+        f"--max-new-tokens {dc.get('max_new_tokens')} --seed {dc.get('seed')}"
+        + (f" --first-train-shard {dc['first_train_shard']}" if dc.get("first_train_shard") else "")
+        + " --max-minutes M`.",
         "",
         "## Training",
         f"- Steps: {history.finished_steps} of {cfg.steps} planned, batch {cfg.batch_seqs} sequences "
