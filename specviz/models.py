@@ -530,6 +530,20 @@ class LoadedModels:
     dtype: torch.dtype
     eagle: torch.nn.Module | None = None  # specviz.heads.EagleHead
     medusa: torch.nn.Module | None = None  # specviz.heads.MedusaHeads
+    other_heads: dict = field(default_factory=dict)  # (kind, folder) -> a head loaded by head() (a drafter's head=)
+
+    def head(self, kind: str, folder: str | None = None) -> torch.nn.Module | None:
+        """The shipped head of `kind` ("eagle" | "medusa"), or the one trained into `folder`, loaded once."""
+        if folder is None:
+            return getattr(self, kind)
+        key = (kind, str(Path(folder).expanduser().resolve()))
+        if key not in self.other_heads:
+            if not (Path(key[1]) / "model.safetensors").is_file():
+                raise SpecvizError(f"no trained {kind} head in {folder} (it needs model.safetensors and config.json)")
+            module = load_trained(kind, Path(key[1]), self.target)
+            fastlinear.pack_linears(module)
+            self.other_heads[key] = module
+        return self.other_heads[key]
 
     @property
     def vocab_size(self) -> int:
@@ -618,20 +632,23 @@ def logit_postprocessing(config) -> str | None:
 
 def load_shipped(preset: Preset, target: torch.nn.Module, assets: Path = ASSETS) -> dict:
     """The trained drafters of a preset that exist in assets/, on the target's device, in draft_dtype."""
+    return {kind: load_trained(kind, assets / name, target) for kind, name in preset.shipped
+            if (assets / name / "model.safetensors").is_file()}
+
+
+def load_trained(kind: str, folder: Path, target: torch.nn.Module) -> torch.nn.Module:
+    """A trained drafter ("eagle" | "medusa" | "draft") from its folder, frozen, on the target's device, in
+    draft_dtype."""
     from specviz import heads
 
+    dtype = draft_dtype(target.dtype, target.device)
     loaders = {
-        "eagle": lambda folder: heads.EagleHead.load(folder, target.config),
-        "medusa": lambda folder: heads.MedusaHeads.load(folder, target.config),
-        "draft": lambda folder: heads.build_draft_model(target, folder, draft_dtype(target.dtype, target.device)),
+        "eagle": lambda: heads.EagleHead.load(folder, target.config),
+        "medusa": lambda: heads.MedusaHeads.load(folder, target.config),
+        "draft": lambda: heads.build_draft_model(target, folder, dtype),
     }
-    out = {}
-    for kind, name in preset.shipped:
-        folder = assets / name
-        if (folder / "model.safetensors").is_file():
-            module = cast_parameters(loaders[kind](folder).to(device=target.device), draft_dtype(target.dtype, target.device))
-            out[kind] = module.eval().requires_grad_(False)
-    return out
+    module = cast_parameters(loaders[kind]().to(device=target.device), dtype)
+    return module.eval().requires_grad_(False)
 
 
 # ------------------------------------------------------------------------------------------ vocabulary

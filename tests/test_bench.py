@@ -243,6 +243,25 @@ def test_an_unavailable_drafter_is_refused_before_measuring(tiny, prompts_file):
         bench.run_bench(no_draft, bench.load_prompts(prompts_file), small(drafters=("draft",)))
 
 
+def test_a_head_trained_elsewhere_runs_beside_the_shipped_one(tiny, prompts_file, tmp_path):
+    """eagle2:head=FOLDER (and medusa:head=FOLDER) load that folder's weights once and bench them beside the
+    shipped head, under the variant's own name."""
+    torch.manual_seed(1)
+    other = EagleHead(tiny.target.config).eval()
+    for p in other.parameters():
+        p.data.normal_(0, 0.3)
+    other.save(tmp_path / "mine", {}, dtype=torch.float32)
+    spec = f"eagle2:head={tmp_path / 'mine'}"
+    first, second = make_drafter(spec, tiny), make_drafter(spec, tiny)
+    assert first.head is second.head and first.head is not tiny.eagle and make_drafter("eagle2", tiny).head is tiny.eagle
+    loaded = first.head.fc.weight
+    assert torch.equal(loaded, other.fc.weight.to(loaded.dtype))  # in the shipped heads' dtype (models.draft_dtype)
+    report = bench.run_bench(tiny, bench.load_prompts(prompts_file), small(drafters=("none", "eagle2", spec), peers=False))
+    assert report["drafters"][spec]["outputs_match_none"] and report["drafters"]["eagle2"]["outputs_match_none"]
+    with pytest.raises(SpecvizError, match="no trained medusa head in"):
+        make_drafter(f"medusa:head={tmp_path / 'nothing'}", tiny)
+
+
 def test_tree_shape_rotation_and_streamed_bytes():
     tree = costs.full_tree(9, 4)
     assert tree.parents == [-1, -1, -1, -1, 0, 0, 0, 0, 1] and not tree.is_chain

@@ -145,7 +145,7 @@ def make_drafter(name: str, models, k: int = 4, options: dict | None = None) -> 
                           draft_vocab=vocab, verify_cost=cost)
     if name in ("eagle2", "medusa"):
         part = "eagle" if name == "eagle2" else "medusa"
-        heads = getattr(models, part, None)
+        heads = models.head(part, options.pop("head", None))  # head=FOLDER: one trained elsewhere, e.g. to compare
         if heads is None:
             raise SpecvizError(f"no {name} head is available for '{models.name}'; train one with `python -m specviz train {part}`")
         vocab = draft_vocabulary(heads, options.pop("draft_vocab", default_draft_vocab(name, heads)))
