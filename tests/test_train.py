@@ -128,13 +128,15 @@ def test_eagle_trains_and_loads(dataset, tmp_path):
 
 def test_eagle_goes_on_from_a_trained_head(dataset, tmp_path):
     """--init: the second run starts where the first one's file ended (same numbers before any step), keeps its
-    draft vocabulary even when asked for another size, and carries the first run's provenance."""
+    draft vocabulary even when asked for another size, and carries the first run's provenance. --loss-vocab: the
+    distribution loss over a prefix of that vocabulary (the stored vocabulary stays whole)."""
     from specviz.train.eagle import train_eagle
 
     target = dataset[0]
     first = train_eagle(run_config("eagle", dataset, tmp_path, unroll=1, steps=40), target)
     again = run_config("eagle", dataset, tmp_path, unroll=1, steps=40, init=str(tmp_path / "eagle"),
-                       out=str(tmp_path / "eagle-2"), work_dir=str(tmp_path / "runs-2"), draft_vocab_size=32, lr=1e-3)
+                       out=str(tmp_path / "eagle-2"), work_dir=str(tmp_path / "runs-2"), draft_vocab_size=32, lr=1e-3,
+                       loss_vocab=16)
     second = train_eagle(again, target)
     assert second[f"initial head ({tmp_path / 'eagle'})"] == first["fp16 (shipped)"]
     old, new = (EagleHead.load(tmp_path / name, target.config) for name in ("eagle", "eagle-2"))
@@ -142,6 +144,7 @@ def test_eagle_goes_on_from_a_trained_head(dataset, tmp_path):
     assert not torch.equal(old.fc.weight, new.fc.weight)
     provenance = (tmp_path / "eagle-2" / "PROVENANCE.md").read_text()
     assert "## How the initial head was made" in provenance and provenance.count("## Validation") == 2
+    assert "soft CE(p, q) over the 16 most frequent tokens of the 64-token draft vocabulary" in provenance
     with pytest.raises(ValueError, match="no draft vocabulary"):
         from specviz.heads import write_weights
 

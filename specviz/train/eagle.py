@@ -169,7 +169,8 @@ def train_eagle(cfg: TrainConfig, target=None) -> dict:
     head = initial_head(cfg, target)
     target, train_set, val_set, vocab, coverage = load_training_data(cfg, target, head.draft_vocab)
     head.draft_vocab = vocab
-    embed, w_vocab = target.get_input_embeddings(), target.lm_head.weight[vocab]
+    loss_rows = vocab[: cfg.loss_vocab] if cfg.loss_vocab else vocab  # frequency order: a prefix is the most frequent
+    embed, w_vocab = target.get_input_embeddings(), target.lm_head.weight[loss_rows]
     before_name, before_head = (f"initial head ({cfg.init})", head) if cfg.init else ("random head", EagleHead(target.config))
     before = (before_name, evaluate(before_head.eval(), target, eval_batches(val_set, cfg), vocab))
     log.info("eagle: %s %s; draft vocab %d covers %.4f of response tokens", *before, len(vocab), coverage)
@@ -182,9 +183,10 @@ def train_eagle(cfg: TrainConfig, target=None) -> dict:
     notes = [
         f"Head: EAGLE-1/2 layout, fc(cat(emb(x_(t+1)), f_t)) + 1 decoder layer without input norm, no final norm; "
         f"{sum(p.numel() for p in head.parameters())} parameters; target embedding and LM head reused, not stored.",
-        f"Loss: SmoothL1(f^_(t+1), f_(t+1)) + {cfg.p_weight} x soft CE(p, q) over the {len(vocab)}-token draft "
-        f"vocabulary (the most frequent tokens of the training prompts and responses, unseen ones by id, + eos; it "
-        f"covers {coverage:.2%} of the held-out response tokens); "
+        f"Loss: SmoothL1(f^_(t+1), f_(t+1)) + {cfg.p_weight} x soft CE(p, q) over "
+        + (f"the {len(loss_rows)} most frequent tokens of the " if len(loss_rows) < len(vocab) else "the ")
+        + f"{len(vocab)}-token draft vocabulary (the most frequent tokens of the training prompts and responses, "
+        f"unseen ones by id, + eos; it covers {coverage:.2%} of the held-out response tokens); "
         f"uniform input-feature noise U(-{cfg.noise / 2}, {cfg.noise / 2}); loss on response positions only.",
         f"Depth-2 training (feeding the head's own prediction back): {'yes' if cfg.unroll == 2 else 'no'}.",
         "Shipped fp16; the validation numbers below are measured both before and after rounding to fp16.",

@@ -43,6 +43,7 @@ class TrainConfig:
     noise: float = 0.2  # uniform feature noise U(-noise/2, noise/2) on the head's input features
     p_weight: float = 0.1  # weight of the distribution loss (the reference's p_w; v_w = 1)
     unroll: int = 1  # 2: also train depth 2, feeding the head's own prediction back as the feature
+    loss_vocab: int = 0  # the distribution loss over the N most frequent draft-vocabulary tokens (0: all of them)
     init: str = ""  # an EAGLE asset folder to start from (its weights and draft vocabulary) instead of a random head
     # Medusa
     medusa_heads: int = 4
