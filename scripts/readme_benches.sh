@@ -4,13 +4,15 @@
 # (`none` alone), the same at T = 1, and the variants on 6 questions. Each report is written only when its run
 # ends (atomically); progress goes to runs/readme-benches/*.log.
 #   scripts/readme_benches.sh [t0 floor t1 variants]     (default: all four, in that order)
+#   EXTRA=eagle2:head=runs/old-eagle scripts/readme_benches.sh t0    (more drafters beside the usual ones in t0 and t1,
+#                                                                   e.g. a head trained before, to compare in one run)
 # Run it from a quiet machine: anything else running shifts the absolute speeds (the ratios less so, since every
 # bench interleaves its methods prompt by prompt).
 set -uo pipefail  # a failed bench is reported; the others still run
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 QUESTIONS=${QUESTIONS:-../shared/data/mt_bench.jsonl}
-ALL="none,ngram,draft,draft:adaptive=true,medusa,eagle2,eagle2:lookup=4"
+ALL="none,ngram,draft,draft:adaptive=true,medusa,eagle2,eagle2:lookup=4${EXTRA:+,$EXTRA}"
 mkdir -p runs/readme-benches
 bench() {  # name args...
     local name=$1; shift
