@@ -40,7 +40,10 @@ def save_tensors_atomically(tensors: dict, path: str | os.PathLike) -> None:
     from safetensors.torch import save_file
 
     with replacing(path) as temp:
+        temp.touch()  # a plain create gets the umask's permissions; save_file's own file would be 0600
+        mode = temp.stat().st_mode & 0o777
         save_file(tensors, str(temp))
+        os.chmod(temp, mode)
 
 
 def check_writable(path: str | os.PathLike) -> None:

@@ -49,3 +49,15 @@ def test_a_failed_tensor_save_keeps_the_shipped_file(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         save_tensors_atomically({"w": torch.zeros(2)}, path)
     assert safetensors.torch.load_file(path)["w"].tolist() == [1.0, 1.0] and os.listdir(tmp_path) == ["model.safetensors"]
+
+
+def test_a_tensor_file_gets_the_permissions_of_any_other_written_file(tmp_path):
+    """safetensors creates its files 0600; ours follow the umask like every other file we write."""
+    import torch
+
+    from specviz.atomic import save_tensors_atomically, write_atomically
+
+    save_tensors_atomically({"w": torch.ones(2)}, tmp_path / "model.safetensors")
+    write_atomically(tmp_path / "config.json", "{}")
+    modes = {p.name: p.stat().st_mode & 0o777 for p in tmp_path.iterdir()}
+    assert modes["model.safetensors"] == modes["config.json"], modes
