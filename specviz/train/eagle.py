@@ -174,8 +174,8 @@ def train_eagle(cfg: TrainConfig, target=None) -> dict:
     before_name, before_head = (f"initial head ({cfg.init})", head) if cfg.init else ("random head", EagleHead(target.config))
     before = (before_name, evaluate(before_head.eval(), target, eval_batches(val_set, cfg), vocab))
     log.info("eagle: %s %s; draft vocab %d covers %.4f of response tokens", *before, len(vocab), coverage)
-    earlier = Path(cfg.init, "PROVENANCE.md") if cfg.init else None  # read now: --out may be the same folder
-    earlier = earlier.read_text() if earlier and earlier.exists() else f"(no PROVENANCE.md in {cfg.init})\n"
+    earlier = Path(cfg.init or ".", "PROVENANCE.md")  # read now: --out may be the same folder
+    earlier = earlier.read_text() if cfg.init and earlier.exists() else f"(no PROVENANCE.md in {cfg.init})\n"
     history = train(cfg, head, make_step_loss(head, embed, w_vocab, cfg), train_set)
     extra = {"target": "smollm2-135m", "draft_vocab_size": len(vocab), "draft_vocab_coverage": round(coverage, 4),
              "draft_vocab_order": "frequency",
