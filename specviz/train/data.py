@@ -25,7 +25,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors.torch import load_file
-from transformers import StaticCache
 
 from specviz import fastlinear
 from specviz.atomic import save_tensors_atomically, write_atomically
@@ -152,14 +151,10 @@ def greedy_with_features(target, prompts: list[list[int]], max_new_tokens: int, 
     The prefill yields the prompt's features and each decode step the feature of the token it was fed; one extra
     step feeds the last generated column so that every row's final token has its feature too. Rows that stopped
     early are fed eos (= pad) afterwards, which is exactly their final token. Returns [(tokens, (n, H) fp16)].
-
-    A static cache sized for that extra step: the default one grows by concatenation, copying every layer's keys
-    and values at each step (8 % slower over a batch of 16 ordinary prompts, 37 % over the 32 longest; same tokens).
     """
     ids, mask = left_pad(prompts, eos_id)  # (B, P)
-    cache = StaticCache(config=target.config, max_cache_len=ids.shape[1] + max_new_tokens + 1)
     out = target.generate(
-        input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False, cache=cache,
+        input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
         eos_token_id=eos_id, pad_token_id=eos_id, return_dict_in_generate=True, output_hidden_states=True,
     )
     seq = out.sequences  # (B, P + new)
