@@ -31,11 +31,14 @@ import weakref
 import torch
 from torch.nn import functional as F
 
-from specviz import fastlinear
+from specviz import extension, fastlinear
 
 ENV_SWITCH = "SPECVIZ_FAST_DECODER"
 ARCHITECTURES = ("llama", "qwen2")
 STATIC_ROPE = ("default", "linear", "llama3")  # rotary frequencies that do not depend on the sequence length
+# Forwards over at most this many new tokens (decoding steps, verified trees) run the attention block as one C++
+# op (specviz.extension); longer ones (prompts) through scaled_dot_product_attention, which is faster there.
+ONE_OP_MAX_TOKENS = 8
 
 
 class KVCache:
@@ -137,6 +140,9 @@ class _Layers:
         self.inv_freq = rotary.inv_freq.float().to(device)
         self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
         self._tables = (torch.empty(0, self.head_dim), torch.empty(0, self.head_dim))  # cos, sin by position
+        # The attention block as one C++ op where it is built and applies (fp32 on the CPU); torch's ops otherwise.
+        self.one_op = (dtype == torch.float32 and torch.device(device).type == "cpu" and self.head_dim % 16 == 0
+                       and extension.available())
         self._lock = threading.Lock()
 
     def new_cache(self) -> KVCache:
@@ -164,30 +170,44 @@ class _Layers:
         end = past + T
         positions = position_ids.reshape(-1) if position_ids is not None else torch.arange(past, end, device=x.device)
         cos, sin = self._rotary(positions)
-        cos, sin = cos.unsqueeze(0), sin.unsqueeze(0)  # broadcast over heads
-        if mask is None and T > 1:
-            mask = torch.ones(T, end, dtype=torch.bool, device=x.device).tril(past)  # row i sees up to past + i
-        elif mask is not None and mask.is_floating_point() and mask.dtype != x.dtype:
+        if mask is not None and mask.is_floating_point() and mask.dtype != x.dtype:
             mask = mask.to(x.dtype)
+        one_op = self.one_op and T <= ONE_OP_MAX_TOKENS
+        attend = self._attend_in_one_op if one_op else self._attend
+        if not one_op:
+            cos, sin = cos.unsqueeze(0), sin.unsqueeze(0)  # broadcast over heads
+            if mask is None and T > 1:
+                mask = torch.ones(T, end, dtype=torch.bool, device=x.device).tril(past)  # row i sees up to past + i
         cache.reserve(T)
-        q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
         for layer, keys, values in zip(self.layers, cache.keys, cache.values):
             qkv = layer.qkv(x if layer.input_norm is None else _rms_norm(layer.input_norm, x))
-            q = qkv[:, :q_size].view(T, self.heads, self.head_dim).transpose(0, 1)
-            k = qkv[:, q_size : q_size + kv_size].view(T, self.kv_heads, self.head_dim).transpose(0, 1)
-            v = qkv[:, q_size + kv_size :].view(T, self.kv_heads, self.head_dim).transpose(0, 1)
-            q = q * cos + _rotate_half(q) * sin
-            keys[0, :, past:end] = k * cos + _rotate_half(k) * sin
-            values[0, :, past:end] = v
-            attended = F.scaled_dot_product_attention(
-                q.unsqueeze(0), keys[:, :, :end], values[:, :, :end], attn_mask=mask, scale=layer.scaling,
-                enable_gqa=self.kv_heads != self.heads,
-            )
-            x = x + layer.o_proj(attended[0].transpose(0, 1).reshape(T, q_size))
+            x = x + layer.o_proj(attend(layer, qkv, cos, sin, keys, values, past, mask))
             gate_up = layer.gate_up(_rms_norm(layer.post_attention_norm, x))
             x = x + layer.down_proj(F.silu(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate :])
         cache.length = end
         return x
+
+    def _attend(self, layer: _Layer, qkv, cos, sin, keys, values, past: int, mask) -> torch.Tensor:
+        """The attention block in torch's ops: rotary, the cache writes, scaled_dot_product_attention.
+        qkv (T, width); cos, sin (1, T, head_dim); mask None (one token) or (T, past + T) / (1, 1, T, past + T)."""
+        T, end = qkv.shape[0], past + qkv.shape[0]
+        q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        q = qkv[:, :q_size].view(T, self.heads, self.head_dim).transpose(0, 1)
+        k = qkv[:, q_size : q_size + kv_size].view(T, self.kv_heads, self.head_dim).transpose(0, 1)
+        v = qkv[:, q_size + kv_size :].view(T, self.kv_heads, self.head_dim).transpose(0, 1)
+        q = q * cos + _rotate_half(q) * sin
+        keys[0, :, past:end] = k * cos + _rotate_half(k) * sin
+        values[0, :, past:end] = v
+        attended = F.scaled_dot_product_attention(
+            q.unsqueeze(0), keys[:, :, :end], values[:, :, :end], attn_mask=mask, scale=layer.scaling,
+            enable_gqa=self.kv_heads != self.heads,
+        )
+        return attended[0].transpose(0, 1).reshape(T, q_size)
+
+    def _attend_in_one_op(self, layer: _Layer, qkv, cos, sin, keys, values, past: int, mask) -> torch.Tensor:
+        """The same in one call of specviz's C++ op (specviz.extension): cos, sin (T, head_dim); mask None means
+        causal."""
+        return torch.ops.specviz.attend(qkv, cos, sin, keys, values, past, mask, layer.scaling, self.heads, self.kv_heads)
 
 
 def _rms_norm(norm, x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,191 @@
+// One attention block of a Llama-family decoding step, for a few new tokens over an in-place KV cache, in one call
+// instead of some thirty small torch ops (slices, rotary, cache writes, scaled_dot_product_attention, reshapes).
+//
+// attend(qkv, cos, sin, keys, values, past, mask, scaling, heads, kv_heads) for T new tokens:
+//   qkv (T, (heads + 2 kv_heads) D) fp32: the fused q/k/v product of the layer's normed input;
+//   cos, sin (T, D) fp32: the rotary tables at the new tokens' positions;
+//   keys, values (1, kv_heads, capacity, D) fp32 cache buffers: the new tokens' rotated keys and values are
+//     written at [past, past + T);
+//   mask: none (causal: new token t sees positions [0, past + t]), or (.., T, past + T), bool (true = attend)
+//     or additive float;
+// returns the attended values (T, heads D), the input of o_proj.
+//
+// The rotary step is transformers' q * cos + rotate_half(q) * sin, each product and the sum rounded as torch
+// rounds them (this file is compiled with -ffp-contract=off), so the cache holds the same bits as through torch.
+// The softmax(q k / sqrt(D)) v is computed in fp32 per (token, head) with max subtraction: the same function
+// as scaled_dot_product_attention, to rounding. Each (token, head) is computed the same way whatever T is.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int64_t kLanes = 16;  // partial sums per dot product: one AVX-512 register
+
+inline float dot(const float* a, const float* b, int64_t n) {
+#ifdef __AVX512F__
+  __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(a), _mm512_loadu_ps(b));
+  for (int64_t i = kLanes; i < n; i += kLanes)
+    acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i)));
+  return _mm512_reduce_add_ps(acc);
+#else
+  float acc[kLanes] = {};
+  for (int64_t i = 0; i < n; i += kLanes)
+    for (int64_t l = 0; l < kLanes; ++l) acc[l] += a[i + l] * b[i + l];
+  float sum = 0.f;
+  for (int64_t l = 0; l < kLanes; ++l) sum += acc[l];
+  return sum;
+#endif
+}
+
+// scores[j] = exp(scores[j] - top) for j < n; returns their sum.
+inline float exp_shifted(float* scores, int64_t n, float top) {
+  int64_t j = 0;
+  float total = 0.f;
+#ifdef __AVX512F__
+  // e^x = 2^(x log2 e) = 2^k 2^f, k the nearest integer, |f| <= 1/2, 2^f by its Taylor series to degree 7
+  // (relative error below 3e-8); scores below -87 (where fp32 underflows) come out 0.
+  const __m512 log2e = _mm512_set1_ps(1.44269504088896341f), ln2 = _mm512_set1_ps(0.693147180559945309f);
+  const __m512 lowest = _mm512_set1_ps(-87.f), shift = _mm512_set1_ps(top);
+  __m512 sum = _mm512_setzero_ps();
+  for (; j + kLanes <= n; j += kLanes) {
+    const __m512 x = _mm512_sub_ps(_mm512_loadu_ps(scores + j), shift);
+    const __mmask16 live = _mm512_cmp_ps_mask(x, lowest, _CMP_GE_OQ);
+    const __m512 t = _mm512_mul_ps(_mm512_max_ps(x, lowest), log2e);
+    const __m512 k = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 g = _mm512_mul_ps(_mm512_sub_ps(t, k), ln2);  // 2^f = e^g
+    __m512 p = _mm512_set1_ps(1.f / 5040.f);
+    p = _mm512_fmadd_ps(p, g, _mm512_set1_ps(1.f / 720.f));
+    p = _mm512_fmadd_ps(p, g, _mm512_set1_ps(1.f / 120.f));
+    p = _mm512_fmadd_ps(p, g, _mm512_set1_ps(1.f / 24.f));
+    p = _mm512_fmadd_ps(p, g, _mm512_set1_ps(1.f / 6.f));
+    p = _mm512_fmadd_ps(p, g, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, g, _mm512_set1_ps(1.f));
+    p = _mm512_fmadd_ps(p, g, _mm512_set1_ps(1.f));
+    const __m512 e = _mm512_maskz_mov_ps(live, _mm512_scalef_ps(p, k));
+    _mm512_storeu_ps(scores + j, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  total = _mm512_reduce_add_ps(sum);
+#endif
+  for (; j < n; ++j) {
+    scores[j] = std::exp(scores[j] - top);
+    total += scores[j];
+  }
+  return total;
+}
+
+// out = x * cos + rotate_half(x) * sin, rotate_half(x) = (-x[D/2:], x[:D/2]).
+inline void rotate(const float* x, const float* cos, const float* sin, float* out, int64_t D) {
+  const int64_t half = D / 2;
+  for (int64_t i = 0; i < D; ++i) {
+    const float rotated = i < half ? -x[i + half] : x[i - half];
+    const float a = x[i] * cos[i];
+    const float b = rotated * sin[i];
+    out[i] = a + b;
+  }
+}
+
+at::Tensor attend(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor keys,
+                  at::Tensor values, int64_t past, const c10::optional<at::Tensor>& mask, double scaling,
+                  int64_t heads, int64_t kv_heads) {
+  TORCH_CHECK(qkv.dim() == 2 && qkv.scalar_type() == at::kFloat && qkv.is_contiguous(), "attend: qkv (T, width) fp32");
+  TORCH_CHECK(keys.dim() == 4 && keys.is_contiguous() && values.is_contiguous() && keys.sizes() == values.sizes() &&
+                  keys.scalar_type() == at::kFloat && values.scalar_type() == at::kFloat && keys.size(1) == kv_heads,
+              "attend: keys, values (1, kv_heads, capacity, D) fp32");
+  TORCH_CHECK(heads % kv_heads == 0, "attend: heads must be a multiple of kv_heads");
+  const int64_t T = qkv.size(0), D = keys.size(3), capacity = keys.size(2), end = past + T;
+  TORCH_CHECK(D % kLanes == 0 && D % 2 == 0, "attend: head_dim must be a multiple of 16");
+  TORCH_CHECK(qkv.size(1) == (heads + 2 * kv_heads) * D, "attend: qkv width does not match the heads");
+  TORCH_CHECK(past >= 0 && end <= capacity, "attend: the cache has no room for the new tokens");
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.scalar_type() == at::kFloat &&
+                  sin.scalar_type() == at::kFloat && cos.numel() == T * D && sin.numel() == T * D,
+              "attend: cos, sin (T, D) fp32");
+  at::Tensor mask2d;
+  const bool* allowed = nullptr;
+  const float* additive = nullptr;
+  if (mask.has_value() && mask->defined()) {
+    TORCH_CHECK(mask->numel() == T * end, "attend: the mask must be (T, past + T)");
+    mask2d = mask->reshape({T, end}).contiguous();
+    if (mask2d.scalar_type() == at::kBool) {
+      allowed = mask2d.data_ptr<bool>();
+    } else {
+      TORCH_CHECK(mask2d.scalar_type() == at::kFloat, "attend: the mask must be bool or fp32");
+      additive = mask2d.data_ptr<float>();
+    }
+  }
+  const float* QKV = qkv.data_ptr<float>();
+  const float* COS = cos.data_ptr<float>();
+  const float* SIN = sin.data_ptr<float>();
+  float* K = keys.data_ptr<float>();
+  float* V = values.data_ptr<float>();
+  const int64_t width = qkv.size(1), group = heads / kv_heads;
+  const float scale = static_cast<float>(scaling);
+
+  // The new tokens' keys (rotated) and values, into the cache.
+  for (int64_t t = 0; t < T; ++t) {
+    const float* row = QKV + t * width;
+    for (int64_t g = 0; g < kv_heads; ++g) {
+      rotate(row + (heads + g) * D, COS + t * D, SIN + t * D, K + (g * capacity + past + t) * D, D);
+      const float* v = row + (heads + kv_heads + g) * D;
+      std::copy(v, v + D, V + (g * capacity + past + t) * D);
+    }
+  }
+
+  at::Tensor out = at::empty({T, heads * D}, qkv.options());
+  float* OUT = out.data_ptr<float>();
+  // Threads only where there is enough work to share (a single token over a short context runs on one).
+  const int64_t grain = std::max<int64_t>(1, (1 << 18) / std::max<int64_t>(1, end * D));
+  at::parallel_for(0, T * heads, grain, [&](int64_t begin, int64_t stop) {
+    std::vector<float> q(D), scores(end), acc(D);
+    for (int64_t task = begin; task < stop; ++task) {
+      const int64_t t = task / heads, h = task % heads, g = h / group;
+      rotate(QKV + t * width + h * D, COS + t * D, SIN + t * D, q.data(), D);
+      const float* keys_g = K + g * capacity * D;
+      const float* values_g = V + g * capacity * D;
+      const int64_t seen = (allowed || additive) ? end : past + t + 1;  // causal: nothing after the token itself
+      float top = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < seen; ++j) {
+        float s = dot(q.data(), keys_g + j * D, D) * scale;
+        if (allowed && !allowed[t * end + j]) s = -std::numeric_limits<float>::infinity();
+        if (additive) s += additive[t * end + j];
+        scores[j] = s;
+        top = std::max(top, s);
+      }
+      std::fill(acc.begin(), acc.end(), 0.f);
+      float total = 0.f;
+      if (top > -std::numeric_limits<float>::infinity()) {
+        total = exp_shifted(scores.data(), seen, top);
+        for (int64_t j = 0; j < seen; ++j) {
+          const float p = scores[j];
+          if (p == 0.f) continue;
+          const float* v = values_g + j * D;
+          for (int64_t d = 0; d < D; ++d) acc[d] += p * v[d];
+        }
+      }
+      float* o = OUT + t * heads * D + h * D;
+      const float inverse = total > 0.f ? 1.f / total : 0.f;
+      for (int64_t d = 0; d < D; ++d) o[d] = acc[d] * inverse;
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(specviz, m) {
+  m.def("attend(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) keys, Tensor(b!) values, int past, Tensor? mask, "
+        "float scaling, int heads, int kv_heads) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(specviz, CPU, m) {
+  m.impl("attend", attend);
+}

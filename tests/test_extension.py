@@ -1,0 +1,128 @@
+"""specviz's C++ attention op (specviz/csrc/attend.cpp) computes what the decoder's torch ops compute, writes the
+same cache bits, and its absence (or a failed build) leaves decoding working."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from specviz import engine, extension, fastdecoder
+from specviz.drafters import NoDraft
+from test_fastdecoder import hf_hidden
+from test_tree import PROMPT, random_tree
+from tiny import TinyTokenizer, hf_greedy, tiny_llama
+
+needs_op = pytest.mark.skipif(not extension.available(), reason="specviz's C++ ops are not built here")
+
+
+def stack(heads, kv_heads, head_dim):
+    """An (empty) decoder stack with these head sizes: what the attention block needs, rotary tables included."""
+    config = SimpleNamespace(num_hidden_layers=0, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                             head_dim=head_dim, hidden_size=heads * head_dim, intermediate_size=1)
+    rotary = SimpleNamespace(inv_freq=1.0 / 10000 ** (torch.arange(0, head_dim, 2).float() / head_dim))
+    return fastdecoder._Layers([], config, rotary, True, torch.float32, "cpu")
+
+
+def inputs(layers, T, past, seed):
+    generator = torch.Generator().manual_seed(seed)
+    width = (layers.heads + 2 * layers.kv_heads) * layers.head_dim
+    qkv = torch.randn(T, width, generator=generator)
+    shape = (1, layers.kv_heads, past + T + 5, layers.head_dim)
+    keys, values = torch.randn(shape, generator=generator), torch.randn(shape, generator=generator)
+    cos, sin = layers._rotary(torch.arange(past, past + T) + 3)
+    return qkv, cos, sin, keys, values
+
+
+class Layer:
+    scaling = 0.3
+
+
+@needs_op
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 2, 16), (9, 3, 64), (2, 2, 32)])
+@pytest.mark.parametrize("T,past,mask_kind", [(1, 0, None), (1, 40, None), (5, 17, "causal"), (10, 33, "tree"),
+                                               (10, 33, "tree-bool")])
+@torch.inference_mode()
+def test_one_op_equals_the_torch_ops(heads, kv_heads, head_dim, T, past, mask_kind):
+    layers = stack(heads, kv_heads, head_dim)
+    qkv, cos, sin, keys, values = inputs(layers, T, past, seed=T + past + heads)
+    mask = None
+    if mask_kind == "causal":
+        mask = torch.ones(T, past + T, dtype=torch.bool).tril(past)
+    elif mask_kind is not None:
+        mask = random_tree(n=T - 1, seed=3).attention_mask(past)
+        if mask_kind == "tree-bool":
+            mask = mask == 0
+    theirs_k, theirs_v = keys.clone(), values.clone()
+    theirs = layers._attend(Layer, qkv, cos.unsqueeze(0), sin.unsqueeze(0), theirs_k, theirs_v, past, mask)
+    op_mask = None if mask_kind == "causal" else mask  # None means causal to the op
+    ours = layers._attend_in_one_op(Layer, qkv, cos, sin, keys, values, past, op_mask)
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+    assert torch.equal(keys, theirs_k) and torch.equal(values, theirs_v)  # the same cache, bit for bit
+
+
+@needs_op
+@torch.inference_mode()
+def test_one_op_rejects_what_it_cannot_do():
+    layers = stack(4, 2, 16)
+    qkv, cos, sin, keys, values = inputs(layers, 3, 10, seed=0)
+    with pytest.raises(RuntimeError, match="no room"):
+        torch.ops.specviz.attend(qkv, cos, sin, keys, values, keys.shape[2] - 2, None, 0.3, 4, 2)
+    with pytest.raises(RuntimeError, match="qkv width"):
+        torch.ops.specviz.attend(qkv[:, :-16].contiguous(), cos, sin, keys, values, 10, None, 0.3, 4, 2)
+    with pytest.raises(RuntimeError, match="mask"):
+        torch.ops.specviz.attend(qkv, cos, sin, keys, values, 10, torch.ones(3, 5, dtype=torch.bool), 0.3, 4, 2)
+
+
+@needs_op
+@torch.inference_mode()
+def test_decoder_with_the_op_matches_transformers_on_prompt_chain_and_tree():
+    model = tiny_llama(hidden=64, scale=3.0)  # head_dim 16: the op applies
+    fast = fastdecoder.FastDecoder(model)
+    assert fast.stack.one_op
+    ours, theirs = fast.new_cache(), DynamicCache(config=model.config)
+    prompt = PROMPT[:-1]
+    torch.testing.assert_close(fast(torch.tensor(prompt), ours), hf_hidden(model, prompt, theirs), atol=1e-5, rtol=1e-5)
+    for chain in ([PROMPT[-1]], [5, 9, 11]):
+        torch.testing.assert_close(fast(torch.tensor(chain), ours), hf_hidden(model, chain, theirs), atol=1e-5, rtol=1e-5)
+    past = ours.length
+    tree = random_tree(n=9, seed=2)
+    ids, positions, mask = [7] + tree.tokens, tree.position_ids(past), tree.attention_mask(past)
+    torch.testing.assert_close(fast(torch.tensor(ids), ours, positions, mask),
+                               hf_hidden(model, ids, theirs, positions, mask), atol=1e-5, rtol=1e-5)
+
+
+@needs_op
+def test_greedy_decode_with_the_op_equals_generate():
+    model = tiny_llama(hidden=64, scale=3.0)
+    assert engine.Target(model).fast.stack.one_op
+    events = list(engine.decode(model, TinyTokenizer(64), NoDraft(), PROMPT, engine.RunSettings(max_new_tokens=40)))
+    assert events[-1].token_ids == hf_greedy(model, PROMPT, 40)
+
+
+def test_a_failed_build_warns_leaves_nothing_behind_and_decoding_works(monkeypatch, tmp_path):
+    from torch.utils import cpp_extension
+
+    monkeypatch.setenv("SPECVIZ_CACHE", str(tmp_path))
+    monkeypatch.setattr(extension, "_state", None)
+
+    def fail(*args, build_directory, **kwargs):
+        open(f"{build_directory}/half-built.o", "w").close()  # the build had started writing
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.setattr(cpp_extension, "load", fail)
+    monkeypatch.setattr(extension, "library_folder", lambda: tmp_path / "kernels" / "not-built-yet")
+    with pytest.warns(UserWarning, match="could not be built.*no compiler here"):
+        assert not extension.available()
+    assert list((tmp_path / "kernels").iterdir()) == []  # no temporary build folder, no library, no lock
+    model = tiny_llama(hidden=64, scale=3.0)
+    target = engine.Target(model)
+    assert not target.fast.stack.one_op  # torch's ops instead
+    events = list(engine.decode(model, TinyTokenizer(64), NoDraft(), PROMPT, engine.RunSettings(max_new_tokens=12)))
+    assert events[-1].token_ids == hf_greedy(model, PROMPT, 12)
+
+
+def test_switched_off_it_is_not_built(monkeypatch):
+    monkeypatch.setenv(extension.ENV_SWITCH, "0")
+    monkeypatch.setattr(extension, "_state", None)
+    monkeypatch.setattr(extension, "_build_and_load", lambda: pytest.fail("built although switched off"))
+    assert not extension.available()
