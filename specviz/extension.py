@@ -19,6 +19,7 @@ import os
 import platform
 import shutil
 import tempfile
+import threading
 import warnings
 from pathlib import Path
 
@@ -29,7 +30,8 @@ LIBRARY = "specviz_ops"
 ENV_SWITCH = "SPECVIZ_EXTENSION"  # "0": never build or use it (to compare against torch's ops)
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off"]  # contraction off: products and sums rounded as torch's are
 
-_state: bool | None = None  # None: not tried yet; then whether the library is loaded and checked
+_state: bool | None = None  # None: not tried yet; then whether the library is loaded
+_lock = threading.Lock()  # one build or load per process, also when two models are loaded at once
 
 
 def wanted() -> bool:
@@ -78,16 +80,17 @@ def _build_and_load() -> None:
 
 
 def available() -> bool:
-    """Whether torch.ops.specviz.* can be used: built or loaded once per process (None of this on a second call)."""
+    """Whether torch.ops.specviz.* can be used: built or loaded on the first call in a process, remembered after."""
     global _state
-    if _state is None:
-        _state = False
-        if not wanted():
-            return False
-        try:
-            _build_and_load()
-            _state = hasattr(torch.ops.specviz, "attend")
-        except Exception as error:  # no compiler, no ninja, a failed build: decoding works without it
-            warnings.warn(f"specviz's C++ ops could not be built ({type(error).__name__}: {error}); "
-                          f"decoding uses torch's ops instead ({ENV_SWITCH}=0 skips the attempt)", stacklevel=2)
-    return _state
+    with _lock:
+        if _state is None:
+            _state = False
+            if not wanted():
+                return False
+            try:
+                _build_and_load()
+                _state = hasattr(torch.ops.specviz, "attend")
+            except Exception as error:  # no compiler, no ninja, a failed build: decoding works without it
+                warnings.warn(f"specviz's C++ ops could not be built ({type(error).__name__}: {error}); "
+                              f"decoding uses torch's ops instead ({ENV_SWITCH}=0 skips the attempt)", stacklevel=2)
+        return _state
