@@ -5,20 +5,26 @@
 # A budget of 0 skips that drafter. RESUME=1 continues each from its checkpoint in runs/retrain/ (on whatever data
 # is cached now); a budget then counts the earlier minutes too, and the learning rate restarts from where the
 # cosine schedule stands at that share of the new budget.
+# DATA_DIR=folder trains on the data cached there (`train data --data-dir`); EAGLE_ARGS adds options to the EAGLE
+# stage, overriding the defaults below. The tenth session's EAGLE head (60 minutes on newly generated data, from the
+# shipped head) is, in this form:
+#   DATA_DIR=runs/data EAGLE_ARGS="--init assets/eagle-smollm2-135m --steps 20000 --lr 3e-4 --warmup 50 --loss-vocab 4096" \
+#       scripts/retrain_all.sh 60 0 0
 set -uo pipefail  # a failed stage leaves its staging folder empty; the others still ship
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 EAGLE_MIN=${1:-28}; MEDUSA_MIN=${2:-10}; DRAFT_MIN=${3:-10}
 RESUME_FLAG=$([ "${RESUME:-0}" = 1 ] && echo --resume)
+DATA_FLAG=${DATA_DIR:+--data-dir $DATA_DIR}
 STAGE=runs/retrain/assets; mkdir -p "$STAGE" runs/retrain
 train() {  # kind minutes extra-args...
     local kind=$1 minutes=$2; shift 2
     rm -rf "$STAGE/$kind-smollm2-135m"  # only what this invocation trains can ship
     [ "$minutes" = 0 ] && return
-    $PY -m specviz.train "$kind" --threads 2 --steps 8000 --max-minutes "$minutes" --batch-seqs 8 $RESUME_FLAG \
+    $PY -m specviz.train "$kind" --threads 2 --steps 8000 --max-minutes "$minutes" --batch-seqs 8 $RESUME_FLAG $DATA_FLAG \
         --out "$STAGE/$kind-smollm2-135m" --work-dir "runs/retrain/$kind" "$@" 2>&1 | tee -a "runs/retrain/$kind.log"
 }
-train eagle "$EAGLE_MIN" --unroll 2 --lr 5e-4
+train eagle "$EAGLE_MIN" --unroll 2 --lr 5e-4 ${EAGLE_ARGS:-}  # later options win (argparse)
 train medusa "$MEDUSA_MIN" --lr 1e-3
 train draft "$DRAFT_MIN" --lr 2e-3 --draft-layers 0 1 2
 $PY - "$STAGE" <<'PY'
