@@ -19,7 +19,7 @@ from specviz.kvcache import crop_cache
 def main(argv):
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--sizes", default="1,2,4,8,16,32")
+    ap.add_argument("--sizes", default="1,2,4,6,8,12,16,32")
     ap.add_argument("--context-len", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=15)
     args = ap.parse_args(argv)

@@ -43,7 +43,7 @@ ARCHITECTURES = ("llama", "qwen2")
 STATIC_ROPE = ("default", "linear", "llama3")  # rotary frequencies that do not depend on the sequence length
 # Forwards over at most this many new tokens (decoding steps, verified trees) run the attention block as one C++
 # op (specviz.extension); longer ones (prompts) through scaled_dot_product_attention, which is faster there.
-ONE_OP_MAX_TOKENS = 8
+ONE_OP_MAX_TOKENS = 16
 
 
 class KVCache:

@@ -94,6 +94,69 @@ inline void rotate(const float* x, const float* cos, const float* sin, float* ou
   }
 }
 
+#ifdef __AVX512F__
+// The 16 lane sums of v[0..15], as one register (lane i = sum of v[i]'s lanes): three rounds of pairwise adds.
+inline __m512 lane_sums(__m512* v) {
+  __m512 u[4];
+  for (int i = 0; i < 4; ++i) {
+    const __m512 a = _mm512_add_ps(_mm512_unpacklo_ps(v[4 * i], v[4 * i + 1]), _mm512_unpackhi_ps(v[4 * i], v[4 * i + 1]));
+    const __m512 b = _mm512_add_ps(_mm512_unpacklo_ps(v[4 * i + 2], v[4 * i + 3]), _mm512_unpackhi_ps(v[4 * i + 2], v[4 * i + 3]));
+    // per 128-bit block: (a0 + a1, b0 + b1, a2 + a3, b2 + b3) reordered to v[4i], v[4i+1], v[4i+2], v[4i+3]
+    u[i] = _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x44), _mm512_shuffle_ps(a, b, 0xEE));
+  }
+  const __m512 w0 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88), _mm512_shuffle_f32x4(u[0], u[1], 0xDD));
+  const __m512 w1 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x88), _mm512_shuffle_f32x4(u[2], u[3], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(w0, w1, 0x88), _mm512_shuffle_f32x4(w0, w1, 0xDD));
+}
+
+// One (token, head): out = softmax(scale q·k_j + mask_j over j < seen) · v, for D = 16 C. `scores` has room for
+// seen floats; mask_row is the token's row of the bool or additive mask, or null.
+template <int C>
+void head_attention(const float* q, const float* keys, const float* values, int64_t seen, float scale,
+                    const bool* allowed_row, const float* additive_row, float* scores, float* out) {
+  constexpr int64_t D = C * kLanes;
+  __m512 qv[C];
+  for (int c = 0; c < C; ++c) qv[c] = _mm512_loadu_ps(q + c * kLanes);
+  int64_t j = 0;
+  for (; j + kLanes <= seen; j += kLanes) {
+    __m512 v[kLanes];
+    for (int i = 0; i < kLanes; ++i) {
+      const float* k = keys + (j + i) * D;
+      v[i] = _mm512_mul_ps(qv[0], _mm512_loadu_ps(k));
+      for (int c = 1; c < C; ++c) v[i] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(k + c * kLanes), v[i]);
+    }
+    _mm512_storeu_ps(scores + j, lane_sums(v));
+  }
+  for (; j < seen; ++j) {
+    const float* k = keys + j * D;
+    __m512 v = _mm512_mul_ps(qv[0], _mm512_loadu_ps(k));
+    for (int c = 1; c < C; ++c) v = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(k + c * kLanes), v);
+    scores[j] = _mm512_reduce_add_ps(v);
+  }
+  float top = -std::numeric_limits<float>::infinity();
+  for (j = 0; j < seen; ++j) {
+    float s = scores[j] * scale;
+    if (allowed_row && !allowed_row[j]) s = -std::numeric_limits<float>::infinity();
+    if (additive_row) s += additive_row[j];
+    scores[j] = s;
+    top = std::max(top, s);
+  }
+  __m512 acc[C];
+  for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
+  float total = 0.f;
+  if (top > -std::numeric_limits<float>::infinity()) {
+    total = exp_shifted(scores, seen, top);
+    for (j = 0; j < seen; ++j) {
+      const __m512 p = _mm512_set1_ps(scores[j]);
+      const float* v = values + j * D;
+      for (int c = 0; c < C; ++c) acc[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(v + c * kLanes), acc[c]);
+    }
+  }
+  const __m512 inverse = _mm512_set1_ps(total > 0.f ? 1.f / total : 0.f);
+  for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + c * kLanes, _mm512_mul_ps(acc[c], inverse));
+}
+#endif
+
 at::Tensor attend(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor keys,
                   at::Tensor values, int64_t past, const c10::optional<at::Tensor>& mask, double scaling,
                   int64_t heads, int64_t kv_heads) {
@@ -152,6 +215,19 @@ at::Tensor attend(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor
       const float* keys_g = K + g * capacity * D;
       const float* values_g = V + g * capacity * D;
       const int64_t seen = (allowed || additive) ? end : past + t + 1;  // causal: nothing after the token itself
+      float* o = OUT + t * heads * D + h * D;
+#ifdef __AVX512F__
+      const bool* allowed_row = allowed ? allowed + t * end : nullptr;
+      const float* additive_row = additive ? additive + t * end : nullptr;
+      if (D == 64) {
+        head_attention<4>(q.data(), keys_g, values_g, seen, scale, allowed_row, additive_row, scores.data(), o);
+        continue;
+      }
+      if (D == 128) {
+        head_attention<8>(q.data(), keys_g, values_g, seen, scale, allowed_row, additive_row, scores.data(), o);
+        continue;
+      }
+#endif
       float top = -std::numeric_limits<float>::infinity();
       for (int64_t j = 0; j < seen; ++j) {
         float s = dot(q.data(), keys_g + j * D, D) * scale;
@@ -171,7 +247,6 @@ at::Tensor attend(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor
           for (int64_t d = 0; d < D; ++d) acc[d] += p * v[d];
         }
       }
-      float* o = OUT + t * heads * D + h * D;
       const float inverse = total > 0.f ? 1.f / total : 0.f;
       for (int64_t d = 0; d < D; ++d) o[d] = acc[d] * inverse;
     }
