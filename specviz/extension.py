@@ -7,7 +7,8 @@ through torch's own ops, and one warning says why.
 
 The build: torch's `cpp_extension` compiles the sources (about 10 s here) with `-march=native`, into a temporary
 folder of the cache (`models.cache_root()/kernels`) that is then renamed to a folder named by the sources, the
-flags, the torch version and this CPU. An interrupted build leaves neither a half-built library nor a lock behind;
+flags, the torch version and this CPU. An interrupted build leaves neither a half-built library nor a lock behind
+(a process killed mid-build leaves its temporary folder, which the next build removes once it is an hour old);
 two processes building at once each build, the first rename wins, and later processes load that library
 directly.
 """
@@ -20,6 +21,7 @@ import platform
 import shutil
 import tempfile
 import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -28,6 +30,7 @@ import torch
 SOURCES = sorted((Path(__file__).with_name("csrc")).glob("*.cpp"))
 LIBRARY = "specviz_ops"
 ENV_SWITCH = "SPECVIZ_EXTENSION"  # "0": never build or use it (to compare against torch's ops)
+STALE_BUILD_S = 3600  # a temporary build folder this old belongs to no running build
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off"]  # contraction off: products and sums rounded as torch's are
 
 _state: bool | None = None  # None: not tried yet; then whether the library is loaded
@@ -67,6 +70,12 @@ def _build_and_load() -> None:
     from torch.utils import cpp_extension
 
     folder.parent.mkdir(parents=True, exist_ok=True)
+    for stale in folder.parent.glob(".build-*"):  # left by a process killed mid-build (a live build is younger)
+        try:
+            if time.time() - stale.stat().st_mtime > STALE_BUILD_S:
+                shutil.rmtree(stale, ignore_errors=True)
+        except OSError:
+            pass
     temp = Path(tempfile.mkdtemp(prefix=".build-", dir=folder.parent))
     try:
         cpp_extension.load(LIBRARY, [str(s) for s in SOURCES], extra_cflags=FLAGS, build_directory=str(temp),

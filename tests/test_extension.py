@@ -121,6 +121,24 @@ def test_a_failed_build_warns_leaves_nothing_behind_and_decoding_works(monkeypat
     assert events[-1].token_ids == hf_greedy(model, PROMPT, 12)
 
 
+def test_a_build_folder_left_by_a_killed_process_is_removed_once_stale(monkeypatch, tmp_path):
+    import os
+
+    from torch.utils import cpp_extension
+
+    kernels = tmp_path / "kernels"
+    stale, live = kernels / ".build-killed", kernels / ".build-running"
+    for folder in (stale, live):
+        folder.mkdir(parents=True)
+        (folder / "lock").write_text("")
+    os.utime(stale, (1, 1))  # long ago
+    monkeypatch.setattr(extension, "library_folder", lambda: kernels / "specviz_ops-test")
+    monkeypatch.setattr(cpp_extension, "load", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("stop here")))
+    with pytest.raises(RuntimeError, match="stop here"):
+        extension._build_and_load()
+    assert not stale.exists() and live.exists()
+
+
 def test_switched_off_it_is_not_built(monkeypatch):
     monkeypatch.setenv(extension.ENV_SWITCH, "0")
     monkeypatch.setattr(extension, "_state", None)
