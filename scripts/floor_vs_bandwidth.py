@@ -1,6 +1,7 @@
 """Does `none` follow the memory? From a bench report (with per-run bandwidth, made since 2026-12-01): `none`'s ms
 per token against the bandwidth measured right before it, as the Benchmarks page draws it, summarised as the
-Pearson correlation and the median ms per token below and above a bandwidth split.
+Pearson correlation and, below and above a bandwidth split, the median ms per token and the median share of the
+floor's tokens/s (the floor at that prompt's bandwidth ÷ its ms per token).
 
     python scripts/floor_vs_bandwidth.py results/bench-floor-t0.json [--split 40]
 """
@@ -23,13 +24,16 @@ def main(argv) -> int:
     if len(points) < 2:
         print("this report has no per-run bandwidth (made before 2026-12-01) or fewer than 2 prompts", file=sys.stderr)
         return 2
+    weight_bytes = bench.load_report(args.report)["floor"]["weight_bytes"]
     x = [p["bandwidth_gb_s"] for p in points]
     y = [p["none_ms_per_token"] for p in points]
+    share = [weight_bytes / (a * 1e9) * 1e3 / b for a, b in zip(x, y)]
     print(f"{len(points)} prompts; correlation(bandwidth, none ms/token) = {statistics.correlation(x, y):.2f}")
-    for label, group in (("below", [b for a, b in zip(x, y) if a < args.split]),
-                         ("at or above", [b for a, b in zip(x, y) if a >= args.split])):
+    for label, low in (("below", True), ("at or above", False)):
+        group = [i for i, a in enumerate(x) if (a < args.split) == low]
         if group:
-            print(f"{label} {args.split:g} GB/s: {len(group)} prompts, median {statistics.median(group):.1f} ms per token")
+            print(f"{label} {args.split:g} GB/s: {len(group)} prompts, median {statistics.median(y[i] for i in group):.1f} "
+                  f"ms per token, {100 * statistics.median(share[i] for i in group):.0f} % of the floor's tokens/s")
     return 0
 
 
