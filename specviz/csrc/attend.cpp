@@ -13,7 +13,8 @@
 // The rotary step is transformers' q * cos + rotate_half(q) * sin, each product and the sum rounded as torch
 // rounds them (this file is compiled with -ffp-contract=off), so the cache holds the same bits as through torch.
 // The softmax(q k / sqrt(D)) v is computed in fp32 per (token, head) with max subtraction: the same function
-// as scaled_dot_product_attention, to rounding. Each (token, head) is computed the same way whatever T is.
+// as scaled_dot_product_attention, to rounding. Without a mask each (token, head) is computed the same way
+// whatever T is (it sees past + t + 1 keys either way); a mask makes every row see all past + T keys.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -110,7 +111,7 @@ inline __m512 lane_sums(__m512* v) {
 }
 
 // One (token, head): out = softmax(scale q·k_j + mask_j over j < seen) · v, for D = 16 C. `scores` has room for
-// seen floats; mask_row is the token's row of the bool or additive mask, or null.
+// seen floats; allowed_row / additive_row: the token's row of a bool / additive mask, or null.
 template <int C>
 void head_attention(const float* q, const float* keys, const float* values, int64_t seen, float scale,
                     const bool* allowed_row, const float* additive_row, float* scores, float* out) {
