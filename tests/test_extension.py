@@ -38,7 +38,7 @@ class Layer:
 
 
 @needs_op
-@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 2, 16), (9, 3, 64), (2, 2, 32), (4, 1, 128)])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 2, 16), (9, 3, 64), (2, 2, 32), (4, 1, 128), (2, 1, 48)])  # 48: portable
 @pytest.mark.parametrize("T,past,mask_kind", [(1, 0, None), (1, 40, None), (5, 17, "causal"), (10, 33, "tree"),
                                                (10, 33, "tree-bool")])
 @torch.inference_mode()

@@ -31,20 +31,28 @@ namespace {
 
 constexpr int64_t kLanes = 16;  // partial sums per dot product: one AVX-512 register
 
+// The generic path's dot product: 16 partial sums (which the compiler vectorizes), then summed in order.
 inline float dot(const float* a, const float* b, int64_t n) {
-#ifdef __AVX512F__
-  __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(a), _mm512_loadu_ps(b));
-  for (int64_t i = kLanes; i < n; i += kLanes)
-    acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i)));
-  return _mm512_reduce_add_ps(acc);
-#else
   float acc[kLanes] = {};
   for (int64_t i = 0; i < n; i += kLanes)
     for (int64_t l = 0; l < kLanes; ++l) acc[l] += a[i + l] * b[i + l];
   float sum = 0.f;
   for (int64_t l = 0; l < kLanes; ++l) sum += acc[l];
   return sum;
-#endif
+}
+
+// scores[j] = scale scores[j], masked (-inf where the bool row forbids, + the additive row), for j < seen;
+// returns their maximum (-inf when every key is masked).
+inline float mask_and_top(float* scores, int64_t seen, float scale, const bool* allowed_row, const float* additive_row) {
+  float top = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < seen; ++j) {
+    float s = scores[j] * scale;
+    if (allowed_row && !allowed_row[j]) s = -std::numeric_limits<float>::infinity();
+    if (additive_row) s += additive_row[j];
+    scores[j] = s;
+    top = std::max(top, s);
+  }
+  return top;
 }
 
 // scores[j] = exp(scores[j] - top) for j < n; returns their sum.
@@ -134,14 +142,7 @@ void head_attention(const float* q, const float* keys, const float* values, int6
     for (int c = 1; c < C; ++c) v = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(k + c * kLanes), v);
     scores[j] = _mm512_reduce_add_ps(v);
   }
-  float top = -std::numeric_limits<float>::infinity();
-  for (j = 0; j < seen; ++j) {
-    float s = scores[j] * scale;
-    if (allowed_row && !allowed_row[j]) s = -std::numeric_limits<float>::infinity();
-    if (additive_row) s += additive_row[j];
-    scores[j] = s;
-    top = std::max(top, s);
-  }
+  const float top = mask_and_top(scores, seen, scale, allowed_row, additive_row);
   __m512 acc[C];
   for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
   float total = 0.f;
@@ -157,6 +158,25 @@ void head_attention(const float* q, const float* keys, const float* values, int6
   for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + c * kLanes, _mm512_mul_ps(acc[c], inverse));
 }
 #endif
+
+// The same as head_attention for any D (a multiple of 16), in portable C++; acc has room for D floats.
+inline void head_attention_generic(const float* q, const float* keys, const float* values, int64_t D, int64_t seen,
+                                   float scale, const bool* allowed_row, const float* additive_row, float* scores,
+                                   float* acc, float* out) {
+  for (int64_t j = 0; j < seen; ++j) scores[j] = dot(q, keys + j * D, D);
+  const float top = mask_and_top(scores, seen, scale, allowed_row, additive_row);
+  std::fill(acc, acc + D, 0.f);
+  float total = 0.f;
+  if (top > -std::numeric_limits<float>::infinity()) {
+    total = exp_shifted(scores, seen, top);
+    for (int64_t j = 0; j < seen; ++j) {
+      const float* v = values + j * D;
+      for (int64_t d = 0; d < D; ++d) acc[d] += scores[j] * v[d];
+    }
+  }
+  const float inverse = total > 0.f ? 1.f / total : 0.f;
+  for (int64_t d = 0; d < D; ++d) out[d] = acc[d] * inverse;
+}
 
 at::Tensor attend(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor keys,
                   at::Tensor values, int64_t past, const c10::optional<at::Tensor>& mask, double scaling,
@@ -217,39 +237,19 @@ at::Tensor attend(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor
       const float* values_g = V + g * capacity * D;
       const int64_t seen = (allowed || additive) ? end : past + t + 1;  // causal: nothing after the token itself
       float* o = OUT + t * heads * D + h * D;
-#ifdef __AVX512F__
       const bool* allowed_row = allowed ? allowed + t * end : nullptr;
       const float* additive_row = additive ? additive + t * end : nullptr;
-      if (D == 64) {
-        head_attention<4>(q.data(), keys_g, values_g, seen, scale, allowed_row, additive_row, scores.data(), o);
-        continue;
-      }
-      if (D == 128) {
-        head_attention<8>(q.data(), keys_g, values_g, seen, scale, allowed_row, additive_row, scores.data(), o);
-        continue;
-      }
+      switch (D) {  // AVX-512 registers for the common head sizes
+#ifdef __AVX512F__
+        case 16: head_attention<1>(q.data(), keys_g, values_g, seen, scale, allowed_row, additive_row, scores.data(), o); break;
+        case 32: head_attention<2>(q.data(), keys_g, values_g, seen, scale, allowed_row, additive_row, scores.data(), o); break;
+        case 64: head_attention<4>(q.data(), keys_g, values_g, seen, scale, allowed_row, additive_row, scores.data(), o); break;
+        case 128: head_attention<8>(q.data(), keys_g, values_g, seen, scale, allowed_row, additive_row, scores.data(), o); break;
 #endif
-      float top = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j < seen; ++j) {
-        float s = dot(q.data(), keys_g + j * D, D) * scale;
-        if (allowed && !allowed[t * end + j]) s = -std::numeric_limits<float>::infinity();
-        if (additive) s += additive[t * end + j];
-        scores[j] = s;
-        top = std::max(top, s);
+        default:
+          head_attention_generic(q.data(), keys_g, values_g, D, seen, scale, allowed_row, additive_row, scores.data(),
+                                 acc.data(), o);
       }
-      std::fill(acc.begin(), acc.end(), 0.f);
-      float total = 0.f;
-      if (top > -std::numeric_limits<float>::infinity()) {
-        total = exp_shifted(scores.data(), seen, top);
-        for (int64_t j = 0; j < seen; ++j) {
-          const float p = scores[j];
-          if (p == 0.f) continue;
-          const float* v = values_g + j * D;
-          for (int64_t d = 0; d < D; ++d) acc[d] += p * v[d];
-        }
-      }
-      const float inverse = total > 0.f ? 1.f / total : 0.f;
-      for (int64_t d = 0; d < D; ++d) o[d] = acc[d] * inverse;
     }
   });
   return out;
