@@ -5,7 +5,7 @@ specviz.fastdecoder). Everything works without it: where it cannot be built (no 
 unexpected torch), or with `SPECVIZ_EXTENSION=0`, `available()` is False, the decoder runs the same arithmetic
 through torch's own ops, and one warning says why.
 
-The build: torch's `cpp_extension` compiles the sources (about 10 s here) with `-march=native`, into a temporary
+The build: torch's `cpp_extension` compiles the sources (a few seconds here) with `-march=native`, into a temporary
 folder of the cache (`models.cache_root()/kernels`) that is then renamed to a folder named by the sources, the
 flags, the torch version and this CPU. An interrupted build leaves neither a half-built library nor a lock behind
 (a process killed mid-build leaves its temporary folder, which the next build removes once it is an hour old);
