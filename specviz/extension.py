@@ -10,7 +10,8 @@ folder of the cache (`models.cache_root()/kernels`) that is then renamed to a fo
 flags, the torch version and this CPU. An interrupted build leaves neither a half-built library nor a lock behind
 (a process killed mid-build leaves its temporary folder, which the next build removes once it is an hour old);
 two processes building at once each build, the first rename wins, and later processes load that library
-directly.
+directly. Each load marks its library used (its modification time); a build also removes the libraries of other
+source versions that no process has loaded for 30 days (another checkout may still use a recent one).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ SOURCES = sorted((Path(__file__).with_name("csrc")).glob("*.cpp"))
 LIBRARY = "specviz_ops"
 ENV_SWITCH = "SPECVIZ_EXTENSION"  # "0": never build or use it (to compare against torch's ops)
 STALE_BUILD_S = 3600  # a temporary build folder this old belongs to no running build
+UNUSED_LIBRARY_S = 30 * 86400  # a library of another source version not loaded for this long is removed
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off"]  # contraction off: products and sums rounded as torch's are
 
 _state: bool | None = None  # None: not tried yet; then whether the library is loaded
@@ -66,16 +68,15 @@ def _build_and_load() -> None:
     built = folder / f"{LIBRARY}.so"
     if built.is_file():
         torch.ops.load_library(str(built))
+        try:
+            os.utime(built)  # used now: see _remove_old
+        except OSError:
+            pass
         return
     from torch.utils import cpp_extension
 
     folder.parent.mkdir(parents=True, exist_ok=True)
-    for stale in folder.parent.glob(".build-*"):  # left by a process killed mid-build (a live build is younger)
-        try:
-            if time.time() - stale.stat().st_mtime > STALE_BUILD_S:
-                shutil.rmtree(stale, ignore_errors=True)
-        except OSError:
-            pass
+    _remove_old(folder.parent)
     temp = Path(tempfile.mkdtemp(prefix=".build-", dir=folder.parent))
     try:
         cpp_extension.load(LIBRARY, [str(s) for s in SOURCES], extra_cflags=FLAGS, build_directory=str(temp),
@@ -86,6 +87,20 @@ def _build_and_load() -> None:
             pass
     finally:
         shutil.rmtree(temp, ignore_errors=True)
+
+
+def _remove_old(kernels: Path) -> None:
+    """Remove temporary folders left by processes killed mid-build (a live build is younger than an hour) and the
+    libraries of other source versions that no process has loaded for 30 days."""
+    now = time.time()
+    old = [(stale, stale, STALE_BUILD_S) for stale in kernels.glob(".build-*")]
+    old += [(lib, lib / f"{LIBRARY}.so", UNUSED_LIBRARY_S) for lib in kernels.glob(f"{LIBRARY}-*")]
+    for folder, stamp, max_age in old:
+        try:
+            if now - stamp.stat().st_mtime > max_age:
+                shutil.rmtree(folder, ignore_errors=True)
+        except OSError:  # gone already, or never finished (no library: left alone)
+            pass
 
 
 def available() -> bool:

@@ -121,22 +121,42 @@ def test_a_failed_build_warns_leaves_nothing_behind_and_decoding_works(monkeypat
     assert events[-1].token_ids == hf_greedy(model, PROMPT, 12)
 
 
-def test_a_build_folder_left_by_a_killed_process_is_removed_once_stale(monkeypatch, tmp_path):
+def test_a_build_removes_killed_builds_and_libraries_unused_for_30_days(monkeypatch, tmp_path):
     import os
+    import time
 
     from torch.utils import cpp_extension
 
     kernels = tmp_path / "kernels"
-    stale, live = kernels / ".build-killed", kernels / ".build-running"
-    for folder in (stale, live):
+    killed, running = kernels / ".build-killed", kernels / ".build-running"
+    unused, recent = kernels / "specviz_ops-unused", kernels / "specviz_ops-recent"  # other source versions
+    for folder, name in ((killed, "lock"), (running, "lock"), (unused, "specviz_ops.so"), (recent, "specviz_ops.so")):
         folder.mkdir(parents=True)
-        (folder / "lock").write_text("")
-    os.utime(stale, (1, 1))  # long ago
+        (folder / name).write_text("")
+    os.utime(killed, (1, 1))  # long ago
+    month = time.time() - extension.UNUSED_LIBRARY_S
+    os.utime(unused / "specviz_ops.so", (month - 60, month - 60))
+    os.utime(recent / "specviz_ops.so", (month + 3600, month + 3600))  # loaded 29 days ago: another checkout's
     monkeypatch.setattr(extension, "library_folder", lambda: kernels / "specviz_ops-test")
     monkeypatch.setattr(cpp_extension, "load", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("stop here")))
     with pytest.raises(RuntimeError, match="stop here"):
         extension._build_and_load()
-    assert not stale.exists() and live.exists()
+    assert sorted(p.name for p in kernels.iterdir()) == [".build-running", "specviz_ops-recent"]
+
+
+def test_loading_a_built_library_marks_it_used(monkeypatch, tmp_path):
+    import os
+
+    import torch
+
+    folder = tmp_path / "specviz_ops-built"
+    folder.mkdir()
+    (folder / "specviz_ops.so").write_text("")
+    os.utime(folder / "specviz_ops.so", (1, 1))
+    monkeypatch.setattr(extension, "library_folder", lambda: folder)
+    monkeypatch.setattr(torch.ops, "load_library", lambda path: None)
+    extension._build_and_load()
+    assert (folder / "specviz_ops.so").stat().st_mtime > 1e9  # now, so a later build elsewhere keeps it
 
 
 def test_switched_off_it_is_not_built(monkeypatch):
