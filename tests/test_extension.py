@@ -136,7 +136,7 @@ def test_a_build_removes_killed_builds_and_libraries_unused_for_30_days(monkeypa
     os.utime(killed, (1, 1))  # long ago
     month = time.time() - extension.UNUSED_LIBRARY_S
     os.utime(unused / "specviz_ops.so", (month - 60, month - 60))
-    os.utime(recent / "specviz_ops.so", (month + 3600, month + 3600))  # loaded 29 days ago: another checkout's
+    os.utime(recent / "specviz_ops.so", (month + 3600, month + 3600))  # loaded an hour short of 30 days ago
     monkeypatch.setattr(extension, "library_folder", lambda: kernels / "specviz_ops-test")
     monkeypatch.setattr(cpp_extension, "load", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("stop here")))
     with pytest.raises(RuntimeError, match="stop here"):
@@ -146,8 +146,6 @@ def test_a_build_removes_killed_builds_and_libraries_unused_for_30_days(monkeypa
 
 def test_loading_a_built_library_marks_it_used(monkeypatch, tmp_path):
     import os
-
-    import torch
 
     folder = tmp_path / "specviz_ops-built"
     folder.mkdir()
