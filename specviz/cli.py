@@ -3,9 +3,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
+from dataclasses import replace
 
+import torch
+
+from specviz.atomic import check_writable, write_atomically
+from specviz.bench import (
+    QUICK_SIZES,
+    BenchSettings,
+    load_prompts,
+    quick_settings,
+    run_bench,
+    to_markdown,
+    validate,
+)
 from specviz.errors import SpecvizError
+from specviz.settings import DecodeSettings
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -14,19 +29,28 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="auto (cuda when available), cpu or cuda")
 
 
-def add_decoding_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--drafter", default="ngram", help="none | draft | ngram | medusa | eagle2, optionally with options: eagle2:total_tokens=16:draft_vocab=full")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--k", type=int, default=4, help="draft length for chain drafters")
-    parser.add_argument("--seed", type=int, default=0)
+def add_decoding_args(parser: argparse.ArgumentParser, defaults: DecodeSettings = DecodeSettings(), drafter: bool = True) -> None:
+    """The fields of DecodeSettings as options (n_top stays the library's default)."""
+    if drafter:
+        parser.add_argument("--drafter", default="ngram", help="none | draft | ngram | medusa | eagle2, optionally with options: eagle2:total_tokens=16:draft_vocab=full")
+    parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens)
+    parser.add_argument("--temperature", type=float, default=defaults.temperature, help="0 = greedy, where outputs must equal `none`'s")
+    parser.add_argument("--top-p", type=float, default=defaults.top_p)
+    parser.add_argument("--top-k", type=int, default=defaults.top_k, help="0 = no top-k cut")
+    parser.add_argument("--k", type=int, default=defaults.k, help="draft length of the chain drafters (for the bench also "
+                        "num_assistant_tokens and prompt_lookup_num_tokens)")
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+
+
+def decode_settings(args) -> dict:
+    """The DecodeSettings fields parsed by add_decoding_args, by name."""
+    return {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
+            "top_k": args.top_k, "k": args.k, "seed": args.seed}
 
 
 def cmd_generate(args) -> int:
-    from specviz import api, events
-    from specviz.atomic import check_writable
+    from specviz import api
+    from specviz.decoding import events
 
     if args.trace:
         check_writable(args.trace)  # before the decode, not after it
@@ -34,12 +58,7 @@ def cmd_generate(args) -> int:
         args.prompt,
         model=args.model,
         drafter=args.drafter,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        k=args.k,
-        seed=args.seed,
+        settings=DecodeSettings(**decode_settings(args)),
         draft_model=args.draft_model,
         chat=not args.raw,
         device=args.device,
@@ -95,9 +114,7 @@ def cmd_train(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from specviz import bench
-
-    return bench.main(args.rest)
+    return bench_main(args.rest)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -144,3 +161,110 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+# ----------------------------------------------------------------------------------------------- bench
+
+
+def build_bench_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m specviz bench",
+                                description="Every drafter against `none` and against transformers' generate(), side by side.")
+    add_model_args(p)
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: bfloat16 on cuda, float32 elsewhere)")
+    p.add_argument("--drafters", default="", help="comma-separated, e.g. none,ngram,draft,medusa,eagle2 (default: all available); a drafter may carry options: eagle2:draft_vocab=full:total_tokens=16")
+    p.add_argument("--prompts", default=None, help="JSONL with `turns` (first turn used) or `instruction` (default: the built-in set)")
+    p.add_argument("--limit", type=int, default=None, help="use the first N prompts")
+    add_decoding_args(p, BenchSettings(), drafter=False)
+    p.add_argument("--repeats", type=int, default=1, help="decodes of each (prompt, method); the median time is kept")
+    p.add_argument("--no-peers", action="store_true", help="skip transformers' generate() baselines")
+    p.add_argument("--verify-sizes", default=None, help="n for the verify-cost curve, e.g. 1,2,4,8 (0 to skip)")
+    p.add_argument("--context-len", type=int, default=256, help="cached tokens before each timed verify forward")
+    p.add_argument("--bandwidth-mb", type=int, default=256, help="size of the tensor copied to measure memory bandwidth")
+    p.add_argument("--quick", action="store_true", help=f"cost curve at n = {','.join(map(str, QUICK_SIZES))} only, fewer repeats")
+    p.add_argument("--allow-mismatch", action="store_true", help="exit 0 even when outputs differ from `none` at temperature 0")
+    p.add_argument("--json-out", default=None, help="write the report as one JSON document")
+    p.add_argument("--md-out", default=None, help="write the report as Markdown tables (it is printed either way)")
+    return p
+
+
+def settings_from_args(args) -> BenchSettings:
+    base = quick_settings() if args.quick else BenchSettings()
+    sizes = base.verify_sizes
+    if args.verify_sizes is not None:
+        try:
+            sizes = tuple(int(s) for s in args.verify_sizes.split(",") if s.strip() and int(s) > 0)
+        except ValueError:
+            raise SpecvizError(f"--verify-sizes takes comma-separated integers, got {args.verify_sizes!r}") from None
+    return replace(
+        base,
+        drafters=tuple(s.strip() for s in args.drafters.split(",") if s.strip()),
+        **decode_settings(args),
+        repeats=args.repeats,
+        peers=not args.no_peers,
+        verify_sizes=sizes,
+        context_len=args.context_len,
+        bandwidth_mb=args.bandwidth_mb,
+    )
+
+
+def _load_models(args):
+    from specviz import models
+
+    return models.load(args.model, draft_model=args.draft_model, device=args.device, dtype=args.dtype)
+
+
+def report_mismatches(report: dict, out=None) -> None:
+    """Say loudly, on stderr, which drafters disagreed with `none` (and peers with generate) at temperature 0."""
+    out = out or sys.stderr
+    for name, d in report["drafters"].items():
+        for x in d["mismatches"]:
+            print(f"MISMATCH: drafter '{name}' differs from 'none' on prompt {x['prompt']} at token {x['index']} "
+                  f"(none: {x['expected']}, {name}: {x['got']}; lengths {x['expected_tokens']} / {x['got_tokens']})", file=out)
+    for name, p in report["peers"].items():
+        for x in p["mismatches"]:
+            print(f"note: peer '{name}' differs from plain generate() on prompt {x['prompt']} at token {x['index']}", file=out)
+    if report["outputs_match_none"] is False:
+        print(f"MISMATCH: at temperature 0 every drafter must reproduce 'none' token for token; "
+              f"{len(report['mismatching_prompts'])} prompt(s) differ: {', '.join(report['mismatching_prompts'])}", file=out)
+
+
+def exit_code(report: dict, allow_mismatch: bool = False) -> int:
+    """1 when a drafter's greedy output differed from `none`'s (unless allowed), else 0."""
+    return 1 if report["outputs_match_none"] is False and not allow_mismatch else 0
+
+
+def bench_main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_bench_parser().parse_args(argv)
+    try:
+        settings = settings_from_args(args)
+        for path in (args.json_out, args.md_out):
+            if path:
+                check_writable(path)
+        if args.threads is not None:
+            if args.threads < 1:
+                raise SpecvizError(f"--threads must be >= 1, got {args.threads}")
+            torch.set_num_threads(args.threads)
+        prompts = load_prompts(args.prompts, args.limit)
+        models = _load_models(args)
+
+        def progress(done: int, total: int, label: str) -> None:
+            print(f"[{done}/{total}] {label}", file=sys.stderr, flush=True)
+
+        report = run_bench(models, prompts, settings, progress, command=shlex.join(["python", "-m", "specviz", "bench", *argv]))
+        validate(report)
+    except SpecvizError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    markdown = to_markdown(report)
+    print(markdown)  # first: a run's result is never lost to an output file that fails after it
+    report_mismatches(report)
+    for path, text in ((args.json_out, json.dumps(report, indent=1) + "\n"), (args.md_out, markdown)):
+        if path:
+            try:
+                write_atomically(path, text)
+            except OSError as err:
+                print(f"error: cannot write {path}: {err}", file=sys.stderr)
+                return 2
+    return exit_code(report, args.allow_mismatch)

@@ -14,7 +14,12 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     if not (source / "tokenizer.json").is_file():
         pytest.skip(f"needs the SmolLM2 tokenizer in {source} (run `make fetch`)")
     import torch
-    from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers import (
+        AutoTokenizer,
+        GenerationConfig,
+        LlamaConfig,
+        LlamaForCausalLM,
+    )
 
     tokenizer = AutoTokenizer.from_pretrained(source)
     torch.manual_seed(0)

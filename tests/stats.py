@@ -4,8 +4,10 @@ from __future__ import annotations
 import torch
 from scipy import stats
 
-from specviz import engine
-from specviz.sampling import Sampling, process
+from specviz.decoding import engine
+from specviz.decoding.sampling import Sampling, process
+
+from tiny import decode_settings
 
 
 @torch.no_grad()
@@ -23,7 +25,7 @@ def sampled_two_tokens(target, tok, make_drafter, prompt, sampling, n, seed0=0) 
     vocab = target.config.vocab_size
     counts = torch.zeros(vocab, vocab)
     for i in range(n):
-        settings = engine.RunSettings(max_new_tokens=2, sampling=sampling, seed=seed0 + i, n_top=0)
+        settings = decode_settings(max_new_tokens=2, sampling=sampling, seed=seed0 + i, n_top=0)
         done = list(engine.decode(target, tok, make_drafter(), prompt, settings))[-1]
         t1, t2 = done.token_ids
         counts[t1, t2] += 1

@@ -7,18 +7,18 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from specviz.ui.state import ENV_MODEL
+from app.state import ENV_MODEL
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 TIMEOUT = 120  # AppTest's default (3 s) is for scripts without a model; this machine is slow and shared
 PAGES = {
-    "app_pages/overview.py": "Why speculative decoding works",
-    "app_pages/live.py": "Live decoding",
-    "app_pages/tree.py": "EAGLE tree explorer",
-    "app_pages/lab.py": "Rejection sampling lab",
-    "app_pages/race.py": "Topology race",
-    "app_pages/cost.py": "Cost and scale",
-    "app_pages/lossless.py": "Is it really lossless?",
+    "app/pages/overview.py": "Why speculative decoding works",
+    "app/pages/live.py": "Live decoding",
+    "app/pages/tree.py": "EAGLE tree explorer",
+    "app/pages/lab.py": "Rejection sampling lab",
+    "app/pages/race.py": "Topology race",
+    "app/pages/cost.py": "Cost and scale",
+    "app/pages/lossless.py": "Is it really lossless?",
 }
 
 
@@ -43,7 +43,7 @@ def open_page(at, page):
 
 def decode(at, max_new=8, temperature=0.0):
     """Run a live decode on the tiny model (n-gram drafter) with the sidebar's max new tokens and temperature."""
-    open_page(at, "app_pages/live.py")
+    open_page(at, "app/pages/live.py")
     at.sidebar.slider(key="sb_max_new").set_value(max_new)
     at.sidebar.slider(key="sb_temperature").set_value(temperature)
     ok(at.run())
@@ -69,15 +69,15 @@ def test_live_decode_streams_tokens_and_feeds_the_explorer_pages(app):
     assert at.get("download_button")
     assert not at.error
 
-    at = open_page(at, "app_pages/tree.py")
+    at = open_page(at, "app/pages/tree.py")
     assert len(at.get("plotly_chart")) == 2  # the tree and its attention mask
-    at = open_page(at, "app_pages/lab.py")
+    at = open_page(at, "app/pages/lab.py")
     labels = [m.label for m in at.metric]
     assert "α = min(1, p/q)" in labels and "p-value" in labels
 
 
 def test_empty_prompt_is_an_error_message_not_a_traceback(app):
-    at = open_page(app, "app_pages/live.py")
+    at = open_page(app, "app/pages/live.py")
     at.text_area(key="live_prompt").set_value("   ")
     at.button(key="live_run").click()
     ok(at.run())
@@ -85,7 +85,7 @@ def test_empty_prompt_is_an_error_message_not_a_traceback(app):
 
 
 def test_markup_in_the_prompt_is_escaped(app):
-    at = open_page(app, "app_pages/live.py")
+    at = open_page(app, "app/pages/live.py")
     at.sidebar.slider(key="sb_max_new").set_value(2)
     at.text_area(key="live_prompt").set_value("<script>alert(1)</script><b>bold</b>")
     at.button(key="live_run").click()
@@ -98,7 +98,7 @@ def test_a_missing_model_folder_is_reported_and_pages_still_render(app):
     app.sidebar.text_input(key="sb_folder").set_value("/no/such/model")
     ok(app.run())
     assert "No such folder" in app.sidebar.error[0].value
-    for page in ("app_pages/live.py", "app_pages/race.py", "app_pages/cost.py", "app_pages/lab.py"):
+    for page in ("app/pages/live.py", "app/pages/race.py", "app/pages/cost.py", "app/pages/lab.py"):
         at = open_page(app, page)
         assert at.title
 
@@ -108,7 +108,7 @@ def test_a_trace_downloads_and_uploads_for_replay(app, tmp_path):
     assert at.get("download_button")
     events = at.session_state["live_events"]
     data = "".join(json.dumps(e) + "\n" for e in events).encode()
-    at = open_page(at, "app_pages/live.py")
+    at = open_page(at, "app/pages/live.py")
     at.session_state["live_events"] = None
     at.get("file_uploader")[0].upload("run.jsonl", data, "application/jsonl")
     ok(at.run())
@@ -120,19 +120,19 @@ def test_a_trace_downloads_and_uploads_for_replay(app, tmp_path):
 
 
 def test_race_then_predicted_vs_measured_speedup(app):
-    at = open_page(app, "app_pages/race.py")
+    at = open_page(app, "app/pages/race.py")
     at.number_input(key="race_max_new").set_value(4)
     at.button(key="race_run").click()
     ok(at.run())
     assert len(at.dataframe) >= 1 and not at.error
     assert len(at.get("plotly_chart")) >= 4
-    at = open_page(at, "app_pages/cost.py")
+    at = open_page(at, "app/pages/cost.py")
     labels = [m.label for m in at.metric]
     assert "predicted speedup" in labels and "measured speedup" in labels
 
 
 def test_lossless_page_samples_both_sides(app):
-    at = open_page(app, "app_pages/lossless.py")
+    at = open_page(app, "app/pages/lossless.py")
     at.number_input(key="ll_n").set_value(10)
     at.button(key="ll_run").click()
     ok(at.run())
@@ -142,7 +142,7 @@ def test_lossless_page_samples_both_sides(app):
 
 
 def test_sandbox_converges_to_p_and_catches_a_planted_bug(app):
-    at = open_page(app, "app_pages/lab.py")
+    at = open_page(app, "app/pages/lab.py")
     at.select_slider(key="lab_n").set_value(100_000)
     ok(at.run())
     p_value = float(next(m.value for m in at.metric if m.label == "p-value"))
@@ -153,7 +153,7 @@ def test_sandbox_converges_to_p_and_catches_a_planted_bug(app):
 
 
 def test_overview_measures_this_machine(app):
-    at = open_page(app, "app_pages/overview.py")
+    at = open_page(app, "app/pages/overview.py")
     at.button(key="ov_measure").click()
     ok(at.run())
     labels = [m.label for m in at.metric]
@@ -163,14 +163,14 @@ def test_overview_measures_this_machine(app):
 
 
 def test_tree_page_steps_through_the_build_stages_of_a_tree(app, tree_trace):
-    from specviz import events
+    from specviz.decoding import events
 
     for event in tree_trace:
         events.validate(event)  # the synthetic trace follows the documented schema
-    at = open_page(app, "app_pages/live.py")
+    at = open_page(app, "app/pages/live.py")
     at.get("file_uploader")[0].upload("tree.jsonl", "".join(json.dumps(e) + "\n" for e in tree_trace).encode())
     ok(at.run())
-    at = open_page(at, "app_pages/tree.py")
+    at = open_page(at, "app/pages/tree.py")
     stages = at.radio(key="tree_stage_1")
     assert stages.options == ["expand depth 1", "expand depth 2", "rerank to 5", "verified tree"]
     for stage in stages.options:
@@ -180,7 +180,7 @@ def test_tree_page_steps_through_the_build_stages_of_a_tree(app, tree_trace):
         assert len(charts) == 2
         spec = json.dumps(json.loads(charts[0].proto.spec))  # plotly's JSON writes < as \u003c
         assert "&lt;b&gt;B&lt;/b&gt;" in spec and "<b>B</b>" not in spec
-    at = open_page(at, "app_pages/lab.py")
+    at = open_page(at, "app/pages/lab.py")
     at.selectbox(key="lab_test_1").set_value(1)  # the rejected test: the residual is drawn
     ok(at.run())
     assert len(at.get("plotly_chart")) >= 4
@@ -191,9 +191,9 @@ def test_a_preset_fetch_survives_reruns_and_page_changes(app, tmp_path, monkeypa
     nor starts a second one; when it fails, the sidebar says why and offers to try again."""
     import threading
 
+    from app import state
     from specviz import models
     from specviz.errors import SpecvizError
-    from specviz.ui import state
 
     release, calls = threading.Event(), []
 
@@ -215,7 +215,7 @@ def test_a_preset_fetch_survives_reruns_and_page_changes(app, tmp_path, monkeypa
         at.sidebar.button(key="sb_fetch").click()
         ok(at.run())
         assert any("Fetching smollm2-135m" in p.proto.text for p in at.sidebar.get("progress"))
-        open_page(at, "app_pages/lab.py")  # a page change and reruns: the fetch goes on, and is not started twice
+        open_page(at, "app/pages/lab.py")  # a page change and reruns: the fetch goes on, and is not started twice
         ok(at.run())
         assert calls == ["smollm2-135m"]
         assert state._fetches().get("smollm2-135m").running

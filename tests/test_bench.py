@@ -8,13 +8,19 @@ import jsonschema
 import pytest
 import torch
 
-from specviz import bench, costs, engine
+from specviz import bench
+from specviz import cli as specviz_cli
+from specviz.bench import probes
+from specviz.bench import report as bench_report
+from specviz.bench import run as bench_run
+from specviz.decoding import costs, engine
+from specviz.decoding.tree import DraftTree
 from specviz.drafters import make_drafter
 from specviz.drafters.base import Drafter
 from specviz.errors import SpecvizError
-from specviz.heads import EagleHead, MedusaHeads
 from specviz.models import LoadedModels
-from specviz.tree import DraftTree
+from specviz.models.heads import EagleHead, MedusaHeads
+
 from tiny import TinyTokenizer, tiny_llama
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,10 +85,10 @@ def test_a_line_separator_inside_a_prompt_is_part_of_the_prompt(tmp_path):
 
 def test_a_curve_of_one_size_gives_a_report_without_tree_predictions(tmp_path, prompts_file, tiny, monkeypatch):
     """--verify-sizes 1 (the floor's forward alone): no cost of a several-token step to predict from."""
-    monkeypatch.setattr(bench, "_load_models", lambda args: tiny)
+    monkeypatch.setattr(specviz_cli, "_load_models", lambda args: tiny)
     argv = cli(tmp_path, prompts_file, "--drafters", "ngram,eagle2", "--no-peers")
     argv[argv.index("1,2,4")] = "1"
-    assert bench.main(argv) == 0
+    assert specviz_cli.bench_main(argv) == 0
     report = json.loads((tmp_path / "b.json").read_text())
     assert report["verify_cost_ms"].keys() == {"1"} and report["floor"]["forward_1_ms"] > 0
     assert "eagle2" not in report["predicted_speedup"]  # a step verifies several tokens: c(n) unknown
@@ -94,30 +100,30 @@ def test_a_curve_of_one_size_gives_a_report_without_tree_predictions(tmp_path, p
     ("--bandwidth-mb", "0", "bandwidth probe needs at least 1 MB"),
 ])
 def test_bad_bench_numbers_fail_before_any_decode(tmp_path, prompts_file, tiny, monkeypatch, capsys, flag, value, message):
-    monkeypatch.setattr(bench, "_load_models", lambda args: tiny)
-    monkeypatch.setattr(bench, "run_drafter", lambda *a, **k: pytest.fail("decoded before refusing the settings"))
-    assert bench.main(cli(tmp_path, prompts_file, flag, value, "--no-peers")) == 2
+    monkeypatch.setattr(specviz_cli, "_load_models", lambda args: tiny)
+    monkeypatch.setattr(bench_run, "run_drafter", lambda *a, **k: pytest.fail("decoded before refusing the settings"))
+    assert specviz_cli.bench_main(cli(tmp_path, prompts_file, flag, value, "--no-peers")) == 2
     assert message in capsys.readouterr().err
 
 
 def test_an_unwritable_output_fails_before_the_run(tmp_path, prompts_file, monkeypatch, capsys):
-    monkeypatch.setattr(bench, "_load_models", lambda args: pytest.fail("loaded models for a run it cannot save"))
+    monkeypatch.setattr(specviz_cli, "_load_models", lambda args: pytest.fail("loaded models for a run it cannot save"))
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     argv = cli(tmp_path, prompts_file)
     argv[argv.index("--json-out") + 1] = str(blocker / "b.json")
-    assert bench.main(argv) == 2
+    assert specviz_cli.bench_main(argv) == 2
     assert "cannot write" in capsys.readouterr().err
 
 
 def test_a_failed_output_write_still_prints_the_report(tmp_path, prompts_file, tiny, monkeypatch, capsys):
-    monkeypatch.setattr(bench, "_load_models", lambda args: tiny)
+    monkeypatch.setattr(specviz_cli, "_load_models", lambda args: tiny)
 
     def full_disk(path, text):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(bench, "write_atomically", full_disk)
-    assert bench.main(cli(tmp_path, prompts_file, "--drafters", "ngram", "--no-peers")) == 2
+    monkeypatch.setattr(specviz_cli, "write_atomically", full_disk)
+    assert specviz_cli.bench_main(cli(tmp_path, prompts_file, "--drafters", "ngram", "--no-peers")) == 2
     out, err = capsys.readouterr()
     assert "| `ngram` |" in out and "No space left on device" in err
 
@@ -137,8 +143,8 @@ def test_a_bad_prompts_file_is_a_clear_error(tmp_path):
 
 
 def test_cli_on_a_tiny_model_writes_a_report_that_validates(tmp_path, prompts_file, tiny, monkeypatch, capsys):
-    monkeypatch.setattr(bench, "_load_models", lambda args: tiny)
-    assert bench.main(cli(tmp_path, prompts_file)) == 0
+    monkeypatch.setattr(specviz_cli, "_load_models", lambda args: tiny)
+    assert specviz_cli.bench_main(cli(tmp_path, prompts_file)) == 0
     report = json.loads((tmp_path / "b.json").read_text())
     jsonschema.validate(report, bench.BENCH_SCHEMA)
     assert list(report["drafters"]) == ["none", "ngram", "draft", "medusa", "eagle2", "draft:adaptive=true", "eagle2:lookup=4"]  # + variants()
@@ -171,10 +177,10 @@ def test_sampling_and_repeats_validate_and_skip_the_identity_check(tiny, prompts
 def test_each_prompt_is_held_to_the_floor_of_the_bandwidth_measured_beside_it():
     """A tenant halves the bandwidth during prompt b and `none` slows down with it: per prompt, `none` is at 50 %
     of its floor both times, while the run's totals against the median bandwidth would say otherwise."""
-    runs = bench.MethodRuns([bench.Run("none", "a", 0, [1] * 100, 1.0), bench.Run("none", "b", 0, [1] * 100, 2.0),
-                             bench.Run("none", "b", 1, [1] * 100, 2.0)])
+    runs = bench_report.MethodRuns([bench_report.Run("none", "a", 0, [1] * 100, 1.0), bench_report.Run("none", "b", 0, [1] * 100, 2.0),
+                             bench_report.Run("none", "b", 1, [1] * 100, 2.0)])
     weight_bytes = 10**8  # 100 MB: 5 ms at 20 GB/s, 10 ms at 10 GB/s
-    floor = bench.floor_report(weight_bytes, {"a": [20.0], "b": [10.0, 10.0]}, runs)
+    floor = bench_report.floor_report(weight_bytes, {"a": [20.0], "b": [10.0, 10.0]}, runs)
     assert floor["none_share_of_floor_per_prompt"] == {"median": pytest.approx(0.5), "min": pytest.approx(0.5),
                                                        "max": pytest.approx(0.5), "n": 2}
     assert floor["none_share_of_floor"] == pytest.approx(0.5)
@@ -213,7 +219,7 @@ def plant_a_wrong_token(monkeypatch):
         return verdict
 
     monkeypatch.setattr(engine, "verify", accept_everything)
-    monkeypatch.setattr(bench, "make_drafter",
+    monkeypatch.setattr(bench_run, "make_drafter",
                         lambda name, models, k=4, options=None: ConstantDrafter() if name == "ngram" else make_drafter(name, models, k, options))
 
 
@@ -226,14 +232,14 @@ def test_the_mismatch_detector_fires_on_a_planted_wrong_token(tiny, prompts_file
     assert {m["prompt"] for m in ngram["mismatches"]} == {"7", "cat"} == set(report["mismatching_prompts"])
     assert all(m["got"] == 3 for m in ngram["mismatches"])
     assert report["drafters"]["none"]["outputs_match_none"] is True
-    assert bench.exit_code(report) == 1 and bench.exit_code(report, allow_mismatch=True) == 0
+    assert specviz_cli.exit_code(report) == 1 and specviz_cli.exit_code(report, allow_mismatch=True) == 0
 
-    monkeypatch.setattr(bench, "_load_models", lambda args: tiny)
-    assert bench.main(cli(tmp_path, prompts_file, "--drafters", "ngram", "--no-peers")) == 1
+    monkeypatch.setattr(specviz_cli, "_load_models", lambda args: tiny)
+    assert specviz_cli.bench_main(cli(tmp_path, prompts_file, "--drafters", "ngram", "--no-peers")) == 1
     err = capsys.readouterr().err
     assert "MISMATCH: drafter 'ngram' differs from 'none' on prompt 7" in err
     assert "**MISMATCH" in (tmp_path / "b.md").read_text()
-    assert bench.main(cli(tmp_path, prompts_file, "--drafters", "ngram", "--no-peers", "--allow-mismatch")) == 0
+    assert specviz_cli.bench_main(cli(tmp_path, prompts_file, "--drafters", "ngram", "--no-peers", "--allow-mismatch")) == 0
 
 
 def test_an_unavailable_drafter_is_refused_before_measuring(tiny, prompts_file):
@@ -265,10 +271,10 @@ def test_a_head_trained_elsewhere_runs_beside_the_shipped_one(tiny, prompts_file
 def test_tree_shape_rotation_and_streamed_bytes():
     tree = costs.full_tree(9, 4)
     assert tree.parents == [-1, -1, -1, -1, 0, 0, 0, 0, 1] and not tree.is_chain
-    assert bench.method_order(["a", "b", "c"], 4) == ["b", "c", "a"]
+    assert bench_run.method_order(["a", "b", "c"], 4) == ["b", "c", "a"]
     model = tiny_llama()  # untied: the input embedding is not streamed, the LM head is
     total = sum(p.numel() * 4 for p in model.parameters())
-    assert bench.streamed_weight_bytes(model) == total - 64 * 32 * 4
+    assert probes.streamed_weight_bytes(model) == total - 64 * 32 * 4
 
 
 def test_the_schema_rejects_a_report_without_its_drafters(tiny, prompts_file):
@@ -315,12 +321,12 @@ def test_gpu_check_stand_in_tokenizer_round_trips():
 def test_the_benchmarks_page_runs_a_bench_and_shows_a_saved_report(tiny_model_dir, tmp_path, monkeypatch):
     from streamlit.testing.v1 import AppTest
 
-    from specviz.ui.state import ENV_MODEL
+    from app.state import ENV_MODEL
 
     monkeypatch.setenv(ENV_MODEL, str(tiny_model_dir))
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)
     at.run()
-    at.switch_page("app_pages/benchmarks.py")
+    at.switch_page("app/pages/benchmarks.py")
     at.run()
     assert not at.exception and [t.value for t in at.title] == ["Benchmarks"]
     at.slider(key="bench_limit").set_value(1)
@@ -334,12 +340,12 @@ def test_the_benchmarks_page_runs_a_bench_and_shows_a_saved_report(tiny_model_di
 
     at.radio(key="bench_source").set_value("a file on the server")  # the page's default report
     at.run()
-    at.text_input(key="bench_path").set_value(str(ROOT / "results" / "bench-smollm2-t0.json"))
+    at.text_input(key="bench_path").set_value(str(bench.REFERENCE_REPORT))
     at.run()
     assert not at.exception and not at.error
     assert len(at.get("plotly_chart")) == 6
 
-    old = json.loads((ROOT / "results" / "bench-smollm2-t0.json").read_text())  # as reports were before 2026-12-01:
+    old = json.loads(bench.REFERENCE_REPORT.read_text())  # as reports were before 2026-12-01:
     for key in ("bandwidth_gb_s_range", "bandwidth_samples", "bandwidth_by_prompt",  # one bandwidth figure a run
                 "none_share_of_floor_per_prompt", "none_share_of_floor_totals"):
         old["floor"].pop(key)

@@ -5,8 +5,8 @@ import time
 
 import pytest
 
+from app.runner import SharedModels
 from specviz.errors import SpecvizError
-from specviz.ui.runner import SharedModels
 
 JOBS = [  # four sessions with different settings
     {"prompt": "Write a haiku about the sea.", "drafter": "ngram", "temperature": 0.0, "seed": 0},
@@ -77,8 +77,8 @@ def test_a_stopped_or_failed_session_releases_the_model(tiny_models):
 def test_a_background_fetch_is_shared_and_outlives_its_callers(tmp_path, monkeypatch):
     """Two sessions asking for the same preset get one fetch; it runs to the end on its own thread, reports its
     progress, and a second request after it finished starts nothing when the files are there."""
+    from app.runner import Fetches
     from specviz import models
-    from specviz.ui.runner import Fetches
 
     monkeypatch.setenv("SPECVIZ_CACHE", str(tmp_path))
     release, fetched = threading.Event(), []
@@ -117,8 +117,8 @@ def test_a_background_fetch_is_shared_and_outlives_its_callers(tmp_path, monkeyp
 def test_a_fetch_that_ends_without_the_files_is_a_failure(tmp_path, monkeypatch):
     """A fetch that returns (or dies) without putting the model in the cache reads as failed, so the sidebar offers
     the button again instead of treating the preset as fetched."""
+    from app.runner import Fetches
     from specviz import models
-    from specviz.ui.runner import Fetches
 
     monkeypatch.setenv("SPECVIZ_CACHE", str(tmp_path))
     monkeypatch.setattr(models, "fetch", lambda model_file, progress=None, wheelhouse=None: None)

@@ -1,19 +1,23 @@
 """The engine on tiny random models: greedy identity, events, replay, reproducibility, clear errors."""
 import json
 
+import jsonschema
 import pytest
 import torch
 
 import specviz
-from specviz import bench, engine, events
+from specviz import bench
+from specviz.bench import run as bench_run
+from specviz.decoding import engine, events
+from specviz.decoding.sampling import Sampling
 from specviz.drafters import make_drafter
 from specviz.drafters.base import NoDraft
 from specviz.drafters.draft_model import DraftModelDrafter
 from specviz.drafters.ngram import NgramDrafter, lookup, lookup_match
 from specviz.errors import SpecvizError
 from specviz.models import LoadedModels
-from specviz.sampling import Sampling
-from tiny import EOS, TinyTokenizer, hf_greedy, tiny_llama
+
+from tiny import EOS, TinyTokenizer, decode_settings, hf_greedy, tiny_llama
 
 PROMPT = [5, 6, 7, 8, 5, 6, 7, 9, 10, 5, 6]
 
@@ -29,7 +33,7 @@ def tok():
 
 
 def run(target, tok, drafter, prompt=PROMPT, **settings):
-    return list(engine.decode(target, tok, drafter, prompt, engine.RunSettings(**settings)))
+    return list(engine.decode(target, tok, drafter, prompt, decode_settings(**settings)))
 
 
 @pytest.mark.parametrize("k", [1, 3, 5])
@@ -80,7 +84,7 @@ def test_tokens_accepted_past_an_eos_cut_are_not_counted():
     # the bench counts per-position acceptance from the events; it agrees with the engine's own count
     models = LoadedModels("tiny-eos", model, model, TinyTokenizer(64), model.device, model.dtype)
     settings = bench.quick_settings(max_new_tokens=60, k=4)
-    result = bench.run_drafter(models, "draft", bench.Prompt("p", ""), PROMPT, settings)
+    result = bench_run.run_drafter(models, "draft", bench.Prompt("p", ""), PROMPT, settings)
     assert result.accepted == committed_accepted == sum(result.accepted_at)
 
 
@@ -133,7 +137,7 @@ def test_every_event_validates_and_the_trace_replays(target, tok, tmp_path):
 def test_a_corrupt_event_fails_validation(target, tok):
     step = events.to_dict(run(target, tok, NgramDrafter(2), max_new_tokens=5)[1])
     step["tests"] = [{"node": 0}]
-    with pytest.raises(Exception):
+    with pytest.raises(jsonschema.ValidationError):
         events.validate(step)
 
 
@@ -210,7 +214,7 @@ def test_drafter_spec_options_reach_the_drafter(target, tok):
 
 
 def test_adaptive_draft_length_stops_when_drafting_cannot_pay(target, tok):
-    from specviz import engine
+    from specviz.decoding import engine
     from specviz.drafters.draft_model import DraftModelDrafter
 
     prompt = specviz.api.encode_prompt(tok, "abcabc")
@@ -220,7 +224,7 @@ def test_adaptive_draft_length_stops_when_drafting_cannot_pay(target, tok):
     # how slow this machine's draft forward happened to be against the tiny model's small q products)
     for label, cost in (("cheap target", lambda n: 1e-9), ("costly target", lambda n: float("inf"))):
         drafter = DraftModelDrafter(target, k=4, adaptive=True, verify_cost=cost)
-        events = list(engine.decode(target, tok, drafter, prompt, engine.RunSettings(16)))
+        events = list(engine.decode(target, tok, drafter, prompt, decode_settings(16)))
         assert events[-1].token_ids == reference.token_ids
         runs[label] = [len(e.nodes) for e in events[1:-1]]
     assert runs["cheap target"][0] >= 1 and sum(runs["cheap target"][1:]) <= len(runs["cheap target"]) // 2
@@ -237,7 +241,7 @@ def test_adaptive_draft_length_does_not_count_the_prompt_as_a_draft_step(target,
     costs less than a target step)."""
     from types import SimpleNamespace
 
-    from specviz import engine
+    from specviz.decoding import engine
     from specviz.drafters import draft_model
     from specviz.drafters.draft_model import DraftModelDrafter
 
@@ -253,7 +257,7 @@ def test_adaptive_draft_length_does_not_count_the_prompt_as_a_draft_step(target,
         return forward(new)
 
     monkeypatch.setattr(drafter, "_forward", charged)
-    events = list(engine.decode(target, tok, drafter, prompt, engine.RunSettings(40)))
+    events = list(engine.decode(target, tok, drafter, prompt, decode_settings(40)))
     drafted = [len(e.nodes) for e in events[1:-2]]
     assert all(n >= 1 for n in drafted), drafted
 

@@ -4,13 +4,15 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import DynamicCache
-
-from specviz import engine, extension, fastdecoder
-from specviz.drafters import NoDraft
 from test_fastdecoder import hf_hidden
 from test_tree import PROMPT, random_tree
-from tiny import TinyTokenizer, hf_greedy, tiny_llama
+from transformers import DynamicCache
+
+from specviz.decoding import engine
+from specviz.drafters import NoDraft
+from specviz.kernels import extension, fastdecoder
+
+from tiny import TinyTokenizer, decode_settings, hf_greedy, tiny_llama
 
 needs_op = pytest.mark.skipif(not extension.available(), reason="specviz's C++ ops are not built here")
 
@@ -95,7 +97,7 @@ def test_decoder_with_the_op_matches_transformers_on_prompt_chain_and_tree():
 def test_greedy_decode_with_the_op_equals_generate():
     model = tiny_llama(hidden=64, scale=3.0)
     assert engine.Target(model).fast.stack.one_op
-    events = list(engine.decode(model, TinyTokenizer(64), NoDraft(), PROMPT, engine.RunSettings(max_new_tokens=40)))
+    events = list(engine.decode(model, TinyTokenizer(64), NoDraft(), PROMPT, decode_settings(max_new_tokens=40)))
     assert events[-1].token_ids == hf_greedy(model, PROMPT, 40)
 
 
@@ -117,7 +119,7 @@ def test_a_failed_build_warns_leaves_nothing_behind_and_decoding_works(monkeypat
     model = tiny_llama(hidden=64, scale=3.0)
     target = engine.Target(model)
     assert not target.fast.stack.one_op  # torch's ops instead
-    events = list(engine.decode(model, TinyTokenizer(64), NoDraft(), PROMPT, engine.RunSettings(max_new_tokens=12)))
+    events = list(engine.decode(model, TinyTokenizer(64), NoDraft(), PROMPT, decode_settings(max_new_tokens=12)))
     assert events[-1].token_ids == hf_greedy(model, PROMPT, 12)
 
 

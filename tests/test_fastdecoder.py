@@ -1,13 +1,16 @@
-"""specviz.fastdecoder computes what transformers computes: hidden states, cache surgery, greedy outputs."""
+"""specviz.kernels.fastdecoder computes what transformers computes: hidden states, cache surgery, greedy outputs."""
 import pytest
 import torch
+from test_tree import PROMPT, random_tree
 from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
 
-from specviz import engine, fastdecoder, models
+from specviz import models
+from specviz.decoding import engine
 from specviz.drafters import NoDraft
-from specviz.kvcache import crop_cache, keep_cache_entries
-from test_tree import PROMPT, random_tree
-from tiny import TinyTokenizer, hf_greedy, tiny_llama
+from specviz.kernels import fastdecoder
+from specviz.kernels.kvcache import crop_cache, keep_cache_entries
+
+from tiny import TinyTokenizer, decode_settings, hf_greedy, tiny_llama
 
 
 def tiny_qwen2(seed=0):
@@ -83,7 +86,7 @@ def test_cache_grows_and_keeps_a_tree_path_like_transformers():  # not under inf
 def test_greedy_decode_through_the_fast_path_equals_generate():
     model = tiny_llama(scale=3.0)
     assert engine.Target(model).fast is not None
-    events = list(engine.decode(model, TinyTokenizer(64), NoDraft(), PROMPT, engine.RunSettings(max_new_tokens=40)))
+    events = list(engine.decode(model, TinyTokenizer(64), NoDraft(), PROMPT, decode_settings(max_new_tokens=40)))
     assert events[-1].token_ids == hf_greedy(model, PROMPT, 40)
 
 
@@ -142,7 +145,7 @@ def test_real_model_packed_fast_path_agrees_with_transformers():
 def test_eagle_head_fast_path_equals_the_module_in_chunks_and_under_a_tree_mask():
     from test_heads import eagle_inputs, tiny_config
 
-    from specviz.heads import EagleHead, causal_mask
+    from specviz.models.heads import EagleHead, causal_mask
 
     head = EagleHead(tiny_config()).eval()
     fast = fastdecoder.for_eagle(head)
@@ -170,7 +173,7 @@ def test_long_prompt_tree_decode_grows_the_cache_and_stays_lossless():
     draft = tiny_llama(seed=1, layers=1, scale=3.0, max_positions=1024)
     prompt = torch.randint(5, 60, (600,), generator=torch.Generator().manual_seed(0)).tolist()
     drafter = TopBTree(draft, b=2, depth=3, cheat_target=target)  # the right child last: non-prefix paths
-    events = list(engine.decode(target, TinyTokenizer(64), drafter, prompt, engine.RunSettings(max_new_tokens=30)))
+    events = list(engine.decode(target, TinyTokenizer(64), drafter, prompt, decode_settings(max_new_tokens=30)))
     assert events[-1].token_ids == hf_greedy(target, prompt, 30)
     assert events[-1].stats["tau"] > 2
 

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from specviz import fastlinear
+from specviz.kernels import fastlinear
 
 pytestmark = pytest.mark.skipif(not fastlinear.supported(), reason="this torch build lacks oneDNN's packed linear")
 

@@ -12,7 +12,16 @@ from safetensors.torch import save_file
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from specviz.errors import SpecvizError
-from specviz.heads import EagleHead, MedusaHeads, build_draft_model, causal_mask, save_draft_model
+from specviz.models import device
+from specviz.models.heads import (
+    EagleHead,
+    MedusaHeads,
+    build_draft_model,
+    causal_mask,
+    save_draft_model,
+)
+
+from tiny import decode_settings
 
 H = 64
 
@@ -191,7 +200,7 @@ def test_build_draft_model_shares_the_target_embedding(tmp_path):
 
 
 def test_a_bf16_draft_gets_its_own_copy_of_the_target_embedding_and_the_target_is_untouched(tmp_path):
-    from specviz import engine
+    from specviz.decoding import engine
     from specviz.drafters.draft_model import DraftModelDrafter
     from specviz.train.draft import init_draft
     from tests.tiny import TinyTokenizer
@@ -212,32 +221,40 @@ def test_a_bf16_draft_gets_its_own_copy_of_the_target_embedding_and_the_target_i
     prompt = [1, 5, 7, 9, 11]
     reference = target.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False, pad_token_id=0)[0, 5:]
     events = list(engine.decode(target, TinyTokenizer(256, eos=None), DraftModelDrafter(draft, k=4), prompt,
-                                engine.RunSettings(16), "tiny", "", 256))
+                                decode_settings(16), "tiny", "", 256))
     assert events[-1].token_ids == reference.tolist()
 
 
 def test_draft_dtype_is_bf16_only_for_fp32_cpu_targets_with_native_bf16(monkeypatch):
-    from specviz import fastlinear, models
+    from specviz import models
+    from specviz.kernels import fastlinear
 
-    monkeypatch.delenv(models.DRAFT_DTYPE_ENV, raising=False)
+    monkeypatch.delenv(device.DRAFT_DTYPE_ENV, raising=False)
+    # everything the bf16 choice depends on is faked, so the test means the same on every CPU (without AVX-512,
+    # this torch's oneDNN has no packed bf16 kernel: supported(bfloat16) is false there)
+    monkeypatch.setattr(fastlinear, "wanted", lambda: True)
+    monkeypatch.setattr(fastlinear, "supported", lambda dtype=torch.float32: True)
     monkeypatch.setattr(fastlinear, "native_bf16", lambda: True)
     assert models.draft_dtype(torch.float32, "cpu") == torch.bfloat16
     assert models.draft_dtype(torch.bfloat16, "cuda") == torch.bfloat16
     assert models.draft_dtype(torch.float16, "cpu") == torch.float16
     monkeypatch.setattr(fastlinear, "native_bf16", lambda: False)
     assert models.draft_dtype(torch.float32, "cpu") == torch.float32
-    monkeypatch.setenv(models.DRAFT_DTYPE_ENV, "bfloat16")
+    monkeypatch.setattr(fastlinear, "native_bf16", lambda: True)
+    monkeypatch.setattr(fastlinear, "supported", lambda dtype=torch.float32: dtype != torch.bfloat16)
+    assert models.draft_dtype(torch.float32, "cpu") == torch.float32  # native bf16, but no packed bf16 kernel
+    monkeypatch.setenv(device.DRAFT_DTYPE_ENV, "bfloat16")
     assert models.draft_dtype(torch.float32, "cpu") == torch.bfloat16
-    monkeypatch.setenv(models.DRAFT_DTYPE_ENV, "int8")
+    monkeypatch.setenv(device.DRAFT_DTYPE_ENV, "int8")
     with pytest.raises(SpecvizError, match="unknown dtype"):
         models.draft_dtype(torch.float32, "cpu")
 
 
 def test_draft_with_a_reduced_vocabulary_proposes_only_it_and_stays_lossless(tmp_path):
-    from specviz import engine, sampling
+    from specviz.decoding import engine, sampling
     from specviz.drafters.draft_model import DraftModelDrafter
-    from tests.tiny import TinyTokenizer
     from specviz.train.draft import init_draft
+    from tests.tiny import TinyTokenizer
 
     torch.manual_seed(0)
     target = LlamaForCausalLM(tiny_config(tie_word_embeddings=True)).eval().requires_grad_(False)
@@ -249,7 +266,7 @@ def test_draft_with_a_reduced_vocabulary_proposes_only_it_and_stays_lossless(tmp
     reference = target.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False, pad_token_id=0)[0, 5:]
     for greedy in (True, False):
         drafter = DraftModelDrafter(draft, k=4, draft_vocab=draft.draft_vocab)
-        settings = engine.RunSettings(20, sampling.Sampling(0.0 if greedy else 1.0), seed=3)
+        settings = decode_settings(20, sampling.Sampling(0.0 if greedy else 1.0), seed=3)
         events = list(engine.decode(target, TinyTokenizer(256, eos=None), drafter, prompt, settings, "tiny", "", 256))
         proposed = {n.token for e in events[1:-1] for n in e.nodes}
         assert proposed and proposed <= set(vocab.tolist())

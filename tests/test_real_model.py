@@ -7,9 +7,12 @@ import pytest
 import torch
 
 import specviz
-from specviz import api, drafters, engine, models
+from specviz import api, drafters, models
+from specviz.decoding import engine
 from specviz.drafters.base import NoDraft
 from specviz.drafters.ngram import NgramDrafter
+
+from tiny import decode_settings
 
 pytestmark = pytest.mark.skipif(not models.is_fetched("smollm2-135m"), reason="smollm2-135m is not fetched (make fetch)")
 
@@ -29,7 +32,7 @@ def test_greedy_ngram_and_none_equal_transformers_generate(smol, prompt):
     ids = api.encode_prompt(smol.tokenizer, prompt)
     reference = smol.target.generate(torch.tensor([ids]), max_new_tokens=40, do_sample=False)[0, len(ids) :].tolist()
     for drafter in (NoDraft(), NgramDrafter(4)):
-        done = list(engine.decode(smol.target, smol.tokenizer, drafter, ids, engine.RunSettings(max_new_tokens=40)))[-1]
+        done = list(engine.decode(smol.target, smol.tokenizer, drafter, ids, decode_settings(max_new_tokens=40)))[-1]
         assert done.token_ids == reference, drafter.name
 
 
@@ -52,7 +55,7 @@ def test_cli_json_prints_exactly_one_object(tmp_path):
     assert set(result) == {"text", "token_ids", "stats"} and len(result["token_ids"]) <= 12
     for key in ("steps", "tau", "acceptance_rate", "per_position_acceptance", "tokens_per_s", "wall_s"):
         assert key in result["stats"]
-    assert specviz.events.replayed_text(specviz.events.read_trace(trace))[1] == result["token_ids"]
+    assert specviz.decoding.events.replayed_text(specviz.decoding.events.read_trace(trace))[1] == result["token_ids"]
 
 
 def test_cli_bad_input_is_one_line_not_a_traceback():

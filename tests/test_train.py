@@ -8,9 +8,16 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specviz.errors import SpecvizError
-from specviz.heads import EagleHead, MedusaHeads, build_draft_model
-from specviz.train.data import (DataConfig, build_dataset, draft_vocabulary, load_split, read_index, read_instructions,
-                                token_counts)
+from specviz.models.heads import EagleHead, MedusaHeads, build_draft_model
+from specviz.train.data import (
+    DataConfig,
+    build_dataset,
+    draft_vocabulary,
+    load_split,
+    read_index,
+    read_instructions,
+    token_counts,
+)
 from specviz.train.loop import TrainConfig
 
 VOCAB = 128
@@ -146,7 +153,7 @@ def test_eagle_goes_on_from_a_trained_head(dataset, tmp_path):
     assert "## How the initial head was made" in provenance and provenance.count("## Validation") == 2
     assert "soft CE(p, q) over the 16 most frequent tokens of the 64-token draft vocabulary" in provenance
     with pytest.raises(ValueError, match="no draft vocabulary"):
-        from specviz.heads import write_weights
+        from specviz.models.heads import write_weights
 
         write_weights(tmp_path / "bare", dict(old.state_dict()), {"kind": "eagle"}, torch.float16)
         train_eagle(run_config("eagle", dataset, tmp_path, init=str(tmp_path / "bare")), target)

@@ -2,18 +2,19 @@
 import pytest
 import torch
 
-from specviz import engine
-from specviz.costs import AUTO_SIZES, interpolate
-from specviz import verify as verify_module
+from specviz.decoding import engine
+from specviz.decoding import verify as verify_module
+from specviz.decoding.costs import AUTO_SIZES, interpolate
+from specviz.decoding.sampling import Sampling
+from specviz.decoding.tree import DraftTree
 from specviz.drafters.eagle import EagleDrafter, TreeShape, best_budget
 from specviz.drafters.medusa import MedusaDrafter, check_tree
 from specviz.errors import SpecvizError
-from specviz.heads import EagleHead, MedusaHeads
-from specviz.kvcache import keep_cache_entries
-from specviz.sampling import Sampling
-from specviz.tree import DraftTree
+from specviz.kernels.kvcache import keep_cache_entries
+from specviz.models.heads import EagleHead, MedusaHeads
+
 from stats import chi_square_p_value, exact_two_tokens, sampled_two_tokens
-from tiny import TinyTokenizer, hf_greedy, tiny_llama
+from tiny import TinyTokenizer, decode_settings, hf_greedy, tiny_llama
 from tree_drafters import TopBTree
 
 PROMPT = [5, 6, 7, 8, 5, 6, 7, 9, 10, 5, 6]
@@ -81,7 +82,7 @@ def test_keeping_a_tree_path_leaves_the_cache_of_that_sequence():
 
 
 def run(target, drafter, **settings):
-    return list(engine.decode(target, TinyTokenizer(64), drafter, PROMPT, engine.RunSettings(**settings)))
+    return list(engine.decode(target, TinyTokenizer(64), drafter, PROMPT, decode_settings(**settings)))
 
 
 @pytest.mark.parametrize("cheat", [False, True])
@@ -131,8 +132,8 @@ def test_eagle_and_medusa_greedy_equal_target_alone(total_tokens):
 def test_bf16_heads_against_an_fp32_target_stay_lossless(fast, monkeypatch):
     """specviz.models.draft_dtype runs shipped heads in bf16 beside an fp32 target: features, embeddings, masks
     and the head's cache are cast to the head's dtype, and the output is still the target's."""
-    from specviz import fastdecoder
-    from specviz.models import cast_parameters
+    from specviz.kernels import fastdecoder
+    from specviz.models.device import cast_parameters
 
     monkeypatch.setenv("SPECVIZ_FAST_DECODER", fast)
     target = tiny_llama(scale=3.0)
@@ -149,8 +150,8 @@ def test_bf16_heads_against_an_fp32_target_stay_lossless(fast, monkeypatch):
 
 
 def test_prompt_lookup_grafted_onto_the_eagle_tree_keeps_the_output_and_learns_its_rate():
-    from specviz import events
-    from specviz.ui import figures
+    from app import figures
+    from specviz.decoding import events
 
     target = tiny_llama(scale=3.0)
     eagle, _ = tiny_heads(target)

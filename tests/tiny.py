@@ -60,3 +60,12 @@ def hf_greedy(model, prompt_ids, max_new_tokens):
         torch.tensor([prompt_ids]), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=EOS, pad_token_id=EOS
     )
     return out[0, len(prompt_ids):].tolist()
+
+
+def decode_settings(max_new_tokens: int = 64, sampling=None, **fields):
+    """A DecodeSettings, with the sampling given as one specviz.decoding.sampling.Sampling if at all."""
+    from specviz.settings import DecodeSettings
+
+    if sampling is not None:
+        fields.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
+    return DecodeSettings(max_new_tokens, **fields)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
+from specviz.decoding.tree import ROOT, DraftTree
 from specviz.drafters.base import Drafter, DraftRequest
-from specviz.tree import ROOT, DraftTree
 
 
 class TopBTree(Drafter):

@@ -1,12 +1,12 @@
 """Drafter registry: a name → a fresh drafter for one run."""
 from __future__ import annotations
 
+from specviz.decoding.costs import forward_latency, interpolate
 from specviz.drafters.base import Drafter, DraftRequest, NoDraft, Outcome
 from specviz.drafters.draft_model import DraftModelDrafter
 from specviz.drafters.eagle import EagleDrafter, TreeShape
 from specviz.drafters.medusa import MedusaDrafter
 from specviz.drafters.ngram import NgramDrafter
-from specviz.costs import forward_latency, interpolate
 from specviz.errors import SpecvizError
 
 DRAFTERS = ("none", "ngram", "draft", "medusa", "eagle2")

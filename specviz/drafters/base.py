@@ -5,9 +5,9 @@ from dataclasses import dataclass
 
 import torch
 
+from specviz.decoding.sampling import Sampling
+from specviz.decoding.tree import DraftTree
 from specviz.errors import SpecvizError
-from specviz.sampling import Sampling
-from specviz.tree import DraftTree
 
 
 def check_total_tokens(drafter: str, total_tokens, whole_tree_allowed: bool = False) -> None:

@@ -5,14 +5,15 @@ import time
 
 import torch
 
-from specviz import fastdecoder, sampling
+from specviz.decoding import sampling
+from specviz.decoding.tree import DraftTree
+from specviz.decoding.verify import top_n
 from specviz.drafters.base import Drafter, DraftRequest, DraftTiming
 from specviz.errors import SpecvizError
-from specviz.fastlinear import rows_projection
-from specviz.kvcache import crop_cache, new_cache
-from specviz.models import logit_postprocessing
-from specviz.tree import DraftTree
-from specviz.verify import top_n
+from specviz.kernels import fastdecoder
+from specviz.kernels.fastlinear import rows_projection
+from specviz.kernels.kvcache import crop_cache, new_cache
+from specviz.models.compat import logit_postprocessing
 
 
 class DraftModelDrafter(Drafter):

@@ -14,13 +14,20 @@ from dataclasses import dataclass
 
 import torch
 
-from specviz import fastdecoder
-from specviz.drafters.base import Drafter, DraftRequest, DraftTiming, Outcome, check_total_tokens, check_vocab_covers
+from specviz.decoding.tree import ROOT, DraftTree
+from specviz.drafters.base import (
+    Drafter,
+    DraftRequest,
+    DraftTiming,
+    Outcome,
+    check_total_tokens,
+    check_vocab_covers,
+)
 from specviz.drafters.ngram import lookup
 from specviz.errors import SpecvizError
-from specviz.fastlinear import rows_projection
-from specviz.kvcache import crop_cache, new_cache
-from specviz.tree import ROOT, DraftTree
+from specviz.kernels import fastdecoder
+from specviz.kernels.fastlinear import rows_projection
+from specviz.kernels.kvcache import crop_cache, new_cache
 
 
 @dataclass(frozen=True)
@@ -60,7 +67,7 @@ class EagleDrafter(Drafter):
 
     def __init__(self, head, target, shape: TreeShape = TreeShape(), draft_vocab: torch.Tensor | None = None,
                  verify_cost=None, lookup: int = 0):
-        """head: specviz.heads.EagleHead; target: the target model (its embedding and LM head are reused).
+        """head: specviz.models.heads.EagleHead; target: the target model (its embedding and LM head are reused).
         draft_vocab: (Vd,) token ids the head may propose (None = all). verify_cost: n -> seconds, for "auto".
         lookup: graft up to this many tokens of prompt lookup (n-gram) onto the tree (0: none); see _graft_lookup."""
         if lookup < 0:

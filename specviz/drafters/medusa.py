@@ -6,11 +6,17 @@ import math
 
 import torch
 
-from specviz.drafters.base import Drafter, DraftRequest, Outcome, check_total_tokens, check_vocab_covers
-from specviz.fastlinear import rows_projection
+from specviz.decoding.tree import ROOT, DraftTree
+from specviz.decoding.verify import Typical, top_n
+from specviz.drafters.base import (
+    Drafter,
+    DraftRequest,
+    Outcome,
+    check_total_tokens,
+    check_vocab_covers,
+)
 from specviz.drafters.eagle import best_budget
-from specviz.tree import ROOT, DraftTree
-from specviz.verify import Typical, top_n
+from specviz.kernels.fastlinear import rows_projection
 
 # Each path lists, per depth, the rank of the token taken from that depth's head: [0, 1] is head 0's best
 # token followed by head 1's second best. 20 nodes: small enough that verifying them stays cheap on a CPU.

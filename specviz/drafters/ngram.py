@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
+from specviz.decoding.tree import DraftTree
 from specviz.drafters.base import Drafter, DraftRequest
 from specviz.errors import SpecvizError
-from specviz.tree import DraftTree
 
 
 class NgramDrafter(Drafter):

@@ -8,10 +8,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from specviz.paths import cache_root  # one cache root for fetched models and training data
+
 TARGET_NAME = "smollm2-135m"
-
-
-from specviz.models import cache_root  # one cache root for fetched models and training data
 
 
 def default_model_path() -> Path:

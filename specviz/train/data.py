@@ -26,9 +26,9 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from specviz import fastlinear
 from specviz.atomic import save_tensors_atomically, write_atomically
 from specviz.errors import SpecvizError
+from specviz.kernels import fastlinear
 
 from .common import default_data_dir, default_model_path, load_target
 

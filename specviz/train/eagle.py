@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from ..heads import EagleHead
+from specviz.models.heads import EagleHead
+
 from .loop import Batch, TrainConfig
 
 log = logging.getLogger("specviz.train.eagle")

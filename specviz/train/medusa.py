@@ -11,7 +11,8 @@ import logging
 
 import torch
 
-from ..heads import MedusaHeads
+from specviz.models.heads import MedusaHeads
+
 from .loop import Batch, TrainConfig
 
 log = logging.getLogger("specviz.train.medusa")

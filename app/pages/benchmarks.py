@@ -1,0 +1,241 @@
+"""Benchmarks: run a small bench on the sidebar's model, or show a report saved by `python -m specviz bench`.
+
+Render only: measuring, summarising and the report's schema live in specviz/bench/."""
+import json
+from pathlib import Path
+
+import plotly.graph_objects as go
+import streamlit as st
+
+from app import state
+from specviz import bench
+from specviz.drafters import available, variants
+from specviz.errors import SpecvizError
+
+state.intro(
+    "Benchmarks",
+    "How much faster, on this machine, with which drafter, and why: every drafter against plain decoding (`none`) "
+    "and against what you would use instead (transformers' `generate()`), measured side by side.  \n"
+    "Run a small bench here, or load a report written by `python -m specviz bench --json-out FILE`.",
+)
+
+REPORT = "bench_report"  # session key: (report, where it came from)
+SOURCES = ("this session's run", "upload a JSON file", "a file on the server")
+SAVED = str(bench.REFERENCE_REPORT)  # the shipped T = 0 bench, shown until this browser session runs one
+PROJECT = Path(__file__).resolve().parent.parent
+
+
+# ------------------------------------------------------------------------------------------------ run
+def run_section() -> None:
+    st.header("1. Run a small bench")
+    shared, settings = state.require_model()
+    if shared is None:
+        return
+    names = available(shared.models) + variants(shared.models)
+    c1, c2, c3 = st.columns(3)
+    limit = c1.slider("Prompts (from the built-in set)", 1, len(bench.load_prompts()), 2, key="bench_limit")
+    max_new = c2.slider("Max new tokens", 4, 256, 32, key="bench_max_new")
+    drafters = c3.multiselect("Drafters (`none` always runs)", names, default=names, key="bench_drafters")
+    c1, c2 = st.columns(2)
+    peers = c1.checkbox("transformers `generate()` peers", True, key="bench_peers")
+    quick = c2.checkbox(f"Quick verify-cost curve (n = {', '.join(map(str, bench.QUICK_SIZES))})", True, key="bench_quick")
+    run_settings = (bench.quick_settings if quick else bench.BenchSettings)(
+        drafters=tuple(drafters), max_new_tokens=max_new, temperature=settings.temperature, top_p=settings.top_p,
+        top_k=settings.top_k, seed=settings.seed, k=settings.k, peers=peers)
+    command = bench.command_for(shared.name, run_settings, limit, quick)
+    st.caption("Temperature, top-p, K and seed come from the sidebar (top-k is not used here). The same run from a "
+               "shell, with more prompts and tokens for numbers you can rely on:")
+    st.code(command, language="bash")
+    if not st.button("Run the bench", key="bench_run", type="primary"):
+        return
+    bar = st.progress(0.0, text="waiting for the model…")
+    if not shared.lock.acquire(blocking=False):
+        st.info("Another session is decoding on this model; the bench starts when it finishes…")
+        shared.lock.acquire()
+    try:  # holding the model's lock: no other session's decode runs in between and skews the timings
+        report = bench.run_bench(shared.models, bench.load_prompts(limit=limit), run_settings, command=command,
+                                 progress=lambda done, total, label: bar.progress(done / total, text=f"{label} ({done}/{total})"))
+        st.session_state[REPORT] = (report, "this session's run")
+        st.session_state["bench_source"] = SOURCES[0]
+    except SpecvizError as err:
+        st.error(str(err))
+    except Exception as err:  # an engine bug should read as a message, not a traceback
+        st.error(f"The bench failed ({type(err).__name__}): {err}")
+    finally:
+        shared.lock.release()
+        bar.empty()
+
+
+# ------------------------------------------------------------------------------------------- choose
+def chosen_report() -> dict | None:
+    st.header("2. A report")
+    st.session_state.setdefault("bench_source", SOURCES[2])  # a measured report from the start, not an empty page
+    source = st.radio("Show", SOURCES, horizontal=True, key="bench_source")
+    if source == SOURCES[0]:
+        saved = st.session_state.get(REPORT)
+        if saved is None:
+            st.info("No bench has run in this session yet: run one above, or load a saved report.")
+            return None
+        return saved[0]
+    try:
+        if source == SOURCES[1]:
+            upload = st.file_uploader("Report (JSON from `--json-out`)", type=["json"], key="bench_upload")
+            if upload is None:
+                return None
+            return bench.parse_report(upload.getvalue(), upload.name)
+        path = st.text_input("Path on the server (a .json file; a relative one may also be in the project)", SAVED,
+                             key="bench_path").strip()
+        if not path.endswith(".json"):
+            st.info("Enter the path of a report written by `--json-out` (a .json file).")
+            return None
+        if not Path(path).exists() and (PROJECT / path).exists():  # the app started from another folder
+            path = str(PROJECT / path)
+        return bench.load_report(path)
+    except SpecvizError as err:
+        st.error(str(err))
+    return None
+
+
+# ------------------------------------------------------------------------------------------- charts
+def rates_figure(report: dict) -> go.Figure:
+    drafters, peers = report["drafters"], report["peers"]
+    fig = go.Figure()
+    fig.add_bar(name="our engine", x=list(drafters), y=[d["tokens_per_s"] for d in drafters.values()],
+                text=[f"{d['tokens_per_s']:.1f}" for d in drafters.values()], textposition="outside")
+    if peers:
+        fig.add_bar(name="transformers generate()", x=list(peers), y=[p["tokens_per_s"] for p in peers.values()],
+                    text=[f"{p['tokens_per_s']:.1f}" for p in peers.values()], textposition="outside")
+    floor = report["floor"]["floor_tokens_per_s"]
+    title = "Tokens per second (all prompts together)"
+    fastest = max([d["tokens_per_s"] for d in drafters.values()] + [p["tokens_per_s"] for p in peers.values()])
+    if floor <= 3 * fastest:
+        # a short label at the left: a long one overflows a narrow chart and is cut off
+        fig.add_hline(y=floor, line_dash="dash", annotation_text=f"floor {floor:.1f}", annotation_position="top left")
+        title += "<br><sup>dashed: the weight-streaming floor, autoregressive at best</sup>"
+    else:  # a line far above the bars would flatten them
+        title += f"<br><sup>weight-streaming floor: {floor:,.1f} tokens/s, off this scale</sup>"
+    fig.update_layout(title=title, yaxis_title="tokens/s", height=420)
+    return fig
+
+
+def spread_figure(report: dict) -> go.Figure:
+    fig = go.Figure()
+    ours = bench.per_prompt_speedups(report, "none", [n for n in report["drafters"] if n != "none"])
+    theirs = bench.per_prompt_speedups(report, "generate", [n for n in report["peers"] if n != "generate"]) if report["peers"] else {}
+    for label, values in [*((f"{n} / none", v) for n, v in ours.items()), *((f"{n} / generate", v) for n, v in theirs.items())]:
+        fig.add_box(name=label, y=list(values.values()), text=list(values), boxpoints="all", pointpos=0,
+                    hovertemplate="%{text}: %{y:.2f}×<extra></extra>")
+    fig.add_hline(y=1.0, line_dash="dot")
+    fig.update_layout(title="Speedup per prompt (each point is one prompt)", yaxis_title="× over the baseline",
+                      showlegend=False, height=420)
+    return fig
+
+
+def cost_figure(report: dict) -> go.Figure:
+    fig = go.Figure()
+    for name, curve in (("chain (causal mask)", report["verify_cost_ms"]), ("tree (4D mask)", report["tree_verify_cost_ms"])):
+        if curve:
+            fig.add_scatter(name=name, x=[int(n) for n in curve], y=list(curve.values()), mode="lines+markers")
+    fig.update_layout(title=f"Verify cost: one target forward over n new tokens ({report['config']['context_len']} cached)",
+                      xaxis=dict(title="n (root + drafted tokens)", type="log", dtick=0.30103), yaxis_title="ms",
+                      height=400)
+    return fig
+
+
+def acceptance_figure(report: dict) -> go.Figure:
+    fig = go.Figure()
+    for name, d in report["drafters"].items():
+        if d["per_position_acceptance"]:
+            fig.add_scatter(name=name, x=list(range(1, len(d["per_position_acceptance"]) + 1)),
+                            y=d["per_position_acceptance"], mode="lines+markers")
+    fig.update_layout(title="Per-position acceptance", xaxis=dict(title="depth d", dtick=1),
+                      yaxis=dict(title="accepted at d", range=[0, 1.05]),
+                      height=400)
+    return fig
+
+
+def predicted_figure(report: dict) -> go.Figure:
+    rows = report["predicted_speedup"]
+    fig = go.Figure()
+    fig.add_bar(name="predicted from τ and the cost curve", x=list(rows), y=[r["predicted"] for r in rows.values()])
+    fig.add_bar(name="measured (median over prompts)", x=list(rows), y=[r["measured"] for r in rows.values()])
+    fig.add_hline(y=1.0, line_dash="dot")
+    fig.update_layout(title="Speedup over none: predicted vs measured", yaxis_title="×", barmode="group", height=400)
+    return fig
+
+
+def floor_figure(report: dict, points: list[dict]) -> go.Figure:
+    """`none`'s ms per token against the bandwidth measured right before it, with the floor it is held to."""
+    weight_bytes = report["floor"]["weight_bytes"]
+    fig = go.Figure()
+    fig.add_scatter(name="none, one prompt each", x=[p["bandwidth_gb_s"] for p in points],
+                    y=[p["none_ms_per_token"] for p in points], text=[p["prompt"] for p in points], mode="markers",
+                    hovertemplate="%{text}: %{x:.1f} GB/s, %{y:.1f} ms/token<extra></extra>")
+    low, high = min(p["bandwidth_gb_s"] for p in points), max(p["bandwidth_gb_s"] for p in points)
+    xs = [low + (high - low) * i / 20 for i in range(21)]
+    for share, label in ((1.0, "floor: weights ÷ bandwidth"), (0.5, "half the floor's tokens/s")):
+        fig.add_scatter(name=label, x=xs, y=[1e3 * weight_bytes / (x * 1e9) / share for x in xs], mode="lines",
+                        line_dash="dash" if share == 1.0 else "dot")
+    fig.update_layout(title="Does plain decoding follow the memory? none against the bandwidth measured just before it",
+                      xaxis_title="copy bandwidth (GB/s)", yaxis=dict(title="ms per token", rangemode="tozero"), height=420)
+    return fig
+
+
+# ------------------------------------------------------------------------------------------- report
+def rounded(value, digits: int = 2):
+    return None if value is None else round(value, digits)
+
+
+def spread(label: str, summary: dict | None) -> dict:
+    summary = summary or {}
+    return {f"{label} (median)": rounded(summary.get("median")), "min": rounded(summary.get("min")),
+            "max": rounded(summary.get("max"))}
+
+
+def show(report: dict) -> None:
+    m, c = report["machine"], report["config"]
+    st.code(c["command"], language="bash")
+    st.caption(f"{m['cpu']}, {m['cores']} cores" + (f", {m['gpu']}" if m.get("gpu") else "")
+               + f"; {m['device']} {m['dtype']}; torch {m['torch']}, transformers {m['transformers']}; {m['date']}. "
+               f"{c['n_prompts']} prompts, {c['max_new_tokens']} new tokens at most, temperature {c['temperature']}, K = {c['k']}.")
+    if report["outputs_match_none"] is False:
+        st.error("At temperature 0 these prompts gave a drafter output different from `none`'s, which a lossless "
+                 f"drafter must never do: {', '.join(report['mismatching_prompts'])}. See the mismatch list below.")
+    elif report["outputs_match_none"] is None:
+        st.info("Temperature > 0: outputs are samples, so they are not compared token by token (the *Is it really "
+                "lossless?* page tests the distributions).")
+    st.dataframe([{"drafter": n, "τ": rounded(d["tau"]), "acceptance": rounded(d["acceptance_rate"]),
+                   "tokens/s": rounded(d["tokens_per_s"], 1), "ms/token": rounded(d["ms_per_token"], 1),
+                   "draft share": rounded(d["draft_share"]), **spread("speedup vs none", d["speedup_vs_none"]),
+                   "output = none": d["outputs_match_none"]} for n, d in report["drafters"].items()],
+                 hide_index=True)
+    if report["peers"]:
+        st.dataframe([{"peer": n, "tokens/s": rounded(p["tokens_per_s"], 1), "ms/token": rounded(p["ms_per_token"], 1),
+                       **spread("speedup vs generate", p["speedup_vs_generate"]),
+                       "output = generate": p["outputs_match_generate"]} for n, p in report["peers"].items()],
+                     hide_index=True)
+    c1, c2 = st.columns(2)
+    c1.plotly_chart(rates_figure(report), key="bench_rates")
+    c2.plotly_chart(spread_figure(report), key="bench_spread")
+    if report["verify_cost_ms"]:
+        c1, c2 = st.columns(2)
+        c1.plotly_chart(cost_figure(report), key="bench_cost")
+        c2.plotly_chart(predicted_figure(report), key="bench_predicted")
+    if any(d["per_position_acceptance"] for d in report["drafters"].values()):
+        st.plotly_chart(acceptance_figure(report), key="bench_acceptance")
+    st.markdown("**Weight-streaming floor.** A plain decoding step reads every weight once: " + bench.floor_sentence(report["floor"]))
+    points = bench.none_against_bandwidth(report)
+    if points:
+        st.plotly_chart(floor_figure(report, points), key="bench_floor")
+        st.caption("Where the points stay level while the bandwidth moves, something other than the memory (the "
+                   "matrix-product kernels, the rest of the forward) sets the speed of plain decoding.")
+    with st.expander("The whole report as Markdown (what `--md-out` writes)"):
+        st.markdown(bench.to_markdown(report))
+    st.download_button("Download the report (JSON)", json.dumps(report, indent=1), "bench.json", "application/json",
+                       key="bench_download")
+
+
+run_section()
+report = chosen_report()
+if report is not None:
+    show(report)

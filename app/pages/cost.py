@@ -1,0 +1,153 @@
+import plotly.graph_objects as go
+import streamlit as st
+
+from app import state
+from specviz import analysis
+from specviz.drafters import parse_spec
+
+state.intro(
+    "Cost and scale",
+    "What a faster decode is worth: dollars per million output tokens follow directly from tokens/s and the GPU "
+    "price.  \nThen: the speedup predicted from the measured acceptance rate α and measured step costs, next to "
+    "the measured one, and why the gain shrinks as the batch grows.",
+)
+
+
+CHAIN_DRAFTERS = ("ngram", "draft")
+
+
+def measured_runs() -> dict[str, list[dict]]:
+    """Finished runs of this session: the race's (for the current settings or any) and the last live run."""
+    runs = {}
+    for (key, drafter), events in st.session_state.get("race_cache", {}).items():
+        prompt, s = key  # app/pages/race.py's key: the prompt and the sidebar's state.Settings of the run
+        label = f"race: {drafter} on “{prompt[:24]}…”, T {s.temperature}, K {s.k}, {s.max_new_tokens} tokens, seed {s.seed}"
+        runs[label if label not in runs else f"{label} ({len(runs)})"] = events  # top-p, top-k or tree differ
+    trace, source = state.get_trace()
+    if trace and state.done_of(trace):
+        runs[f"{source}: {trace[0]['drafter']}"] = trace
+    return runs
+
+
+def show_speedup(base: analysis.RunSummary, spec: analysis.RunSummary) -> None:
+    cmp = analysis.speedup_comparison(base, spec)
+    m = st.columns(5)
+    m[0].metric("α (measured acceptance rate)", f"{cmp['alpha']:.3f}")
+    m[1].metric("expected tokens/step", f"{cmp['expected_tokens_per_step']:.2f}", help=f"measured τ: {cmp['measured_tau']:.2f}")
+    m[2].metric("step cost (target forwards)", f"{cmp['step_cost']:.2f}",
+                help=f"{spec.ms_per_step:.1f} ms per speculative step ÷ {base.ms_per_step:.1f} ms per plain step")
+    m[3].metric("predicted speedup", f"{cmp['predicted_speedup']:.2f}×")
+    m[4].metric("measured speedup", f"{cmp['measured_speedup']:.2f}×")
+    st.caption(f"K = {spec.k} from the run's settings; measured τ = {cmp['measured_tau']:.2f}. The formula assumes "
+               "every step drafts K tokens and each is accepted independently with the same α; n-gram lookup "
+               "sometimes drafts fewer (or none), and trees accept differently, so prediction and measurement can "
+               "differ. Measured tokens/s also include the prefill.")
+
+
+# ------------------------------------------------------------------------------------- $ per million
+st.header("1. Dollars per million output tokens")
+st.latex(r"\$/\text{M tokens} = \frac{\$/\text{GPU-hour} \times \#\text{GPUs}}{\text{tokens/s} \times 3600} \times 10^6")
+runs = measured_runs()
+c1, c2, c3 = st.columns(3)
+price = c1.number_input("$ per GPU-hour", 0.0, 1000.0, 2.50, 0.1, key="cost_price",
+                        help="Enter your own price; the default is an example, not a quote.")
+gpus = c2.number_input("Number of GPUs", 1, 1024, 8, key="cost_gpus")
+source = c3.selectbox("tokens/s from", ["entered"] + list(runs), key="cost_source")
+if source == "entered":
+    tps = st.number_input("tokens/s", 0.001, 1e6, 23.7, key="cost_tps")
+else:
+    tps = state.done_of(runs[source])["stats"]["tokens_per_s"]
+    st.caption(f"tokens/s = {tps:.2f}, measured in this session ({source}).")
+st.metric("Cost per million output tokens", f"${analysis.usd_per_million(price, gpus, tps):,.2f}")
+
+# ------------------------------------------------------------------------------------------ the guide
+st.header("2. A published worked example")
+st.markdown("A published industry guide on speculative decoding gives these figures for an **8×H100 node serving "
+            "a 70B model at 16-bit** (quoted, not measured here):")
+rows = analysis.guide_rows()
+st.dataframe([{"setting": r["label"], "ms/token": r["ms_per_token"], "tokens/s": round(r["tokens_per_s"], 1),
+               "$ per million (guide)": f"{r['usd_per_million']:.2f}",
+               "implied $/hour (computed)": round(r["implied_usd_per_hour"], 4)} for r in rows], hide_index=True)
+implied = rows[0]["implied_usd_per_hour"]
+st.markdown(
+    f"**Implied by the guide's figures, not a quoted price:** 18.40 × 23.7 × 3600 ÷ 10⁶ = **\\${implied:.4f} per hour** "
+    f"(and 5.38 × {rows[1]['tokens_per_s']:.2f} × 3600 ÷ 10⁶ = \\${rows[1]['implied_usd_per_hour']:.4f} for the faster "
+    f"row: the two agree, so the guide used one hourly price of about \\${implied:.2f} for the whole stream). If that "
+    f"is one GPU's price, the 8-GPU node costs 8 × as much per hour and the same tokens/s would cost "
+    f"8 × \\${rows[0]['usd_per_million']:.2f} = \\${8 * rows[0]['usd_per_million']:.2f} per million; check the figures "
+    f"against your own price in the calculator above. The saving of speculative decoding "
+    f"({rows[0]['ms_per_token'] / rows[1]['ms_per_token']:.2f}× fewer \\$ per token) does not depend on the price."
+)
+st.caption("The node's bandwidth bound: the 140 GB of 16-bit weights do not fit in one 80 GB H100, so 8 GPUs each "
+           "stream an eighth of them per token: 70e9 × 2 bytes ÷ (8 × 3.35 TB/s) = "
+           f"{analysis.ms_per_token(70e9, 2, 8 * 3.35e12):.1f} ms. The guide's 42.1 ms/token is about "
+           f"{42.1 / analysis.ms_per_token(70e9, 2, 8 * 3.35e12):.0f}× that; the guide does not say where the rest "
+           "goes (see *Why it works* for the bound).")
+
+# ---------------------------------------------------------------------------------- predicted speedup
+st.header("3. Predicted vs measured speedup")
+st.markdown("With K drafted tokens each accepted with probability α (independently), a step commits on average")
+st.latex(r"E[\text{tokens per step}] = \frac{1 - \alpha^{K+1}}{1 - \alpha}")
+st.markdown("tokens, and costs (draft time + verify time) ÷ (time of one plain target step). Predicted speedup = "
+            "expected tokens per step ÷ step cost. Both α and the costs come from runs measured here.")
+baselines = [n for n, e in runs.items() if e[0]["drafter"] == "none"]
+# the formula is a chain's: a tree's acceptance (accepted ÷ every node drafted) and depth do not fit it
+specs = [n for n, e in runs.items() if parse_spec(e[0]["drafter"])[0] in CHAIN_DRAFTERS]
+if not baselines or not specs:
+    st.info("Needs a `none` run and a chain run (`ngram` or `draft`): run the *Topology race* (it runs every "
+            "drafter, `none` included), then come back. Tree drafters (`medusa`, `eagle2`) do not fit this "
+            "formula; the Benchmarks page predicts their speedup from the measured verify-cost curve.")
+else:
+    c1, c2 = st.columns(2)
+    base_name = c1.selectbox("Baseline (none)", baselines, key="cost_base")
+    spec_name = c2.selectbox("Speculative run", specs, key="cost_spec")
+    base, spec = analysis.summarise(runs[base_name]), analysis.summarise(runs[spec_name])
+    if spec.acceptance_rate is None:
+        st.warning("That run drafted nothing (every step was autoregressive), so it has no α. Try another prompt "
+                   "(n-gram lookup needs repeated text) or another drafter.")
+    else:
+        show_speedup(base, spec)
+
+with st.expander("Explore the formula"):
+    k_max = st.slider("K", 1, 10, 4, key="cost_k")
+    alphas = [i / 50 for i in range(51)]
+    fig = go.Figure()
+    for k in sorted({1, 2, k_max}):
+        fig.add_trace(go.Scatter(x=alphas, y=[analysis.expected_tokens_per_step(a, k) for a in alphas], name=f"K = {k}"))
+    fig.update_layout(title="expected tokens per target forward", xaxis={"title": "α"}, height=300,
+                      margin={"l": 10, "r": 10, "t": 40, "b": 10})
+    st.plotly_chart(fig, key="cost_formula")
+
+# ------------------------------------------------------------------------------------------ batching
+st.header("4. Why the gain falls as the batch grows (a model, not a measurement)")
+st.markdown(
+    "At batch 1 a forward pass is **memory-bound**: reading the weights takes longer than the arithmetic, so "
+    "scoring K + 1 tokens costs about as much as scoring 1. With B sequences in the batch the target already does "
+    "B tokens of work per weight read; once 2 × params × tokens exceeds what the GPU computes in the time it reads "
+    "the weights, the forward becomes **compute-bound**, and verifying K extra tokens per sequence costs real time. "
+    "Below: forward time = max(weights ÷ bandwidth, 2 × params × tokens ÷ FLOP/s), KV-cache reads ignored."
+)
+c = st.columns(4)
+params_b = c[0].number_input("Parameters (billions)", 0.1, 2000.0, 70.0, key="cost_b_params")
+bw = c[1].number_input("Bandwidth (TB/s)", 0.1, 50.0, analysis.GPU_DATASHEET["H100 SXM"]["bandwidth_tb_s"], key="cost_b_bw")
+tflops = c[2].number_input("Dense 16-bit TFLOP/s", 1.0, 10000.0, analysis.GPU_DATASHEET["H100 SXM"]["bf16_tflops"],
+                           key="cost_b_flops")
+gpus_b = c[3].number_input("GPUs (tensor parallel)", 1, 64, 8, key="cost_b_gpus")
+c = st.columns(3)
+alpha = c[0].slider("α", 0.0, 0.99, 0.7, key="cost_b_alpha")
+k = c[1].slider("K", 1, 10, 4, key="cost_b_k")
+draft_cost = c[2].slider("draft cost per token (in target forwards)", 0.0, 0.5, 0.05, 0.01, key="cost_b_draft")
+batches = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+speedups = analysis.batch_speedup_model(batches, params_b * 1e9, 2.0, bw * 1e12 * gpus_b, tflops * 1e12 * gpus_b,
+                                        alpha, k, draft_cost)
+fig = go.Figure(go.Scatter(x=batches, y=speedups, mode="lines+markers", name="modelled speedup"))
+fig.add_hline(y=1.0, line_dash="dot", annotation_text="no gain")
+fig.update_layout(title="MODELLED speedup of speculative decoding vs batch size (not measured)", height=340,
+                  xaxis={"type": "log", "title": "batch size (sequences)"}, yaxis={"title": "speedup"},
+                  margin={"l": 10, "r": 10, "t": 40, "b": 10})
+st.plotly_chart(fig, key="cost_batch")
+crossover = tflops * 1e12 * 2.0 / (2 * bw * 1e12)  # tokens per forward where weights/bandwidth = 2·P·n/FLOPS
+st.caption(f"Defaults: H100 SXM datasheet figures (3.35 TB/s, 989 dense BF16 TFLOP/s per GPU; NVIDIA H100 datasheet), "
+           f"16-bit weights, {gpus_b} GPUs with perfect scaling. The forward turns compute-bound at about "
+           f"{crossover:.0f} tokens (batch × (K + 1) for the speculative step, batch for the plain one). Real servers "
+           "also pay for KV-cache reads and scheduling, so treat the curve as the shape of the effect, not a prediction.")

@@ -1,0 +1,131 @@
+import numpy as np
+import plotly.graph_objects as go
+import streamlit as st
+
+from app import figures, state
+from specviz import analysis
+
+state.intro(
+    "Rejection sampling lab",
+    "A drafted token x (drawn from the draft's **q**) is kept when u ≤ α = min(1, p(x)/q(x)) with u uniform in "
+    "[0, 1]; otherwise a replacement is drawn from the residual max(0, p − q), normalised (**p** = target).  \n"
+    "Look at one real test from a run, then build your own p and q and watch the outputs follow p exactly.",
+)
+
+tab_run, tab_sandbox = st.tabs(["A test from a real run", "Sandbox: your own p and q"])
+
+# ----------------------------------------------------------------------------------------- real run
+with tab_run:
+    trace, source = state.get_trace()
+    tested = [s for s in state.steps_of(trace or []) if s["tests"]]
+    if not trace:
+        st.info("No run yet: decode one on the *Live decoding* page (a drafter other than `none`; temperature "
+                "above 0 shows u and the residual).")
+    elif not tested:
+        st.info("This run has no acceptance tests (nothing was drafted). Pick a drafter other than `none`.")
+    else:
+        start = trace[0]
+        greedy = start["sampling"]["temperature"] == 0
+        st.caption(f"From the {source}: drafter `{start['drafter']}`, temperature {start['sampling']['temperature']}.")
+        c1, c2 = st.columns(2)
+        numbers = [s["step"] for s in tested]
+        chosen = c1.selectbox("Step", numbers, key="lab_step", format_func=lambda n: f"step {n}")
+        step = next(s for s in tested if s["step"] == chosen)
+        index = c2.selectbox(
+            "Tested position", range(len(step["tests"])), key=f"lab_test_{chosen}",
+            format_func=lambda i: (f"node {step['tests'][i]['node']} (depth "
+                                   f"{step['nodes'][step['tests'][i]['node']]['depth']}): "
+                                   f"{figures.visible(step['tests'][i]['text'])!r} → "
+                                   + ("accepted" if step["tests"][i]["accepted"] else "rejected")))
+        test = step["tests"][index]
+        node = step["nodes"][test["node"]]
+        p_row = next((r for r in step["target"] if r["node"] == node["parent"]), None)
+        m = st.columns(5)
+        m[0].metric("p(x), target", f"{test['p']:.4f}")
+        m[1].metric("q(x), draft", "1 (no q)" if test["q"] is None else f"{test['q']:.4f}")
+        m[2].metric("α = min(1, p/q)", f"{test['alpha']:.4f}")
+        m[3].metric("u", "— (greedy)" if test["u"] is None else f"{test['u']:.4f}")
+        m[4].metric("decision", "accept" if test["accepted"] else "reject")
+        earlier = [t for t in step["tests"][:index] if step["nodes"][t["node"]]["parent"] == node["parent"]]
+        if earlier:
+            st.caption("An earlier sibling was rejected at this parent, so this test used the residual of that "
+                       "rejection as p (the bars below show the target's p before any update).")
+        b1, b2 = st.columns(2)
+        b1.plotly_chart(figures.distribution_bars(p_row["p_top"] if p_row else None,
+                                                  "p: target's top tokens at this position", "#1f77b4",
+                                                  highlight=test["token"]), key=f"lab_p_{chosen}_{index}")
+        b2.plotly_chart(figures.distribution_bars(
+            node["q_top"], "q: the draft's top tokens" if node["q_top"] else "q: a point mass (no q: n-gram lookup)",
+            "#ff7f0e", highlight=test["token"],
+            point_mass=None if node["q_top"] else (node["token"], node["text"])), key=f"lab_q_{chosen}_{index}")
+        st.plotly_chart(figures.u_gauge(test["alpha"], test["u"]), key=f"lab_u_{chosen}_{index}")
+        if greedy:
+            st.info("Greedy decoding (temperature 0): the draft token is accepted exactly when it is the target's "
+                    "argmax (α = 1, else 0), and a rejection is replaced by the argmax. p and q above are the plain "
+                    "softmax of the logits, shown for how confident each model was.")
+        if not test["accepted"]:
+            last_here = all(step["nodes"][t["node"]]["parent"] != node["parent"] for t in step["tests"][index + 1:])
+            replacement = step["final"] if last_here and step["final"]["kind"] == "replacement" else None
+            if test["residual_top"]:
+                st.plotly_chart(figures.distribution_bars(
+                    test["residual_top"], "residual max(0, p − q), normalised", "#9467bd",
+                    highlight=replacement["token"] if replacement else None), key=f"lab_r_{chosen}_{index}")
+            if replacement:
+                source = "the target's argmax (greedy)" if greedy else "the residual"
+                st.success(f"Replacement token from {source}: {figures.md_code(replacement['text'])} "
+                           f"(id {replacement['token']}). The step ends here.")
+            else:
+                st.info("The next sibling was tested against this residual.")
+        elif test["node"] == step["accepted_path"][-1] and step["final"]["kind"] == "bonus":
+            st.success(f"Every drafted token on the path was accepted: a bonus token "
+                       f"{figures.md_code(step['final']['text'])} was drawn from p.")
+
+# ------------------------------------------------------------------------------------------ sandbox
+with tab_sandbox:
+    st.markdown("Edit p (the target) and q (the draft) over a few tokens; rows are normalised. Each sample draws "
+                "x from q and applies the rule. The histogram of outputs converges to **p**, not q.")
+    default = {"token": ["the", "a", "cat", "dog", "sat"], "p": [0.40, 0.25, 0.15, 0.15, 0.05],
+               "q": [0.10, 0.50, 0.10, 0.10, 0.20]}
+    table = st.data_editor(default, num_rows="dynamic", key="lab_table", width="stretch")
+    tokens = [str(t) if t not in (None, "") else f"token {i}" for i, t in enumerate(table["token"])]
+    c1, c2, c3 = st.columns(3)
+    n = c1.select_slider("Samples", [10, 100, 1_000, 10_000, 100_000], value=1_000, key="lab_n")
+    seed = c2.number_input("Seed", 0, 10**6, 0, key="lab_seed")
+    bug = c3.checkbox("Plant a bug (skip the residual)", key="lab_bug",
+                  help="On a rejection, redraw from q instead of from the residual max(0, p − q).")
+    try:
+        raw_p = [float(x or 0) for x in table["p"]]
+        raw_q = [float(x or 0) for x in table["q"]]
+        p, q = analysis.normalise(raw_p), analysis.normalise(raw_q)
+        if len(p) < 2:
+            raise ValueError("give at least two tokens")
+        if any(x < 0 for x in raw_p + raw_q):
+            raise ValueError("probabilities cannot be negative")
+    except (ValueError, TypeError) as err:
+        st.error(f"Fix the table: {err}")
+        st.stop()
+    samples, accepted = analysis.speculative_samples(p, q, n, seed=int(seed), skip_residual=bug)
+    counts = np.bincount(samples, minlength=len(p))
+    fit = analysis.goodness_of_fit(counts, p)
+    names = figures.unique_labels(list(enumerate(tokens)))
+    m = st.columns(5)
+    m[0].metric("samples", f"{n:,}")
+    m[1].metric("accepted drafts", f"{accepted / n:.1%}", help=f"theory: Σ min(p, q) = {np.minimum(p, q).sum():.1%}")
+    m[2].metric("total variation to p", f"{fit['tv']:.4f}")
+    m[3].metric("chi-square vs p", f"{fit['chi2']:.2f}", help=f"{fit['dof']} degrees of freedom")
+    m[4].metric("p-value", f"{fit['p_value']:.3f}",
+                help="Probability of a chi-square this large if outputs really follow p. Below 0.01: they do not.")
+    st.plotly_chart(figures.histogram_pair(names, {"outputs": list(counts / n), "p (target)": list(p),
+                                                   "q (draft)": list(q)},
+                                           f"{n:,} speculative samples", {"outputs": "#444", "p (target)": "#1f77b4",
+                                                                          "q (draft)": "#ff7f0e"}), key="lab_hist")
+    sizes = [s for s in (10, 30, 100, 300, 1_000, 3_000, 10_000, 30_000, 100_000) if s <= n]
+    tvs = [analysis.total_variation(np.bincount(samples[:s], minlength=len(p)), p) for s in sizes]
+    fig = go.Figure(go.Scatter(x=sizes, y=tvs, mode="lines+markers", name="TV(outputs, p)"))
+    fig.update_layout(title="distance to p shrinks as samples grow (roughly like 1/√n)", height=260,
+                      xaxis={"type": "log", "title": "samples"}, yaxis={"title": "total variation"},
+                      margin={"l": 10, "r": 10, "t": 40, "b": 10})
+    st.plotly_chart(fig, key="lab_tv")
+    if bug:
+        st.warning("With the bug the outputs drift toward q: the chi-square p-value drops to ~0 once there are "
+                   "enough samples. This is how the losslessness tests catch a wrong implementation.")

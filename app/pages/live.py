@@ -1,0 +1,163 @@
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import streamlit as st
+
+from app import figures, state
+from specviz.decoding import events as ev
+from specviz.errors import SpecvizError
+
+state.intro(
+    "Live decoding",
+    "Type a prompt and press **Run**: tokens appear as the target commits them, coloured by how they were made. "
+    "Each step is one target forward pass (p = target, q = draft): it verifies the drafted tokens and always adds "
+    "one token of its own (a replacement after a rejection, or a bonus when everything was accepted).",
+)
+shared, settings = state.current()
+
+
+def parse_trace(data: bytes, name: str) -> list[dict]:
+    """An uploaded JSONL trace, checked like events.read_trace does, and every event against the schema."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / (Path(name).name or "trace.jsonl")
+        path.write_bytes(data)
+        try:
+            events = ev.read_trace(path)
+        except UnicodeDecodeError:
+            raise SpecvizError(f"{name}: not a text file") from None
+    for n, event in enumerate(events, 1):
+        try:
+            ev.validate(event)
+        except Exception as err:  # jsonschema.ValidationError: say where, briefly
+            raise SpecvizError(f"{name}: event {n} does not follow the specviz event schema: "
+                               f"{getattr(err, 'message', err)}") from None
+    if events[-1]["type"] != "done":
+        st.warning(f"{name} ends before its done event (a stopped run); showing the steps it has.")
+    return events
+
+
+class View:
+    """Placeholders for one run's display, redrawn as events arrive."""
+
+    def __init__(self):
+        st.html(figures.legend_html())
+        self.text = st.empty()
+        self.metrics = st.empty()
+        self.chart = st.empty()
+        self.log = st.empty()
+        self.draws = 0
+
+    def draw(self, events: list[dict]) -> None:
+        start = events[0]
+        steps = state.steps_of(events)
+        self.text.html(figures.tokens_html(steps, start["prompt_text"]))
+        done = state.done_of(events)
+        new_tokens = sum(len(s["committed"]) for s in steps)
+        drafted = sum(len(s["nodes"]) for s in steps)
+        accepted = sum(committed_accepted(s) for s in steps)
+        with self.metrics.container():
+            cols = st.columns(5)
+            cols[0].metric("steps (target forwards)", len(steps))
+            cols[1].metric("tokens", new_tokens)
+            cols[2].metric("τ (tokens per step)", f"{new_tokens / len(steps):.2f}" if steps else "—")
+            cols[3].metric("acceptance rate", f"{accepted / drafted:.0%}" if drafted else "—")
+            tps = done["stats"]["tokens_per_s"] if done else (steps[-1]["timing"]["tokens_per_s"] if steps else 0)
+            cols[4].metric("tokens/s", f"{tps:.1f}")
+            st.caption(f"drafter `{start['drafter']}` · model `{start['model']}` · "
+                       f"temperature {start['sampling']['temperature']} · seed {start['seed']} · "
+                       + (f"stopped: {done['stop_reason']}" if done else "running or stopped early"))
+        if steps:
+            self.draws += 1
+            self.chart.plotly_chart(figures.steps_chart(steps), key=f"live_chart_{self.draws}")
+        if steps:
+            self.log.dataframe(step_log(steps), hide_index=True, height=min(400, 36 * (len(steps) + 1) + 3))
+
+
+def committed_accepted(step: dict) -> int:
+    """Drafted tokens accepted and committed: a token accepted past an end-of-sequence cut is not."""
+    return sum(c["kind"] == "accepted" for c in step["committed"])
+
+
+def step_log(steps: list[dict]) -> list[dict]:
+    return [
+        {
+            "step": s["step"],
+            "drafted": len(s["nodes"]),
+            "tested": len(s["tests"]),
+            "accepted": committed_accepted(s),
+            "ends with": s["final"]["kind"],
+            "tokens committed": " ".join(figures.visible(c["text"]) for c in s["committed"]),
+            "draft ms": round(s["timing"]["draft_ms"], 1),
+            "verify ms": round(s["timing"]["verify_ms"], 1),
+        }
+        for s in steps
+    ]
+
+
+prompt = st.text_area("Prompt", state.DEFAULT_PROMPT, key="live_prompt", height=90)
+buttons = st.container(horizontal=True, vertical_alignment="center")
+run = buttons.button("Run", type="primary", key="live_run", disabled=shared is None)
+stop = buttons.button("Stop", key="live_stop", help="Stops the run after the current step; what was decoded so far stays.")
+if shared is None:
+    st.warning("No model is loaded: choose one in the sidebar, or replay a saved trace below.")
+elif settings is not None:
+    buttons.caption(f"drafter **{settings.drafter}**, temperature {settings.temperature}, K {settings.k}, "
+               f"max {settings.max_new_tokens} new tokens, seed {settings.seed} (change them in the sidebar)")
+
+with st.expander("Replay a saved trace (no model needed)"):
+    upload = st.file_uploader("A specviz trace (.jsonl)", type=["jsonl", "json", "txt"], key="live_upload")
+    if upload is not None and st.session_state.get("live_upload_id") != upload.file_id:
+        st.session_state["live_upload_id"] = upload.file_id
+        try:
+            uploaded = parse_trace(upload.getvalue(), upload.name)
+        except SpecvizError as err:
+            st.error(str(err))
+        else:
+            st.session_state["live_events"] = uploaded
+            source = f"uploaded trace {figures.md_code(upload.name)}"  # shown in Markdown: no links or markup
+            st.session_state["live_source"] = source
+            state.set_trace(uploaded, source)
+    animate = st.button("Replay step by step", key="live_animate",
+                        disabled=not st.session_state.get("live_events"))
+
+if stop and st.session_state.get("live_events"):
+    n = len(state.steps_of(st.session_state["live_events"]))
+    if not state.done_of(st.session_state["live_events"]):
+        st.info(f"Stopped after {n} steps.")
+
+view = View()
+if run and shared is not None:
+    events: list[dict] = []
+    st.session_state["live_events"] = events  # a stop keeps what was decoded so far
+    st.session_state["live_source"] = "live run"
+    result = state.run_decode(shared, prompt, settings, into=events, on_event=lambda e, evs: view.draw(evs))
+    if result is None:
+        st.session_state.pop("live_events", None)
+    else:
+        view.draw(events)
+        state.set_trace(events, "live run")
+elif animate and st.session_state.get("live_events"):
+    saved = st.session_state["live_events"]
+    shown = [saved[0]]
+    for event in saved[1:]:
+        shown.append(event)
+        view.draw(shown)
+        time.sleep(0.15)
+    view.draw(saved)
+elif st.session_state.get("live_events"):
+    view.draw(st.session_state["live_events"])
+    st.caption(f"Showing the last {st.session_state.get('live_source', 'run')}.")
+
+saved = st.session_state.get("live_events")
+if saved:
+    st.download_button(
+        "Download this trace (JSONL)",
+        "".join(json.dumps(e, ensure_ascii=False) + "\n" for e in saved),
+        file_name=f"specviz-{saved[0]['drafter']}-seed{saved[0]['seed']}.jsonl",
+        mime="application/jsonl",
+        key="live_download",
+    )
+    if state.done_of(saved):
+        st.caption("The *EAGLE tree explorer* and *Rejection sampling lab* pages look inside the steps of this run.")

@@ -1,0 +1,106 @@
+import time
+from collections import Counter
+
+import streamlit as st
+
+from app import figures, state
+from specviz import analysis
+from specviz.drafters import available
+
+state.intro(
+    "Is it really lossless?",
+    "Speculative sampling promises outputs distributed exactly as the target's (p), whatever the draft (q). Test "
+    "it: sample N continuations of one prompt with a drafter and N with the target alone (`none`), at "
+    "temperature > 0,  \nthen compare the first generated tokens with a chi-square test and the total variation "
+    "distance. Equal distributions give a p-value that is usually not small (below 0.01 only 1% of the time).",
+)
+shared, settings = state.require_model()
+if shared is None:
+    st.stop()
+
+spec_drafters = [d for d in available(shared.models) if d != "none"]
+if not spec_drafters:
+    st.warning("No speculative drafter is available for this model.")
+    st.stop()
+prompt = st.text_input("Prompt (fixed)", "Once upon a time", key="ll_prompt")
+c = st.columns(4)
+drafter = c[0].selectbox("Drafter", spec_drafters,
+                         index=spec_drafters.index(settings.drafter) if settings.drafter in spec_drafters else 0,
+                         key="ll_drafter")
+n = c[1].number_input("N runs per side", 10, 5000, 100, 10, key="ll_n",
+                      help="Each run is one short decode; 100 + 100 takes a few minutes on a busy CPU.")
+temperature = c[2].slider("Temperature", 0.1, 2.0, 1.0, 0.1, key="ll_temperature")
+new_tokens = c[3].selectbox("Tokens per run", [2, 1], key="ll_tokens",
+                            help="With 2, the first token passes through a drafted acceptance test (the step may "
+                                 "draft 1 token, then add a replacement or a bonus). With 1 nothing can be drafted.")
+what = st.radio("Compare", ["first generated token", "first two tokens (as a pair)"], horizontal=True, key="ll_what",
+                disabled=new_tokens == 1)
+key = (shared.name, prompt, drafter, int(n), temperature, new_tokens, settings.top_p, settings.top_k, settings.k,
+       settings.tree_for(drafter))
+results = st.session_state.setdefault("ll_cache", {})
+
+if st.button(f"Sample {2 * int(n)} runs", type="primary", key="ll_run"):
+    bar = st.progress(0.0, text="sampling…")
+    samples = {drafter: [], "none": []}
+    tested = 0
+    failed = False
+    started = time.perf_counter()
+    for side, name in enumerate((drafter, "none")):
+        for i in range(int(n)):
+            # disjoint seeds: the two samples are independent of each other and across runs
+            events = state.run_decode(shared, prompt, settings, drafter=name, temperature=temperature,
+                                      max_new_tokens=new_tokens, seed=side * int(n) + i)
+            if events is None:
+                failed = True
+                break
+            samples[name].append(state.done_of(events)["token_ids"])
+            first = state.steps_of(events)[0]
+            tested += bool(first["tests"]) and name != "none"
+            done = side * int(n) + i + 1
+            left = (time.perf_counter() - started) / done * (2 * int(n) - done)
+            bar.progress(done / (2 * int(n)), text=f"{name}: run {i + 1} of {int(n)} ({done} of {2 * int(n)}, "
+                                                   f"about {left / 60:.0f} min {left % 60:.0f} s left)")
+        if failed:
+            break
+    bar.empty()
+    if not failed:
+        results[key] = {"samples": samples, "tested": tested}
+
+result = results.get(key)
+if not result:
+    st.info("Press the button to sample (the results stay cached for these settings).")
+    st.stop()
+
+width = 2 if what.startswith("first two") and new_tokens == 2 else 1
+tok = shared.models.tokenizer
+side_a = [tuple(ids[:width]) for ids in result["samples"][drafter]]
+side_b = [tuple(ids[:width]) for ids in result["samples"]["none"]]
+test = analysis.two_sample_test(side_a, side_b)
+m = st.columns(5)
+m[0].metric("N per side", f"{test['n_a']} / {test['n_b']}")
+m[1].metric("total variation", f"{test['tv']:.3f}")
+m[2].metric("chi-square", f"{test['chi2']:.2f}", help=f"{test['dof']} degrees of freedom")
+m[3].metric("p-value", "—" if test["p_value"] != test["p_value"] else f"{test['p_value']:.3f}")
+m[4].metric(f"{drafter} runs whose first token was tested", f"{result['tested']} / {test['n_a']}",
+            help="Runs where the first step drafted a token, so the first output went through accept/reject.")
+verdict = test["p_value"]
+if verdict != verdict:  # NaN: every outcome too rare to test
+    st.info("No outcome occurred often enough for a chi-square test (each needs an expected count of 5): the "
+            "distribution is too flat for this N. Sample more runs or lower the temperature.")
+else:
+    (st.success if verdict >= 0.01 else st.warning)(
+        f"p-value {verdict:.3f}: " + ("no evidence that the two distributions differ." if verdict >= 0.01 else
+                                      "the samples differ more than chance usually allows (or this is the 1% case)."))
+st.caption(f"Chi-square test of homogeneity on a 2 × {test['columns']} table; {test['pooled']} rare outcomes (expected "
+           "count below 5) pooled into one column. Total variation = ½ Σ |share in sample A − share in sample B|; with "
+           f"N = {test['n_a']} and {test['n_b']}, two samples of one distribution (these two pooled) differ by a TV of "
+           f"about {test['noise_tv']:.2f} from sampling noise alone (normal approximation; it shrinks as 1/√N).")
+
+counts_a, counts_b = Counter(side_a), Counter(side_b)
+top = sorted(set(counts_a) | set(counts_b), key=lambda o: -(counts_a[o] + counts_b[o]))[:25]
+names = figures.unique_labels([(hash(o), tok.decode(list(o))) for o in top])
+st.plotly_chart(figures.histogram_pair(
+    names, {f"{drafter} (speculative)": [counts_a[o] / test["n_a"] for o in top],
+            "none (target alone)": [counts_b[o] / test["n_b"] for o in top]},
+    f"{what}: the 25 most frequent outcomes", {f"{drafter} (speculative)": "#ff7f0e", "none (target alone)": "#1f77b4"}),
+    key="ll_hist")

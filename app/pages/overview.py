@@ -1,0 +1,110 @@
+"""Why it works: decoding one token streams every weight through memory once, so a step costs about the
+same whether the target scores 1 token or 5. Speculative decoding uses that idle compute."""
+import streamlit as st
+
+from app import state
+from specviz import analysis
+from specviz.bench import probes
+
+state.intro(
+    "Why speculative decoding works",
+    "Generating one token at batch 1 reads **every weight of the model from memory once**, so the time per "
+    "token is set by memory bandwidth, not arithmetic.  \nA cheap **draft** guesses a few tokens ahead and the "
+    "big **target** checks them all in one forward pass, which costs about the same as producing one token.",
+)
+st.info("**Notation used on every page:** **p** is the target model's probability distribution, **q** the "
+        "draft's (both after temperature, top-k and top-p). τ (tau) = tokens committed per target forward.")
+
+# ---------------------------------------------------------------------------------------- calculator
+st.header("1. The memory-bandwidth calculator")
+PRESETS = {
+    "70B model, 16-bit, H100 SXM (3.35 TB/s)": (70.0, 2.0, analysis.GPU_DATASHEET["H100 SXM"]["bandwidth_tb_s"]),
+    "70B model, 16-bit, H200 (4.8 TB/s)": (70.0, 2.0, analysis.GPU_DATASHEET["H200"]["bandwidth_tb_s"]),
+    "8B model, 16-bit, H100 SXM (3.35 TB/s)": (8.0, 2.0, analysis.GPU_DATASHEET["H100 SXM"]["bandwidth_tb_s"]),
+    "70B model, 4-bit, H100 SXM (3.35 TB/s)": (70.0, 0.5, analysis.GPU_DATASHEET["H100 SXM"]["bandwidth_tb_s"]),
+}
+preset = st.selectbox("Preset", list(PRESETS), key="ov_preset")
+params_b, bpp, bw = PRESETS[preset]
+c1, c2, c3 = st.columns(3)
+params_b = c1.number_input("Parameters (billions)", 0.01, 2000.0, params_b, key=f"ov_params_{preset}")
+bpp = c2.number_input("Bytes per parameter (2 = 16-bit, 1 = 8-bit, 0.5 = 4-bit)", 0.125, 8.0, bpp, 0.125,
+                      key=f"ov_bpp_{preset}")
+bw = c3.number_input("Memory bandwidth (TB/s)", 0.01, 100.0, bw, 0.05, key=f"ov_bw_{preset}")
+ms = analysis.ms_per_token(params_b * 1e9, bpp, bw * 1e12)
+m1, m2, m3 = st.columns(3)
+m1.metric("Weights to read per token", f"{params_b * bpp:,.1f} GB")
+m2.metric("Milliseconds per token (at least)", f"{ms:,.1f} ms")
+m3.metric("Tokens per second (at most)", f"{1000 / ms:,.1f}")
+st.caption(f"ms/token = parameters × bytes per parameter ÷ bandwidth = {params_b:g}e9 × {bpp:g} B ÷ {bw:g}e12 B/s. "
+           "Bandwidths are datasheet figures, not measured here: H100 SXM 3.35 TB/s (NVIDIA H100 datasheet), "
+           "H200 4.8 TB/s (NVIDIA H200 datasheet). Real decoding is a little slower (KV cache reads, kernel overheads).")
+
+# ------------------------------------------------------------------------------------- this machine
+st.header("2. This machine, measured")
+st.markdown("The loaded target model's per-token latency on this machine, and how much of it streaming its "
+            "weights through memory explains (weights in bytes ÷ the copy bandwidth measured here).")
+shared, settings = state.current()
+if shared is None:
+    st.warning("Load a model in the sidebar to measure it.")
+elif st.button("Measure this machine", key="ov_measure"):
+    progress = st.progress(0.0, text="measuring memory copy bandwidth (a 256 MB tensor copy)…")
+    bandwidth = probes.BandwidthProbe(shared.models.device).measure() * 1e9  # bytes/s, as the bench measures it
+    progress.progress(0.3, text="timing the target: 8 plain autoregressive steps…")
+    events = state.run_decode(shared, state.DEFAULT_PROMPT, settings, drafter="none", max_new_tokens=8,
+                              temperature=0.0, on_event=lambda e, evs: progress.progress(
+                                  min(0.3 + 0.08 * len(state.steps_of(evs)), 1.0),
+                                  text=f"timing the target: step {len(state.steps_of(evs))} of 8"))
+    progress.empty()
+    if events:
+        steps = state.steps_of(events)[1:] or state.steps_of(events)  # the first step warms caches up
+        st.session_state["ov_measured"] = {
+            "model": shared.name,
+            "bandwidth": bandwidth,
+            "weights": probes.streamed_weight_bytes(shared.models.target),  # what one step reads, as in the bench
+            "ms_per_token": sum(s["timing"]["verify_ms"] for s in steps) / len(steps),
+            "steps": len(steps),
+            "device": str(shared.models.device),
+        }
+measured = st.session_state.get("ov_measured")
+if measured:
+    streaming_ms = measured["weights"] / measured["bandwidth"] * 1e3
+    a, b, c, d = st.columns(4)
+    a.metric("Weights read per step", f"{measured['weights'] / 1e6:,.0f} MB")
+    b.metric("Copy bandwidth (measured)", f"{measured['bandwidth'] / 1e9:,.1f} GB/s")
+    c.metric("Per-token latency (measured)", f"{measured['ms_per_token']:,.1f} ms")
+    d.metric("Share explained by weight streaming", f"{min(streaming_ms / measured['ms_per_token'], 9.99):.0%}")
+    st.caption(
+        f"Measured on this server ({measured['device']}) for {measured['model']}: latency = mean target forward + "
+        f"acceptance test over {measured['steps']} plain steps; bandwidth = 2 × 256 MB ÷ median time of 5 "
+        f"tensor copies after a warm-up one (a copy reads and writes; the bench measures it the same way). "
+        f"Weight streaming alone would take {streaming_ms:,.1f} ms per token. "
+        "On a busy CPU the rest is compute and framework overhead; on a GPU at batch 1 weight streaming dominates."
+    )
+
+# ------------------------------------------------------------------------------------ the algorithm
+st.header("3. Draft → verify → accept")
+st.markdown(
+    """
+1. **Draft.** A cheap drafter proposes K tokens x₁ … xₖ (a chain), or a tree of alternatives, each drawn from
+   its distribution **q**.
+2. **Verify.** The target runs **one** forward pass over the last committed token plus all drafted tokens and
+   gets its distribution **p** at every position at once.
+3. **Accept, left to right.** Drafted token x is accepted with probability
+"""
+)
+st.latex(r"\alpha = \min\!\left(1,\ \frac{p(x)}{q(x)}\right) \qquad \text{accept when } u \le \alpha,\ u \sim U(0,1)")
+st.markdown("At the first rejection the token is replaced by a sample from the **residual** distribution")
+st.latex(r"r(x) = \frac{\max\!\left(0,\ p(x) - q(x)\right)}{\sum_{x'} \max\!\left(0,\ p(x') - q(x')\right)}")
+st.markdown(
+    """
+and the step ends. If every drafted token is accepted, one **bonus** token is sampled from p at the end.
+So each target forward commits between 1 and K + 1 tokens.
+
+**Why it is lossless:** the token that comes out is x with probability min(q(x), p(x)) (accepted) plus
+(1 − Σ min(p, q)) · r(x) (rejected, then replaced), which adds up to exactly p(x). The output has the target's
+distribution whatever the draft is; a better draft only makes it faster. At temperature 0 (greedy) the rule
+reduces to "accept while the draft's token is the target's argmax", so the output is identical to the target's.
+The *Rejection sampling lab* page lets you check this by sampling, and *Is it really lossless?* checks it on the
+real model.
+"""
+)

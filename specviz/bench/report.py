@@ -1,0 +1,417 @@
+"""The bench's report: runs aggregated per method, ratios against `none` and the peers, the predicted speedup,
+the weight-streaming floor, and the report as Markdown tables."""
+from __future__ import annotations
+
+import shlex
+import statistics
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from specviz.bench.probes import (
+    draft_dtypes,
+    machine_info,
+    streamed_weight_bytes,
+    target_forward,
+)
+from specviz.decoding.costs import fitting_context, interpolate
+from specviz.kernels import fastlinear
+
+if TYPE_CHECKING:
+    from specviz.bench.run import BenchSettings
+
+SCHEMA_VERSION = 1
+# ours vs theirs: the pairs a user chooses between
+HEAD_TO_HEAD = (("none", "generate"), ("draft", "generate_assisted"), ("ngram", "generate_prompt_lookup"))
+
+
+@dataclass
+class Run:
+    """One decode of one prompt by one method (a drafter through our engine, or a peer)."""
+
+    method: str
+    prompt: str
+    repeat: int
+    token_ids: list[int]
+    wall_s: float  # the whole call, prefill included, as a user waits for it
+    steps: int = 0  # target forwards after the prefill (engine runs only)
+    drafted: int = 0
+    accepted: int = 0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    reached: list[int] = field(default_factory=list)  # per depth d (index d - 1): steps whose draft reached d
+    accepted_at: list[int] = field(default_factory=list)  # ... and steps that accepted a token at depth d
+    tree: bool = False  # some step drafted a tree that is not a chain
+
+    @property
+    def tokens_per_s(self) -> float:
+        return len(self.token_ids) / self.wall_s if self.wall_s > 0 else 0.0
+
+
+
+def summary(values: list[float]) -> dict | None:
+    """median / min / max of per-prompt ratios (None when there are none)."""
+    if not values:
+        return None
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+@dataclass
+class MethodRuns:
+    """One method's runs grouped by prompt: repeat 0 for tokens and counts, the median time over repeats."""
+
+    runs: list[Run]
+    by_prompt: dict[str, list[Run]] = field(init=False)
+
+    def __post_init__(self):
+        self.by_prompt = {}
+        for run in self.runs:
+            self.by_prompt.setdefault(run.prompt, []).append(run)
+
+    def first(self, prompt: str) -> Run:
+        return self.by_prompt[prompt][0]
+
+    def wall_s(self, prompt: str) -> float:
+        return statistics.median(r.wall_s for r in self.by_prompt[prompt])
+
+    def tokens_per_s(self, prompt: str) -> float:
+        return len(self.first(prompt).token_ids) / self.wall_s(prompt)
+
+    def firsts(self) -> list[Run]:
+        return [runs[0] for runs in self.by_prompt.values()]
+
+    def totals(self) -> tuple[int, float]:
+        """Tokens and seconds summed over prompts."""
+        return sum(len(r.token_ids) for r in self.firsts()), sum(self.wall_s(p) for p in self.by_prompt)
+
+
+def ratios(ours: MethodRuns, theirs: MethodRuns) -> list[float]:
+    """Per prompt: our tokens/s over theirs (on the tokens each actually produced)."""
+    return [ours.tokens_per_s(p) / theirs.tokens_per_s(p) for p in ours.by_prompt if p in theirs.by_prompt]
+
+
+def mismatches(ours: MethodRuns, reference: MethodRuns) -> list[dict]:
+    """Prompts where our tokens differ from the reference's: where they first differ and what each had there."""
+    found = []
+    for prompt in ours.by_prompt:
+        a, b = reference.first(prompt).token_ids, ours.first(prompt).token_ids
+        if a != b:
+            at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            found.append({"prompt": prompt, "index": at, "expected": a[at] if at < len(a) else None,
+                          "got": b[at] if at < len(b) else None, "expected_tokens": len(a), "got_tokens": len(b)})
+    return found
+
+
+def speed(method: MethodRuns) -> dict:
+    tokens, seconds = method.totals()
+    return {"new_tokens": tokens, "wall_s": seconds, "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+            "ms_per_token": 1e3 * seconds / tokens if tokens else None}
+
+
+def drafter_report(method: MethodRuns, none: MethodRuns, greedy: bool) -> dict:
+    firsts = method.firsts()
+    steps, all_steps = sum(r.steps for r in firsts), sum(r.steps for r in method.runs)
+    drafted, accepted = sum(r.drafted for r in firsts), sum(r.accepted for r in firsts)
+    depth = max((len(r.reached) for r in firsts), default=0)
+    reached = [sum(r.reached[d] for r in firsts if d < len(r.reached)) for d in range(depth)]
+    accepted_at = [sum(r.accepted_at[d] for r in firsts if d < len(r.accepted_at)) for d in range(depth)]
+    wall = sum(r.wall_s for r in method.runs)
+    found = mismatches(method, none) if greedy else []
+    return {
+        **speed(method),
+        "steps": steps,
+        "tau": sum(len(r.token_ids) for r in firsts) / steps if steps else 0.0,
+        "drafted": drafted,
+        "accepted": accepted,
+        "acceptance_rate": accepted / drafted if drafted else None,
+        "per_position_acceptance": [a / n for a, n in zip(accepted_at, reached)],
+        "draft_share": sum(r.draft_s for r in method.runs) / wall,
+        "verify_share": sum(r.verify_s for r in method.runs) / wall,
+        # over every repeat, as the wall time (median over repeats) is: the first repeat alone may be the slow one
+        "draft_ms_per_step": 1e3 * sum(r.draft_s for r in method.runs) / all_steps if all_steps else 0.0,
+        "verify_ms_per_step": 1e3 * sum(r.verify_s for r in method.runs) / all_steps if all_steps else 0.0,
+        "inputs_per_step": 1 + drafted / steps if steps else 1.0,
+        "tree": any(r.tree for r in firsts),
+        "speedup_vs_none": summary(ratios(method, none)),
+        "outputs_match_none": (not found) if greedy else None,
+        "mismatches": found,
+    }
+
+
+def peer_report(method: MethodRuns, plain: MethodRuns, greedy: bool) -> dict:
+    found = mismatches(method, plain) if greedy else []
+    return {**speed(method), "speedup_vs_generate": summary(ratios(method, plain)),
+            "outputs_match_generate": (not found) if greedy else None, "mismatches": found}
+
+
+def predicted_speedup(drafter: dict, chain_curve: dict, tree_curve: dict) -> dict | None:
+    """Speedup over `none` predicted from measured τ, draft cost and the verify-cost curve:
+    τ · c(1) / (draft ms per step + c(inputs per step)), c the curve (the tree curve for tree drafters).
+    None when the curves cannot say: c(1) not measured, or one size only where a step verifies more tokens."""
+    curve = {int(n): ms for n, ms in (tree_curve if drafter["tree"] else chain_curve).items()}
+    if "1" not in chain_curve or not curve or (len(curve) == 1 and drafter["inputs_per_step"] > min(curve)):
+        return None
+    one = chain_curve["1"]
+    verify = interpolate(curve)(drafter["inputs_per_step"])
+    step_ms = 1e3 * drafter["wall_s"] / drafter["steps"] if drafter["steps"] else 0.0
+    measured = drafter["speedup_vs_none"]
+    return {
+        "tau": drafter["tau"],
+        "inputs_per_step": drafter["inputs_per_step"],
+        "draft_ms_per_step": drafter["draft_ms_per_step"],
+        "verify_ms_per_step_curve": verify,
+        "verify_ms_per_step_measured": drafter["verify_ms_per_step"],
+        # prefill (spread over the steps), acceptance tests, events, cache surgery: what the model ignores
+        "other_ms_per_step": step_ms - drafter["draft_ms_per_step"] - drafter["verify_ms_per_step"],
+        "predicted": drafter["tau"] * one / (drafter["draft_ms_per_step"] + verify),
+        "measured": measured["median"] if measured else None,
+    }
+
+
+def floor_report(weight_bytes: int, bandwidth: dict[str, list[float]], none: MethodRuns) -> dict:
+    """The weight-streaming floor (weight bytes ÷ bandwidth) against `none`'s time per token. Each prompt's floor
+    uses the bandwidth measured right before its `none` runs (median over repeats), so a tenant who slows the
+    machine down for a while moves both sides of that prompt's ratio; the headline share is the median of the
+    per-prompt shares, beside the one from the run's totals and the median bandwidth."""
+    samples = [gb_s for per_prompt in bandwidth.values() for gb_s in per_prompt]
+    median_bandwidth = statistics.median(samples)
+    floor_ms = 1e3 * weight_bytes / (median_bandwidth * 1e9)
+    none_ms = speed(none)["ms_per_token"]
+    # the floor's seconds per token × `none`'s tokens per second = the share of the floor's tokens/s reached
+    shares = [weight_bytes / (statistics.median(gb_s) * 1e9) * none.tokens_per_s(prompt) for prompt, gb_s in bandwidth.items()
+              if none.first(prompt).token_ids]
+    return {
+        "weight_bytes": weight_bytes,
+        "bandwidth_gb_s": median_bandwidth,
+        "bandwidth_gb_s_range": [min(samples), max(samples)],
+        "bandwidth_samples": len(samples),
+        "bandwidth_by_prompt": bandwidth,
+        "floor_ms_per_token": floor_ms,
+        "floor_tokens_per_s": 1e3 / floor_ms,
+        "none_ms_per_token": none_ms,
+        "none_share_of_floor": statistics.median(shares) if shares else None,
+        "none_share_of_floor_per_prompt": summary(shares),
+        "none_share_of_floor_totals": floor_ms / none_ms if none_ms else None,
+    }
+
+
+def build_report(models, prompts, encoded, settings, drafters, peers, runs, chain_curve, tree_curve, bandwidth, command) -> dict:
+    """bandwidth: {prompt id: [GB/s measured before each of its `none` runs]}."""
+    greedy = settings.sampling.greedy
+    grouped = {m: MethodRuns([r for r in runs if r.method == m]) for m in drafters + peers}
+    none = grouped["none"]
+    drafter_reports = {name: drafter_report(grouped[name], none, greedy) for name in drafters}
+    peer_reports = {name: peer_report(grouped[name], grouped["generate"], greedy) for name in peers}
+    head_to_head = [{"ours": a, "peer": b, "speedup": summary(ratios(grouped[a], grouped[b]))}
+                    for a, b in HEAD_TO_HEAD if a in grouped and b in grouped]
+    bad = sorted({m["prompt"] for d in drafter_reports.values() for m in d["mismatches"]})
+
+    floor = floor_report(streamed_weight_bytes(models.target), bandwidth, none)
+    dtype = next(models.target.parameters()).dtype
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "machine": {**machine_info(models.target.device, dtype, floor["bandwidth_gb_s"], fastlinear.is_packed(models.target),
+                                   target_forward(models.target)),
+                    "draft_dtypes": draft_dtypes(models)},
+        "config": {
+            "command": command or "specviz.bench.run_bench (Python API)",
+            "model": models.name,
+            "draft_model": _model_path(models.draft) if getattr(models, "draft", None) is not None else None,
+            "drafters": drafters,
+            "peers": peers,
+            "n_prompts": len(prompts),
+            "max_new_tokens": settings.max_new_tokens,
+            "temperature": settings.temperature,
+            "top_p": settings.top_p,
+            "top_k": settings.top_k,
+            "seed": settings.seed,
+            "repeats": settings.repeats,
+            "k": settings.k,
+            "warmup": settings.warmup,
+            "assistant": {"num_assistant_tokens": settings.k, "schedule": "constant", "confidence_threshold": 0.0},
+            "prompt_lookup": {"prompt_lookup_num_tokens": settings.k, "max_matching_ngram_size": 2},
+            "verify_sizes": list(settings.verify_sizes),
+            "context_len": fitting_context(models.target, settings.verify_sizes or (1,), settings.context_len),
+            "cost_repeats": settings.cost_repeats,
+            "tree_branching": settings.tree_branching,
+        },
+        "prompts": [
+            {"id": p.id, "prompt_tokens": len(ids), "output_tokens": len(none.first(p.id).token_ids),
+             "output_preview": models.tokenizer.decode(none.first(p.id).token_ids, skip_special_tokens=True)[:200]}
+            for p, ids in zip(prompts, encoded)
+        ],
+        "drafters": drafter_reports,
+        "peers": peer_reports,
+        "head_to_head": head_to_head,
+        "outputs_match_none": (not bad) if greedy else None,
+        "mismatching_prompts": bad,
+        "verify_cost_ms": chain_curve,
+        "tree_verify_cost_ms": tree_curve,
+        "predicted_speedup": {name: p for name, d in drafter_reports.items()
+                              if (p := predicted_speedup(d, chain_curve, tree_curve)) is not None},
+        "floor_ms_per_token": floor["floor_ms_per_token"],
+        "floor": {**floor, "forward_1_ms": chain_curve.get("1")},
+        "runs": [{"prompt": r.prompt, "method": r.method, "repeat": r.repeat, "new_tokens": len(r.token_ids),
+                  "wall_s": r.wall_s, "tokens_per_s": r.tokens_per_s} for r in runs],
+    }
+
+
+def _model_path(model) -> str:
+    return getattr(model.config, "_name_or_path", "") or "draft"
+
+
+def per_prompt_rates(report: dict) -> dict[tuple[str, str], float]:
+    """{(method, prompt): tokens/s} from a report's runs, as the summaries compute them (tokens of the first
+    repeat over the median time of the repeats)."""
+    rows: dict[tuple[str, str], list[dict]] = {}
+    for run in report["runs"]:
+        rows.setdefault((run["method"], run["prompt"]), []).append(run)
+    return {key: min(runs, key=lambda r: r["repeat"])["new_tokens"] / statistics.median(r["wall_s"] for r in runs)
+            for key, runs in rows.items()}
+
+
+def none_against_bandwidth(report: dict) -> list[dict]:
+    """Per prompt: the bandwidth measured right before its `none` runs (median) and `none`'s ms per token, for a
+    chart of whether plain decoding follows the memory; empty for reports made before per-run bandwidth."""
+    rate = per_prompt_rates(report)
+    return [{"prompt": prompt, "bandwidth_gb_s": statistics.median(gb_s), "none_ms_per_token": 1e3 / rate["none", prompt]}
+            for prompt, gb_s in (report["floor"].get("bandwidth_by_prompt") or {}).items()
+            if gb_s and rate.get(("none", prompt))]
+
+
+def per_prompt_speedups(report: dict, baseline: str, methods) -> dict[str, dict[str, float]]:
+    """{method: {prompt: tokens/s over the baseline's}} from a report's runs, for charts of the spread."""
+    rate = per_prompt_rates(report)
+    return {m: {p: rate[m, p] / rate[baseline, p] for (name, p) in rate if name == m and (baseline, p) in rate}
+            for m in methods}
+
+
+def command_for(model: str, settings: BenchSettings, limit: int | None = None, quick: bool = False) -> str:
+    """The `python -m specviz bench` command line that reruns these settings (for reports made by the app)."""
+    words = ["python", "-m", "specviz", "bench", "--model", model]
+    if settings.drafters:
+        words += ["--drafters", ",".join(settings.drafters)]
+    if limit is not None:
+        words += ["--limit", str(limit)]
+    words += ["--max-new-tokens", str(settings.max_new_tokens), "--temperature", str(settings.temperature),
+              "--top-p", str(settings.top_p)] + ["--top-k", str(settings.top_k)] * bool(settings.top_k)
+    words += ["--seed", str(settings.seed), "--repeats", str(settings.repeats), "--k", str(settings.k)]
+    words += ["--no-peers"] * (not settings.peers) + ["--quick"] * quick
+    return shlex.join(words)
+
+
+def _f(value, spec: str = ".2f", suffix: str = "") -> str:
+    return "–" if value is None else f"{value:{spec}}{suffix}"
+
+
+def _spread(s: dict | None) -> str:
+    return "–" if s is None else f"{s['median']:.2f}× ({s['min']:.2f}–{s['max']:.2f})"
+
+
+def _match(value) -> str:
+    return {True: "yes", False: "**NO**", None: "not checked (T > 0)"}[value]
+
+
+def floor_sentence(fl: dict) -> str:
+    """The floor paragraph of the Markdown report and the Benchmarks page (older reports lack the per-prompt part)."""
+    if fl.get("bandwidth_gb_s_range"):
+        low, high = fl["bandwidth_gb_s_range"]
+        measured = (f"{fl['bandwidth_gb_s']:.1f} GB/s (median of {fl['bandwidth_samples']} copy measurements, one right "
+                    f"before each `none` run; {low:.1f}–{high:.1f})")
+    else:
+        measured = f"{fl['bandwidth_gb_s']:.1f} GB/s (copy, measured once in the run)"
+    text = (f"{fl['weight_bytes'] / 1e6:,.1f} MB of target weights read per step ÷ {measured} = "
+            f"**{fl['floor_ms_per_token']:.1f} ms per token** ({fl['floor_tokens_per_s']:.1f} tokens/s) at best for "
+            f"autoregressive decoding. Measured: `none` {_f(fl['none_ms_per_token'], '.1f')} ms per token; ")
+    per_prompt = fl.get("none_share_of_floor_per_prompt")
+    if per_prompt:
+        text += (f"per prompt, against the bandwidth measured just before it, `none` reaches **{100 * per_prompt['median']:.0f} %** "
+                 f"of the floor's tokens/s (median; {100 * per_prompt['min']:.0f}–{100 * per_prompt['max']:.0f} %), "
+                 f"{_f(None if fl.get('none_share_of_floor_totals') is None else 100 * fl['none_share_of_floor_totals'], '.0f', ' %')} "
+                 f"from the totals and the median bandwidth")
+    else:
+        text += f"{_f(None if fl['none_share_of_floor'] is None else 100 * fl['none_share_of_floor'], '.0f', ' %')} of the floor's tokens/s"
+    return text + f"; one target forward over 1 token: {_f(fl.get('forward_1_ms'), '.1f')} ms."
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def to_markdown(report: dict) -> str:
+    m, c = report["machine"], report["config"]
+    lines = [
+        "# specviz bench",
+        "",
+        f"`{c['command']}`",
+        "",
+        f"Machine: {m['cpu']}, {m['cores']} cores ({m.get('torch_threads', '?')} torch threads)"
+        + (f", GPU {m['gpu']}" if m.get("gpu") else "")
+        + f"; {m['device']} {m['dtype']}, linear layers: {m.get('linear', 'torch default')}, "
+        f"our engine's forward: {m.get('forward', 'transformers')}; "
+        + (f"drafters in {', '.join(f'{k} {v}' for k, v in m['draft_dtypes'].items())}; " if m.get("draft_dtypes") else "")
+        + f"torch {m['torch']}, transformers {m['transformers']}; "
+        f"memory bandwidth {m['bandwidth_gb_s']:.1f} GB/s (copy, read + write); {m['date']}.",
+        "",
+        f"Model `{c['model']}`" + (f", draft `{c['draft_model']}`" if c.get("draft_model") else "")
+        + f"; {c['n_prompts']} prompts, {c['max_new_tokens']} new tokens at most, temperature {c['temperature']}, "
+        f"top-p {c['top_p']}, top-k {c.get('top_k', 0)}, seed {c['seed']}, K = {c['k']}, {c['repeats']} repeat(s), warm-up {'on' if c.get('warmup') else 'off'}.",
+        "",
+    ]
+    if report["outputs_match_none"] is False:
+        lines += [f"**MISMATCH: at temperature 0 some drafters' outputs differ from `none` on: "
+                  f"{', '.join(report['mismatching_prompts'])}. See the mismatch list below.**", ""]
+    lines += ["## Drafters (our engine)", "",
+              "τ counts the replacement/bonus token; speedup is per prompt over `none`, median (min–max).", ""]
+    lines += _table(
+        ["drafter", "τ", "acceptance", "tokens/s", "ms/token", "draft share", "speedup vs none", "output = none"],
+        [[f"`{n}`", _f(d["tau"]), _f(d["acceptance_rate"]), _f(d["tokens_per_s"], ".1f"), _f(d["ms_per_token"], ".1f"),
+          _f(100 * d["draft_share"], ".0f", " %"), _spread(d["speedup_vs_none"]), _match(d["outputs_match_none"])]
+         for n, d in report["drafters"].items()],
+    )
+    depth = max((len(d["per_position_acceptance"]) for d in report["drafters"].values()), default=0)
+    if depth:
+        lines += ["", "Per-position acceptance (of the steps whose draft reached depth d, the share accepting there):", ""]
+        lines += _table(["drafter"] + [f"d={d + 1}" for d in range(depth)],
+                        [[f"`{n}`"] + [_f(a) for a in d["per_position_acceptance"]] + ["–"] * (depth - len(d["per_position_acceptance"]))
+                         for n, d in report["drafters"].items() if d["per_position_acceptance"]])
+    if report["peers"]:
+        lines += ["", "## Peers (transformers `generate()`, same model objects)", ""]
+        lines += _table(["peer", "tokens/s", "ms/token", "speedup vs generate", "output = generate"],
+                        [[f"`{n}`", _f(p["tokens_per_s"], ".1f"), _f(p["ms_per_token"], ".1f"), _spread(p["speedup_vs_generate"]),
+                          _match(p["outputs_match_generate"])] for n, p in report["peers"].items()])
+    if report["head_to_head"]:
+        lines += ["", "## Head to head (ours over theirs, per prompt)", ""]
+        lines += _table(["ours", "peer", "speedup"], [[f"`{h['ours']}`", f"`{h['peer']}`", _spread(h["speedup"])]
+                                                      for h in report["head_to_head"]])
+    if report["verify_cost_ms"]:
+        sizes = list(report["verify_cost_ms"])
+        lines += ["", f"## Verify cost (ms of one target forward over n new tokens, {c['context_len']} tokens cached; median)", ""]
+        rows = [["chain"] + [_f(report["verify_cost_ms"][n], ".1f") for n in sizes]]
+        if report["tree_verify_cost_ms"]:
+            rows.append([f"tree (branching {c.get('tree_branching')})"] + [_f(report["tree_verify_cost_ms"].get(n), ".1f") for n in sizes])
+        rows.append([f"chain, relative to n={sizes[0]}"]
+                    + [_f(report["verify_cost_ms"][n] / report["verify_cost_ms"][sizes[0]]) for n in sizes])
+        lines += _table(["n"] + sizes, rows)
+    if report["predicted_speedup"]:
+        lines += ["", "## Predicted vs measured speedup over `none`", "",
+                  "predicted = τ · c(1) / (draft ms + c(inputs per step)), c the verify-cost curve; "
+                  "other ms = step time not spent drafting or verifying (prefill spread over steps, acceptance, events).", ""]
+        lines += _table(["drafter", "τ", "inputs/step", "draft ms/step", "verify ms/step (curve)", "verify ms/step (measured)",
+                         "other ms/step", "predicted", "measured"],
+                        [[f"`{n}`", _f(p["tau"]), _f(p["inputs_per_step"]), _f(p["draft_ms_per_step"], ".1f"),
+                          _f(p["verify_ms_per_step_curve"], ".1f"), _f(p["verify_ms_per_step_measured"], ".1f"),
+                          _f(p["other_ms_per_step"], ".1f"), _f(p["predicted"], ".2f", "×"), _f(p["measured"], ".2f", "×")]
+                         for n, p in report["predicted_speedup"].items()])
+    lines += ["", "## Weight-streaming floor", "", floor_sentence(report["floor"])]
+    bad = [(n, x) for n, d in report["drafters"].items() for x in d["mismatches"]]
+    bad += [(n, x) for n, p in report["peers"].items() for x in p["mismatches"]]
+    if bad:
+        lines += ["", "## Mismatches", "", "Drafters are compared with `none`, peers with `generate`.", ""]
+        lines += _table(["method", "prompt", "first differing token", "expected", "got", "lengths"],
+                        [[f"`{n}`", x["prompt"], str(x["index"]), str(x["expected"]), str(x["got"]),
+                          f"{x['expected_tokens']} / {x['got_tokens']}"] for n, x in bad])
+    lines += ["", "## Prompts", ""]
+    lines += _table(["prompt", "prompt tokens", "output tokens (`none`)", "output (`none`, start)"],
+                    [[p["id"], str(p["prompt_tokens"]), str(p["output_tokens"]),
+                      p["output_preview"][:80].replace("\n", " ").replace("|", "\\|")] for p in report["prompts"]])
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,142 @@
+"""Running the bench: every method on every prompt, interleaved, after a warm-up; then the cost curves."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from specviz.api import encode_prompt
+from specviz.bench.peers import peer_arguments, run_peer
+from specviz.bench.probes import BandwidthProbe
+from specviz.bench.prompts import Prompt, check_unique_ids
+from specviz.bench.report import Run, build_report
+from specviz.decoding import engine
+from specviz.decoding.costs import synchronize, verify_costs
+from specviz.drafters import available, make_drafter, parse_spec, variants
+from specviz.errors import SpecvizError
+from specviz.settings import DecodeSettings
+
+FULL_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64)  # dense where the CPU curve is not smooth (see costs.AUTO_SIZES)
+QUICK_SIZES = (1, 4, 16)
+
+# progress(done, total, label): called after each unit of work (a decode, a cost curve)
+ProgressCallback = Callable[[int, int, str], None]
+
+
+# ------------------------------------------------------------------------------------------- settings
+
+
+@dataclass(frozen=True)
+class BenchSettings(DecodeSettings):
+    """A decode configuration (specviz.settings.DecodeSettings: k is also num_assistant_tokens and
+    prompt_lookup_num_tokens for the peers) plus what the bench measures around it."""
+
+    max_new_tokens: int = 128
+    drafters: tuple[str, ...] = ()  # empty: every drafter available for the models; `none` always runs
+    repeats: int = 1  # decodes of each (prompt, method); the median time is kept
+    peers: bool = True
+    warmup: bool = True
+    verify_sizes: tuple[int, ...] = FULL_SIZES  # () skips the cost curves and the prediction
+    context_len: int = 256  # cached tokens before the timed forward: a prompt plus part of an answer
+    cost_repeats: int = 5  # timed forwards per size, median kept (after one untimed)
+    tree_branching: int = 4  # the tree curve's shape: a full tree, this many children per node, breadth first
+    bandwidth_mb: int = 256  # size of the tensor copied to measure memory bandwidth
+    bandwidth_repeats: int = 5
+
+
+def quick_settings(**overrides) -> BenchSettings:
+    """Fewer cost-curve sizes and repeats: a smoke run."""
+    return BenchSettings(**{"verify_sizes": QUICK_SIZES, "cost_repeats": 3, "bandwidth_repeats": 3, **overrides})
+
+
+def run_drafter(models, name: str, prompt: Prompt, prompt_ids: list[int], settings: BenchSettings, repeat: int = 0) -> Run:
+    """Decode with our engine, consuming its event stream like every other client; time the whole stream."""
+    drafter = make_drafter(name, models, k=settings.k)
+    device = models.target.device
+    synchronize(device)
+    started = time.perf_counter()
+    events = list(engine.decode(models.target, models.tokenizer, drafter, prompt_ids, settings.decode_settings(),
+                                models.name, prompt.text, models.vocab_size))
+    synchronize(device)
+    wall = time.perf_counter() - started
+    stats = events[-1].stats
+    return Run(name, prompt.id, repeat, list(events[-1].token_ids), wall, steps=stats["steps"],
+               drafted=stats["drafted"], accepted=stats["accepted"], draft_s=stats["draft_s"],
+               verify_s=stats["verify_s"], reached=stats["reached"], accepted_at=stats["accepted_at"],
+               tree=any(node.parent != node.id - 1 for step in events[1:-1] for node in step.nodes))
+
+
+# ----------------------------------------------------------------------------------------- the bench
+
+
+def method_order(methods: list[str], turn: int) -> list[str]:
+    """The methods rotated by `turn`, so each runs first, second, ... equally often."""
+    shift = turn % len(methods)
+    return methods[shift:] + methods[:shift]
+
+
+def chosen_drafters(models, requested: tuple[str, ...]) -> list[str]:
+    """`none` first (the baseline), then the requested drafters, or every available one."""
+    names = list(requested) or available(models) + variants(models)
+    ready = available(models)
+    for name in names:
+        if parse_spec(name)[0] not in ready:
+            raise SpecvizError(f"drafter '{name}' is not available for '{models.name}'; available: {', '.join(ready)}")
+    return ["none"] + [n for n in dict.fromkeys(names) if n != "none"]
+
+
+def run_bench(models, prompts: list[Prompt], settings: BenchSettings | None = None,
+              progress: ProgressCallback | None = None, command: str = "") -> dict:
+    """Run the whole benchmark on already-loaded models (a specviz.models.LoadedModels) and return the report."""
+    settings = settings or BenchSettings()
+    if settings.repeats < 1:
+        raise SpecvizError(f"repeats must be >= 1, got {settings.repeats}")
+    if settings.bandwidth_mb < 1:
+        raise SpecvizError(f"the bandwidth probe needs at least 1 MB, got {settings.bandwidth_mb}")
+    if not prompts:
+        raise SpecvizError("no prompts to run")
+    check_unique_ids(prompts)
+    drafters = chosen_drafters(models, settings.drafters)
+    for name in drafters:
+        make_drafter(name, models, k=settings.k)  # fail before measuring anything
+    peers = peer_arguments(models, settings) if settings.peers else {}
+    methods = drafters + list(peers)
+    encoded = [encode_prompt(models.tokenizer, p.text) for p in prompts]
+    total = (len(methods) if settings.warmup else 0) + len(prompts) * settings.repeats * len(methods) + bool(settings.verify_sizes)
+    done = 0
+
+    def tick(label: str) -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, total, label)
+
+    def decode(method: str, prompt: Prompt, ids: list[int], run_settings: BenchSettings, peer_args: dict, repeat: int) -> Run:
+        if method in peer_args:
+            return run_peer(models, method, peer_args[method], prompt, ids, run_settings, repeat)
+        return run_drafter(models, method, prompt, ids, run_settings, repeat)
+
+    if settings.warmup:  # every method once, on a short decode: kernels, allocators and caches warmed alike
+        short = replace(settings, max_new_tokens=min(16, settings.max_new_tokens))
+        short_peers = peer_arguments(models, short) if settings.peers else {}
+        for method in methods:
+            decode(method, prompts[0], encoded[0], short, short_peers, 0)
+            tick(f"warm-up {method}")
+    runs: list[Run] = []
+    probe = BandwidthProbe(models.target.device, settings.bandwidth_mb, settings.bandwidth_repeats)
+    bandwidth: dict[str, list[float]] = {}  # GB/s measured right before each `none` run, by prompt
+    for i, (prompt, ids) in enumerate(zip(prompts, encoded)):
+        for r in range(settings.repeats):
+            for method in method_order(methods, i * settings.repeats + r):
+                if method == "none":
+                    bandwidth.setdefault(prompt.id, []).append(probe.measure())
+                runs.append(decode(method, prompt, ids, settings, peers, r))
+                tick(f"{prompt.id} · {method}")
+    del probe
+    costs = {"chain": {}, "tree": {}}
+    if settings.verify_sizes:
+        costs = verify_costs(models.target, settings.verify_sizes, settings.context_len, settings.cost_repeats,
+                             settings.tree_branching)
+        tick("verify cost")
+    return build_report(models, prompts, encoded, settings, drafters, list(peers), runs, costs["chain"], costs["tree"],
+                        bandwidth, command)

@@ -1,0 +1,282 @@
+"""The decoding loop for every topology: propose → verify → commit, yielding an event per step.
+
+`stream` is the one code path; `generate`, the CLI, the pages and the benchmark all consume its events.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+from specviz.decoding import events as ev
+from specviz.decoding import sampling
+from specviz.decoding.metrics import Metrics
+from specviz.decoding.target import Target
+from specviz.decoding.tree import DraftTree
+from specviz.decoding.verify import Verdict, top_n, verify, verify_typical
+from specviz.drafters.base import Drafter, DraftRequest, Outcome
+from specviz.errors import SpecvizError
+from specviz.kernels.kvcache import keep_cache_entries
+from specviz.settings import DecodeSettings
+
+
+@dataclass
+class Result:
+    text: str
+    token_ids: list[int]
+    stats: dict
+    stop_reason: str
+
+
+class TokenText:
+    """Token id → display text, memoised (one decode per distinct token)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.memo: dict[int, str] = {}
+
+    def __call__(self, token: int) -> str:
+        text = self.memo.get(token)
+        if text is None:
+            text = self.memo[token] = self.tokenizer.decode([token])
+        return text
+
+    def top(self, pairs: list | None) -> list | None:
+        return None if pairs is None else [[t, self(t), p] for t, p in pairs]
+
+
+class Detokenizer:
+    """Text that became final as tokens are committed (a token may end in half a UTF-8 character)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.emitted = ""
+
+    def push(self, ids: list[int]) -> str:
+        self.ids += ids
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            return ""
+        return self._emit(text)
+
+    def flush(self) -> str:
+        return self._emit(self.tokenizer.decode(self.ids, skip_special_tokens=True))
+
+    def _emit(self, text: str) -> str:
+        delta = text[len(self.emitted) :]
+        self.emitted = text
+        return delta
+
+
+def eos_ids(model, tokenizer) -> set[int]:
+    ids = set()
+    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
+        value = getattr(source, "eos_token_id", None)
+        if value is not None:
+            ids |= set(value) if isinstance(value, (list, tuple)) else {value}
+    return ids
+
+
+def decode(
+    target_model,
+    tokenizer,
+    drafter: Drafter,
+    prompt_ids: list[int],
+    settings: DecodeSettings,
+    model_name: str = "custom",
+    prompt_text: str = "",
+    vocab_size: int | None = None,
+) -> Iterator[ev.Event]:
+    """Run one decode and yield its events: start, one step per target forward, done.
+
+    vocab_size: score only ids below it (the ids target and draft share) when their embeddings are padded
+    to different sizes."""
+    target = Target(target_model, vocab_size)
+    _check_lengths(prompt_ids, settings.max_new_tokens, target.max_positions)
+    run = _Run(target, tokenizer, drafter, settings)
+    yield ev.Start(
+        model=model_name,
+        drafter=drafter.name,
+        sampling={"temperature": settings.sampling.temperature, "top_p": settings.sampling.top_p, "top_k": settings.sampling.top_k},
+        options=drafter.options(),
+        seed=settings.seed,
+        max_new_tokens=settings.max_new_tokens,
+        prompt_text=prompt_text,
+        prompt_token_ids=list(prompt_ids),
+        device=str(target.device),
+        dtype=str(target_model.dtype).removeprefix("torch."),
+        lossy=drafter.lossy,
+    )
+    yield from run.steps(prompt_ids)
+
+
+def _check_lengths(prompt_ids, max_new_tokens: int, max_positions: int) -> None:
+    if not prompt_ids:
+        raise SpecvizError("the prompt is empty")
+    if max_new_tokens <= 0:
+        raise SpecvizError(f"max_new_tokens must be > 0, got {max_new_tokens}")
+    if len(prompt_ids) >= max_positions:
+        raise SpecvizError(f"the prompt has {len(prompt_ids)} tokens; this model's context is {max_positions}")
+    if len(prompt_ids) + max_new_tokens > max_positions:
+        raise SpecvizError(
+            f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds this model's "
+            f"context of {max_positions} tokens"
+        )
+
+
+class _Run:
+    """The state of one decode: caches, committed ids, the random generator, the metrics."""
+
+    def __init__(self, target: Target, tokenizer, drafter: Drafter, settings: DecodeSettings):
+        self.target = target
+        self.drafter = drafter
+        self.settings = settings
+        self.text = TokenText(tokenizer)
+        self.detok = Detokenizer(tokenizer)
+        self.eos = eos_ids(target.model, tokenizer)
+        self.generator = torch.Generator().manual_seed(settings.seed)
+        self.cache = target.new_cache()
+        self.metrics = Metrics()
+
+    def steps(self, prompt_ids: list[int]) -> Iterator[ev.Event]:
+        started = time.perf_counter()
+        ids = list(prompt_ids)
+        self._prefill(ids)
+        generated: list[int] = []
+        stop_reason = None
+        while stop_reason is None:
+            step_started = time.perf_counter()
+            budget = self.settings.max_new_tokens - len(generated)
+            tree = self.drafter.propose(
+                DraftRequest(
+                    ids=torch.tensor(ids),
+                    max_depth=budget - 1,  # the step always adds a replacement or bonus token too
+                    sampling=self.settings.sampling,
+                    generator=self.generator,
+                    n_top=self.settings.n_top,
+                )
+            )
+            drafted = time.perf_counter()
+            past_len = len(ids) - 1
+            hidden, p, verdict = self._verify(ids[-1], tree, past_len)
+            verified = time.perf_counter()
+
+            new = [tree.tokens[i] for i in verdict.path] + [verdict.token]
+            kinds = ["accepted"] * len(verdict.path) + [verdict.kind if len(tree) else "autoregressive"]
+            new, kinds, stop_reason = self._truncate(new, kinds, budget)
+            # a drafted token the test accepted past an end-of-sequence cut is never committed: not counted
+            n_accepted = min(len(verdict.path), len(new))
+            keep_cache_entries(self.cache, past_len, verdict.path)
+            ids += new
+            generated += new
+            features = hidden[[0] + [i + 1 for i in verdict.path[: len(new) - 1]]] if self.drafter.needs_features else None
+            self.drafter.observe(Outcome(accepted=n_accepted, committed=new, features=features))
+            self.metrics.observe(
+                max_depth=max(tree.depths(), default=0),
+                n_drafted=len(tree),
+                n_accepted=n_accepted,
+                n_committed=len(new),
+                draft_s=drafted - step_started,
+                verify_s=verified - drafted,
+            )
+            yield self._step_event(tree, p, verdict, new, kinds, past_len, step_started, drafted, verified, started)
+        wall = time.perf_counter() - started
+        yield ev.Done(
+            text=self.detok.emitted + (delta := self.detok.flush()),
+            token_ids=generated,
+            stop_reason=stop_reason,
+            stats=self.metrics.summary(wall),
+            text_delta=delta,
+        )
+
+    def _prefill(self, ids: list[int]) -> None:
+        """Cache every prompt token but the last: the last is the root of the first step."""
+        features = None
+        if len(ids) > 1:
+            hidden = self.target.forward(ids[:-1], self.cache, logits=False)[0]
+            features = hidden if self.drafter.needs_features else None
+        self.drafter.start(torch.tensor(ids), features)
+
+    def _verify(self, root: int, tree: DraftTree, past_len: int) -> tuple[torch.Tensor, torch.Tensor, Verdict]:
+        """One target forward over root + nodes, then the acceptance test."""
+        position_ids = mask = None
+        if not tree.is_chain:
+            device = self.target.device
+            position_ids = tree.position_ids(past_len, device=device)
+            mask = tree.attention_mask(past_len, dtype=self.target.model.dtype, device=device)
+        hidden, logits = self.target.forward([root] + tree.tokens, self.cache, position_ids, mask)
+        p = sampling.display_probs(logits, self.settings.sampling).cpu()  # (n + 1, V)
+        sampling.check_probs(p, "target")
+        greedy = self.settings.sampling.greedy
+        if self.drafter.lossy and not greedy:  # an explicitly requested lossy rule (Medusa's typical acceptance)
+            return hidden, p, verify_typical(tree, p, self.drafter.typical, self.generator, self.settings.n_top)
+        return hidden, p, verify(tree, p, greedy, self.generator, self.settings.n_top)
+
+    def _truncate(self, new: list[int], kinds: list[str], budget: int):
+        """Stop at the first end-of-sequence token or at the token budget."""
+        for i, token in enumerate(new):
+            if token in self.eos:
+                return new[: i + 1], kinds[: i + 1], "eos"
+        if len(new) >= budget:
+            return new[:budget], kinds[:budget], "max_new_tokens"
+        return new, kinds, None
+
+    def _annotate(self, stage: dict) -> dict:
+        """Add the text of each candidate token of a tree-building stage."""
+        if "candidates" in stage:
+            stage = dict(stage, candidates=[dict(c, text=self.text(c["token"])) for c in stage["candidates"]])
+        return stage
+
+    def _step_event(self, tree, p, verdict, new, kinds, past_len, step_started, drafted, verified, started) -> ev.Step:
+        text, n_top = self.text, self.settings.n_top
+        depths = tree.depths()
+        p_of_node = p[torch.tensor(tree.parents, dtype=torch.long) + 1, torch.tensor(tree.tokens, dtype=torch.long)].tolist() if len(tree) else []
+        nodes = [
+            ev.DraftNode(
+                id=i,
+                token=tree.tokens[i],
+                text=text(tree.tokens[i]),
+                parent=tree.parents[i],
+                depth=depths[i],
+                q=tree.q[i],
+                score=tree.scores[i],
+                q_top=text.top(tree.q_top[i]),
+                p=p_of_node[i],
+            )
+            for i in range(len(tree))
+        ]
+        tests = [
+            ev.Test(t.node, t.token, text(t.token), t.p, t.q, t.alpha, t.u, t.accepted, text.top(t.residual_top))
+            for t in verdict.tests
+        ]
+        rows = [-1] + verdict.path
+        now = time.perf_counter()
+        elapsed = now - started
+        return ev.Step(
+            step=self.metrics.steps,
+            position=past_len,
+            nodes=nodes,
+            build=[self._annotate(stage) for stage in tree.build],
+            target=[ev.TargetRow(node=r, p_top=text.top(top_n(p[r + 1], n_top))) for r in rows],
+            tests=tests,
+            accepted_path=verdict.path,
+            final={
+                "token": verdict.token,
+                "text": text(verdict.token),
+                "kind": verdict.kind if len(tree) else "autoregressive",
+                "dist_top": text.top(verdict.final_dist_top),
+            },
+            committed=[ev.Committed(t, text(t), k) for t, k in zip(new, kinds)],
+            text_delta=self.detok.push(new),
+            timing={
+                "draft_ms": (drafted - step_started) * 1e3,
+                "verify_ms": (verified - drafted) * 1e3,
+                "step_ms": (now - step_started) * 1e3,
+                "elapsed_s": elapsed,
+                "tokens_per_s": self.metrics.new_tokens / elapsed if elapsed > 0 else 0.0,
+            },
+            lossy=self.drafter.lossy,
+        )

