@@ -11,6 +11,7 @@ import streamlit as st
 from app.runner import Fetches, SharedModels
 from specviz import models as m
 from specviz.decoding import events as ev
+from specviz.decoding.costs import verify_curve
 from specviz.drafters import available, parse_spec
 from specviz.drafters.eagle import TreeShape
 from specviz.errors import SpecvizError
@@ -57,7 +58,10 @@ class Settings(DecodeSettings):
 
 @st.cache_resource(show_spinner=False, max_entries=2)
 def _shared_models(name: str, _progress: Callable | None = None) -> SharedModels:
-    return SharedModels(m.load(name, progress=_progress))
+    models = m.load(name, progress=_progress)
+    if models.eagle is not None or models.medusa is not None:
+        verify_curve(models)  # the tree drafters' "auto" budget: measured now, not in a visitor's first run
+    return SharedModels(models)
 
 
 def load_shared(name: str) -> SharedModels | None:

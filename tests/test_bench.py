@@ -13,7 +13,8 @@ from specviz import cli as specviz_cli
 from specviz.bench import probes
 from specviz.bench import report as bench_report
 from specviz.bench import run as bench_run
-from specviz.decoding import costs, engine
+from specviz.decoding import costs
+from specviz.decoding import verify as verify_module
 from specviz.decoding.tree import DraftTree
 from specviz.drafters import make_drafter
 from specviz.drafters.base import Drafter
@@ -210,7 +211,7 @@ class ConstantDrafter(Drafter):
 
 def plant_a_wrong_token(monkeypatch):
     """Replace `ngram` by a constant drafter and break verification so that it accepts every drafted token."""
-    real_verify = engine.verify
+    real_verify = verify_module.verify
 
     def accept_everything(tree, p, greedy, generator, n_top=5):
         verdict = real_verify(tree, p, greedy, generator, n_top)
@@ -218,7 +219,7 @@ def plant_a_wrong_token(monkeypatch):
             verdict.path, verdict.token, verdict.kind = list(range(len(tree))), int(p[-1].argmax()), "bonus"
         return verdict
 
-    monkeypatch.setattr(engine, "verify", accept_everything)
+    monkeypatch.setattr(verify_module, "verify", accept_everything)
     monkeypatch.setattr(bench_run, "make_drafter",
                         lambda name, models, k=4, options=None: ConstantDrafter() if name == "ngram" else make_drafter(name, models, k, options))
 

@@ -109,7 +109,7 @@ def test_catches_a_dropped_bonus(models, monkeypatch):
             verdict.token = int(torch.multinomial(tree.q_dist[verdict.path[-1]], 1, generator=generator))
         return verdict
 
-    monkeypatch.setattr("specviz.decoding.engine.verify", no_bonus)
+    monkeypatch.setattr(verify_module, "verify", no_bonus)
     p_value, tv = check(models, T1, "bad", 1)
     assert p_value < 1e-6, f"planted bug not caught: p = {p_value:.2e}"
 

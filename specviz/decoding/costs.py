@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import statistics
 import time
-import weakref
 
 import torch
 
@@ -16,9 +15,6 @@ from specviz.kernels.kvcache import crop_cache
 # about what 1 costs, 7 is a step up), and interpolating between 1, 2, 4 and 8 overprices 5-6 token trees, the
 # cheapest place to verify more candidates.
 AUTO_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 48, 64)
-
-_curves: "weakref.WeakKeyDictionary[torch.nn.Module, dict[int, float]]" = weakref.WeakKeyDictionary()
-
 
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
@@ -79,12 +75,15 @@ def verify_costs(model, sizes, context_len: int = 256, repeats: int = 5, branchi
     return costs
 
 
-def forward_latency(model) -> dict[int, float]:
-    """n -> seconds of one tree-shaped verify forward for this model, measured once per process (for "auto")."""
-    if model not in _curves:
-        ms = verify_costs(model, AUTO_SIZES, context_len=128, repeats=3, branching=4, chain=False)["tree"]
-        _curves[model] = {int(n): t / 1e3 for n, t in ms.items()}
-    return _curves[model]
+def verify_curve(models) -> dict[int, float]:
+    """n -> seconds of one tree-shaped verify forward of `models.target` (a specviz.models.LoadedModels), for
+    the drafters whose budget follows it ("auto"): measured on first use and kept on `models` as
+    `models.verify_curve`, so it is measured once per loaded model (the app and the service measure it at load)."""
+    curve = getattr(models, "verify_curve", None)
+    if curve is None:
+        ms = verify_costs(models.target, AUTO_SIZES, context_len=128, repeats=3, branching=4, chain=False)["tree"]
+        curve = models.verify_curve = {int(n): t / 1e3 for n, t in ms.items()}
+    return curve
 
 
 def interpolate(curve: dict[int, float]):

@@ -15,7 +15,7 @@ from specviz.decoding import sampling
 from specviz.decoding.metrics import Metrics
 from specviz.decoding.target import Target
 from specviz.decoding.tree import DraftTree
-from specviz.decoding.verify import Verdict, top_n, verify, verify_typical
+from specviz.decoding.verify import Verdict, top_n
 from specviz.drafters.base import Drafter, DraftRequest, Outcome
 from specviz.errors import SpecvizError
 from specviz.kernels.kvcache import keep_cache_entries
@@ -210,10 +210,8 @@ class _Run:
         hidden, logits = self.target.forward([root] + tree.tokens, self.cache, position_ids, mask)
         p = sampling.display_probs(logits, self.settings.sampling).cpu()  # (n + 1, V)
         sampling.check_probs(p, "target")
-        greedy = self.settings.sampling.greedy
-        if self.drafter.lossy and not greedy:  # an explicitly requested lossy rule (Medusa's typical acceptance)
-            return hidden, p, verify_typical(tree, p, self.drafter.typical, self.generator, self.settings.n_top)
-        return hidden, p, verify(tree, p, greedy, self.generator, self.settings.n_top)
+        verdict = self.drafter.acceptance(tree, p, self.settings.sampling.greedy, self.generator, self.settings.n_top)
+        return hidden, p, verdict
 
     def _truncate(self, new: list[int], kinds: list[str], budget: int):
         """Stop at the first end-of-sequence token or at the token budget."""

@@ -80,13 +80,33 @@ def verify(
     return verdict
 
 
+class Lossless:
+    """The acceptance rule every drafter brings unless it asks for another: `verify` (greedy argmax at
+    temperature 0, the speculative sampling rule above it)."""
+
+    lossy = False
+
+    def __call__(self, tree: DraftTree, p: torch.Tensor, greedy: bool, generator: torch.Generator, n_top: int) -> Verdict:
+        return verify(tree, p, greedy, generator, n_top)
+
+
+LOSSLESS = Lossless()
+
+
 @dataclass(frozen=True)
 class Typical:
     """Medusa's typical acceptance: accept x when p(x) > min(epsilon, delta · exp(−H(p))). NOT lossless: the
-    output no longer follows p exactly; events of such a run are marked lossy."""
+    output no longer follows p exactly; events of such a run are marked lossy. At temperature 0 it is the
+    greedy rule."""
 
     epsilon: float = 0.3
     delta: float = 0.09
+    lossy = True  # a class attribute, not a field
+
+    def __call__(self, tree: DraftTree, p: torch.Tensor, greedy: bool, generator: torch.Generator, n_top: int) -> Verdict:
+        if greedy:
+            return verify(tree, p, True, generator, n_top)
+        return verify_typical(tree, p, self, generator, n_top)
 
 
 def verify_typical(tree: DraftTree, p: torch.Tensor, rule: Typical, generator: torch.Generator, n_top: int = 5) -> Verdict:

@@ -1,7 +1,7 @@
 """Drafter registry: a name → a fresh drafter for one run."""
 from __future__ import annotations
 
-from specviz.decoding.costs import forward_latency, interpolate
+from specviz.decoding.costs import interpolate, verify_curve
 from specviz.drafters.base import Drafter, DraftRequest, NoDraft, Outcome
 from specviz.drafters.draft_model import DraftModelDrafter
 from specviz.drafters.eagle import EagleDrafter, TreeShape
@@ -140,7 +140,7 @@ def make_drafter(name: str, models, k: int = 4, options: dict | None = None) -> 
                 "(or draft_model=... in the API), or pick another drafter"
             )
         vocab = draft_vocabulary(models.draft, options.pop("draft_vocab", "trained"))
-        cost = interpolate(forward_latency(models.target)) if options.get("adaptive") else None
+        cost = interpolate(verify_curve(models)) if options.get("adaptive") else None
         return _construct(DraftModelDrafter, name, options, models.draft, k=k, vocab_size=models.vocab_size,
                           draft_vocab=vocab, verify_cost=cost)
     if name in ("eagle2", "medusa"):
@@ -151,13 +151,13 @@ def make_drafter(name: str, models, k: int = 4, options: dict | None = None) -> 
         vocab = draft_vocabulary(heads, options.pop("draft_vocab", default_draft_vocab(name, heads)))
         if name == "medusa":
             options.setdefault("total_tokens", "auto")  # the fixed tree, cut to what pays off on this machine
-            cost = interpolate(forward_latency(models.target)) if options["total_tokens"] == "auto" else None
+            cost = interpolate(verify_curve(models)) if options["total_tokens"] == "auto" else None
             return _construct(MedusaDrafter, name, options, heads, models.target, draft_vocab=vocab, verify_cost=cost)
         shape = TreeShape(**{key: options.pop(key) for key in ("depth", "top_k", "total_tokens", "early_stop") if key in options})
         graft = options.pop("lookup", 0)
         if options:
             raise SpecvizError(f"unknown eagle2 options: {', '.join(options)}")
-        cost = interpolate(forward_latency(models.target)) if shape.total_tokens == "auto" else None
+        cost = interpolate(verify_curve(models)) if shape.total_tokens == "auto" else None
         return EagleDrafter(heads, models.target, shape, draft_vocab=vocab, verify_cost=cost, lookup=graft)
     raise SpecvizError(f"unknown drafter '{name}'; choose one of: {', '.join(DRAFTERS)}")
 

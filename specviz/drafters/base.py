@@ -7,6 +7,7 @@ import torch
 
 from specviz.decoding.sampling import Sampling
 from specviz.decoding.tree import DraftTree
+from specviz.decoding.verify import LOSSLESS
 from specviz.errors import SpecvizError
 
 
@@ -49,7 +50,13 @@ class Drafter:
 
     name = "base"
     needs_features = False  # wants the target's final hidden states (input to its LM head)
-    lossy = False  # true only for an explicitly requested lossy acceptance rule
+    # how the target's verdict on this drafter's tree is reached: (tree, p, greedy, generator, n_top) -> Verdict;
+    # every drafter verifies losslessly unless a lossy rule is explicitly asked for (Medusa's typical=true)
+    acceptance = LOSSLESS
+
+    @property
+    def lossy(self) -> bool:
+        return self.acceptance.lossy
 
     def start(self, prompt_ids: torch.Tensor, features: torch.Tensor | None) -> None:
         """prompt_ids (L,); features (L - 1, H) for the prompt minus its last token, when needs_features."""

@@ -53,8 +53,8 @@ class MedusaDrafter(Drafter):
         total_tokens: None keeps the whole fixed tree; an int or "auto" (with verify_cost: n -> seconds) keeps
         only the best nodes by path score, as the EAGLE-2 drafter does."""
         check_total_tokens("medusa", total_tokens, whole_tree_allowed=True)
-        self.lossy = typical
-        self.typical = Typical(epsilon, delta)
+        if typical:
+            self.acceptance = Typical(epsilon, delta)
         self.heads = heads
         self.lm_head = target.get_output_embeddings().weight  # (V, H)
         self.vocab = draft_vocab

@@ -36,6 +36,8 @@ class LoadedModels:
     eagle: torch.nn.Module | None = None  # specviz.models.heads.EagleHead
     medusa: torch.nn.Module | None = None  # specviz.models.heads.MedusaHeads
     other_heads: dict = field(default_factory=dict)  # (kind, folder) -> a head loaded by head() (a drafter's head=)
+    # n -> seconds of one tree-shaped verify forward: specviz.decoding.costs.verify_curve measures it once
+    verify_curve: dict | None = None
 
     def head(self, kind: str, folder: str | None = None) -> torch.nn.Module | None:
         """The shipped head of `kind` ("eagle" | "medusa"), or the one trained into `folder`, loaded once."""
