@@ -19,7 +19,7 @@ GPU_DATASHEET = {
     "H200": {"bandwidth_tb_s": 4.8, "bf16_tflops": 989.0, "source": "NVIDIA H200 datasheet"},
 }
 
-# A published industry guide's worked example (quoted in issue 4; not measured here): an 8×H100 node serving
+# A published industry guide's worked example (shown on the cost page; not measured here): an 8×H100 node serving
 # a 70B model at 16-bit. (ms per token, tokens/s, $ per million output tokens) as the guide gives them.
 GUIDE_EXAMPLE = (
     {"label": "plain autoregressive", "ms_per_token": 42.1, "tokens_per_s": 23.7, "usd_per_million": 18.40},
@@ -70,9 +70,10 @@ def expected_tokens_per_step(alpha: float, k: int) -> float:
     return (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
-def predicted_speedup(alpha: float, k: int, step_cost: float) -> float:
-    """Expected tokens per step ÷ the step's cost in units of one plain target forward."""
-    return expected_tokens_per_step(alpha, k) / step_cost
+def predicted_speedup(tokens_per_step: float, step_cost: float) -> float:
+    """The speedup over plain decoding: tokens committed per step ÷ the step's cost in units of one plain target
+    forward. The cost page feeds it E(α, K); the bench, the measured τ and the verify-cost curve."""
+    return tokens_per_step / step_cost
 
 
 @dataclass
@@ -93,17 +94,18 @@ class RunSummary:
 
 
 def summarise(events: list[dict]) -> RunSummary:
+    """The run's own statistics (its done event, as the engine's Metrics computed them), per step."""
     start, done = events[0], events[-1]
-    steps = [e for e in events if e["type"] == "step"]
-    n = max(len(steps), 1)
+    stats = done["stats"]
+    n = max(stats["steps"], 1)
     return RunSummary(
         drafter=start["drafter"],
         k=int(start["options"].get("k") or start["options"].get("depth") or 0),  # chains: K; trees: their depth
         tokens_per_s=done["stats"]["tokens_per_s"],
         tau=done["stats"]["tau"],
         acceptance_rate=done["stats"]["acceptance_rate"],
-        draft_ms_per_step=sum(s["timing"]["draft_ms"] for s in steps) / n,
-        verify_ms_per_step=sum(s["timing"]["verify_ms"] for s in steps) / n,
+        draft_ms_per_step=1e3 * stats["draft_s"] / n,
+        verify_ms_per_step=1e3 * stats["verify_s"] / n,
     )
 
 
@@ -117,7 +119,7 @@ def speedup_comparison(baseline: RunSummary, spec: RunSummary) -> dict:
         "expected_tokens_per_step": expected_tokens_per_step(alpha, spec.k),
         "measured_tau": spec.tau,
         "step_cost": step_cost,
-        "predicted_speedup": predicted_speedup(alpha, spec.k, step_cost),
+        "predicted_speedup": predicted_speedup(expected_tokens_per_step(alpha, spec.k), step_cost),
         "measured_speedup": spec.tokens_per_s / baseline.tokens_per_s if baseline.tokens_per_s else math.nan,
     }
 

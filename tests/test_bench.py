@@ -346,7 +346,7 @@ def test_the_benchmarks_page_runs_a_bench_and_shows_a_saved_report(tiny_model_di
     assert not at.exception and not at.error
     assert len(at.get("plotly_chart")) == 6
 
-    old = json.loads(bench.REFERENCE_REPORT.read_text())  # as reports were before 2026-12-01:
+    old = json.loads(bench.REFERENCE_REPORT.read_text())  # as earlier versions wrote reports:
     for key in ("bandwidth_gb_s_range", "bandwidth_samples", "bandwidth_by_prompt",  # one bandwidth figure a run
                 "none_share_of_floor_per_prompt", "none_share_of_floor_totals"):
         old["floor"].pop(key)

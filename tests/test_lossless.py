@@ -45,7 +45,7 @@ def good_bf16(models):
     return copy.deepcopy(models[1]).to(torch.bfloat16)
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]  # chi-square tests: thousands of decodes
 
 
 def check(models, sampling, drafter, k, n=N, expect_pass=True, drafts=None):

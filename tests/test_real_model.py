@@ -14,7 +14,8 @@ from specviz.drafters.ngram import NgramDrafter
 
 from tiny import decode_settings
 
-pytestmark = pytest.mark.skipif(not models.is_fetched("smollm2-135m"), reason="smollm2-135m is not fetched (make fetch)")
+pytestmark = [pytest.mark.skipif(not models.is_fetched("smollm2-135m"), reason="smollm2-135m is not fetched (make fetch)"),
+              pytest.mark.slow]
 
 PROMPTS = [
     "Write a Python function that checks whether a number is prime.",

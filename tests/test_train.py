@@ -220,9 +220,9 @@ def test_depth2_training_pass_equals_sequential_drafting():
 
 
 def test_cli_builds_the_training_config():
-    from specviz.train import parser, train_config
+    from specviz.cli import build_train_parser, train_config
 
     argv = ["draft", "--steps", "7", "--draft-layers", "0", "5", "--max-minutes", "2", "--resume"]
-    cfg = train_config(parser().parse_args(argv), argv)
+    cfg = train_config(build_train_parser().parse_args(argv), argv)
     assert (cfg.kind, cfg.steps, cfg.draft_layers, cfg.max_minutes, cfg.resume) == ("draft", 7, (0, 5), 2.0, True)
     assert cfg.out == "assets/draft-smollm2-135m" and cfg.command.endswith("--resume")

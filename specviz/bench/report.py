@@ -7,6 +7,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from specviz.analysis import predicted_speedup
 from specviz.bench.probes import (
     draft_dtypes,
     machine_info,
@@ -143,9 +144,9 @@ def peer_report(method: MethodRuns, plain: MethodRuns, greedy: bool) -> dict:
             "outputs_match_generate": (not found) if greedy else None, "mismatches": found}
 
 
-def predicted_speedup(drafter: dict, chain_curve: dict, tree_curve: dict) -> dict | None:
-    """Speedup over `none` predicted from measured τ, draft cost and the verify-cost curve:
-    τ · c(1) / (draft ms per step + c(inputs per step)), c the curve (the tree curve for tree drafters).
+def prediction(drafter: dict, chain_curve: dict, tree_curve: dict) -> dict | None:
+    """Speedup over `none` predicted from measured τ, draft cost and the verify-cost curve (analysis.predicted_speedup):
+    τ / ((draft ms per step + c(inputs per step)) / c(1)), c the curve (the tree curve for tree drafters).
     None when the curves cannot say: c(1) not measured, or one size only where a step verifies more tokens."""
     curve = {int(n): ms for n, ms in (tree_curve if drafter["tree"] else chain_curve).items()}
     if "1" not in chain_curve or not curve or (len(curve) == 1 and drafter["inputs_per_step"] > min(curve)):
@@ -162,7 +163,7 @@ def predicted_speedup(drafter: dict, chain_curve: dict, tree_curve: dict) -> dic
         "verify_ms_per_step_measured": drafter["verify_ms_per_step"],
         # prefill (spread over the steps), acceptance tests, events, cache surgery: what the model ignores
         "other_ms_per_step": step_ms - drafter["draft_ms_per_step"] - drafter["verify_ms_per_step"],
-        "predicted": drafter["tau"] * one / (drafter["draft_ms_per_step"] + verify),
+        "predicted": predicted_speedup(drafter["tau"], (drafter["draft_ms_per_step"] + verify) / one),
         "measured": measured["median"] if measured else None,
     }
 
@@ -247,7 +248,7 @@ def build_report(models, prompts, encoded, settings, drafters, peers, runs, chai
         "verify_cost_ms": chain_curve,
         "tree_verify_cost_ms": tree_curve,
         "predicted_speedup": {name: p for name, d in drafter_reports.items()
-                              if (p := predicted_speedup(d, chain_curve, tree_curve)) is not None},
+                              if (p := prediction(d, chain_curve, tree_curve)) is not None},
         "floor_ms_per_token": floor["floor_ms_per_token"],
         "floor": {**floor, "forward_1_ms": chain_curve.get("1")},
         "runs": [{"prompt": r.prompt, "method": r.method, "repeat": r.repeat, "new_tokens": len(r.token_ids),

@@ -119,7 +119,7 @@ BENCH_SCHEMA = {
             "properties": {"weight_bytes": {"type": "integer"}, "bandwidth_gb_s": _NUMBER, "floor_ms_per_token": _NUMBER,
                            "floor_tokens_per_s": _NUMBER, "none_ms_per_token": _NULLABLE_NUMBER,
                            "forward_1_ms": _NULLABLE_NUMBER, "none_share_of_floor": _NULLABLE_NUMBER,
-                           # since 2026-12-01 (older reports have one bandwidth figure for the whole run)
+                           # (reports written by earlier versions have one bandwidth figure for the whole run)
                            "bandwidth_gb_s_range": {"type": "array", "items": _NUMBER, "minItems": 2, "maxItems": 2},
                            "bandwidth_samples": {"type": "integer", "minimum": 1},
                            "bandwidth_by_prompt": {"type": "object", "additionalProperties": {"type": "array", "items": _NUMBER}},

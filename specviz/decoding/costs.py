@@ -78,7 +78,7 @@ def verify_costs(model, sizes, context_len: int = 256, repeats: int = 5, branchi
 def verify_curve(models) -> dict[int, float]:
     """n -> seconds of one tree-shaped verify forward of `models.target` (a specviz.models.LoadedModels), for
     the drafters whose budget follows it ("auto"): measured on first use and kept on `models` as
-    `models.verify_curve`, so it is measured once per loaded model (the app and the service measure it at load)."""
+    `models.verify_curve`, so it is measured once per loaded model (the app measures it when it loads one)."""
     curve = getattr(models, "verify_curve", None)
     if curve is None:
         ms = verify_costs(models.target, AUTO_SIZES, context_len=128, repeats=3, branching=4, chain=False)["tree"]

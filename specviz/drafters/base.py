@@ -102,3 +102,9 @@ class DraftTiming:
             return False
         self.seconds *= 0.9  # it will not be measured while drafting stops here: forget slowly
         return True
+
+
+def build(models, k: int, options: dict) -> Drafter:
+    if options:
+        raise SpecvizError(f"drafter 'none' takes no options, got: {', '.join(options)}")
+    return NoDraft()

@@ -6,9 +6,11 @@ import time
 import torch
 
 from specviz.decoding import sampling
+from specviz.decoding.costs import interpolate, verify_curve
 from specviz.decoding.tree import DraftTree
 from specviz.decoding.verify import top_n
 from specviz.drafters.base import Drafter, DraftRequest, DraftTiming
+from specviz.drafters.options import construct, draft_vocabulary
 from specviz.errors import SpecvizError
 from specviz.kernels import fastdecoder
 from specviz.kernels.fastlinear import rows_projection
@@ -103,3 +105,15 @@ class DraftModelDrafter(Drafter):
         logits = torch.full((self.full,), float("-inf"), device=hidden.device)
         logits[self.vocab] = self.project(hidden[None])[0].float()
         return logits
+
+
+def build(models, k: int, options: dict) -> DraftModelDrafter:
+    if getattr(models, "draft", None) is None:
+        raise SpecvizError(
+            f"no draft model is set for '{models.name}': pass --draft-model PATH_OR_ID "
+            "(or draft_model=... in the API), or pick another drafter"
+        )
+    vocab = draft_vocabulary(models.draft, options.pop("draft_vocab", "trained"))
+    cost = interpolate(verify_curve(models)) if options.get("adaptive") else None
+    return construct(DraftModelDrafter, "draft", options, models.draft, k=k, vocab_size=models.vocab_size,
+                     draft_vocab=vocab, verify_cost=cost)

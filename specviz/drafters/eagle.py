@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specviz.decoding.costs import interpolate, verify_curve
 from specviz.decoding.tree import ROOT, DraftTree
 from specviz.drafters.base import (
     Drafter,
@@ -24,6 +25,7 @@ from specviz.drafters.base import (
     check_vocab_covers,
 )
 from specviz.drafters.ngram import lookup
+from specviz.drafters.options import default_draft_vocab, draft_vocabulary
 from specviz.errors import SpecvizError
 from specviz.kernels import fastdecoder
 from specviz.kernels.fastlinear import rows_projection
@@ -301,3 +303,16 @@ def best_budget(log_scores: list[float], verify_cost) -> int:
         if rate > best_rate:
             best, best_rate = n, rate
     return best
+
+
+def build(models, k: int, options: dict) -> EagleDrafter:
+    heads = models.head("eagle", options.pop("head", None))  # head=FOLDER: one trained elsewhere, e.g. to compare
+    if heads is None:
+        raise SpecvizError(f"no eagle2 head is available for '{models.name}'; train one with `specviz train eagle`")
+    vocab = draft_vocabulary(heads, options.pop("draft_vocab", default_draft_vocab("eagle2", heads)))
+    shape = TreeShape(**{key: options.pop(key) for key in ("depth", "top_k", "total_tokens", "early_stop") if key in options})
+    graft = options.pop("lookup", 0)
+    if options:
+        raise SpecvizError(f"unknown eagle2 options: {', '.join(options)}")
+    cost = interpolate(verify_curve(models)) if shape.total_tokens == "auto" else None
+    return EagleDrafter(heads, models.target, shape, draft_vocab=vocab, verify_cost=cost, lookup=graft)

@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from specviz.decoding.costs import interpolate, verify_curve
 from specviz.decoding.tree import ROOT, DraftTree
 from specviz.decoding.verify import Typical, top_n
 from specviz.drafters.base import (
@@ -16,6 +17,8 @@ from specviz.drafters.base import (
     check_vocab_covers,
 )
 from specviz.drafters.eagle import best_budget
+from specviz.drafters.options import construct, default_draft_vocab, draft_vocabulary
+from specviz.errors import SpecvizError
 from specviz.kernels.fastlinear import rows_projection
 
 # Each path lists, per depth, the rank of the token taken from that depth's head: [0, 1] is head 0's best
@@ -30,8 +33,6 @@ DEFAULT_TREE = (
 
 def check_tree(paths, num_heads: int) -> tuple[tuple[int, ...], ...]:
     """Paths sorted parents-first; every prefix must be present and no deeper than the number of heads."""
-    from specviz.errors import SpecvizError
-
     paths = tuple(sorted({tuple(p) for p in paths}, key=lambda p: (len(p), p)))
     for p in paths:
         if not p or len(p) > num_heads or min(p) < 0:
@@ -126,3 +127,13 @@ class MedusaDrafter(Drafter):
         if self.vocab is not None:
             pairs = [[int(self.vocab[i]), p] for i, p in pairs]
         return pairs
+
+
+def build(models, k: int, options: dict) -> MedusaDrafter:
+    heads = models.head("medusa", options.pop("head", None))  # head=FOLDER: one trained elsewhere, e.g. to compare
+    if heads is None:
+        raise SpecvizError(f"no medusa head is available for '{models.name}'; train one with `specviz train medusa`")
+    vocab = draft_vocabulary(heads, options.pop("draft_vocab", default_draft_vocab("medusa", heads)))
+    options.setdefault("total_tokens", "auto")  # the fixed tree, cut to what pays off on this machine
+    cost = interpolate(verify_curve(models)) if options["total_tokens"] == "auto" else None
+    return construct(MedusaDrafter, "medusa", options, heads, models.target, draft_vocab=vocab, verify_cost=cost)

@@ -7,6 +7,7 @@ import torch
 
 from specviz.decoding.tree import DraftTree
 from specviz.drafters.base import Drafter, DraftRequest
+from specviz.drafters.options import construct
 from specviz.errors import SpecvizError
 
 
@@ -50,3 +51,7 @@ def lookup_match(ids: torch.Tensor, k: int, max_ngram: int, min_ngram: int) -> t
             start = int(starts[-1]) + n
             return n, ids[start : start + k].tolist()
     return 0, []
+
+
+def build(models, k: int, options: dict) -> NgramDrafter:
+    return construct(NgramDrafter, "ngram", options, k=k)

@@ -2,10 +2,10 @@
 bf16 only on CPUs that multiply bf16 in hardware, which is where specviz runs its drafters in bf16).
 
 Why it matters here: decoding a small model on a CPU is dominated by its matrix products with 1–16 rows. On a
-2-core AVX2 machine (the first sessions' host; later ones list AVX-512) torch's default fp32 `linear` (MKL sgemm
-on a row-major weight) reads a 1536 × 576 weight at about 11 GB/s for 1–3 rows and gets slower per call from 1 to
-3 rows. oneDNN, given the weight already reordered
-into its blocked layout, runs the same products about twice as fast and nearly flat from 1 to 16 rows. That
+2-core CPU torch's default fp32 `linear` (MKL sgemm on a row-major weight) reads a 1536 × 576 weight at about
+11 GB/s for 1–3 rows and gets slower per call from 1 to 3 rows; oneDNN, given the weight already reordered into
+its blocked layout, runs the same products about twice as fast and nearly flat from 1 to 16 rows
+(`experiments/product_bandwidth.py` measures both on the machine it runs on). That
 flatness is what speculative decoding needs: verifying 8 drafted tokens then costs little more than one.
 
 It is the same arithmetic in the same precision (the weight's): results differ from `F.linear` by rounding only (about

@@ -1,5 +1,5 @@
 import sys
 
-from . import main
+from specviz.cli import train_main
 
-sys.exit(main(sys.argv[1:]))
+sys.exit(train_main(sys.argv[1:]))
