@@ -230,6 +230,30 @@ def _tree_figure(items: list[dict], title: str, height: int | None = None) -> go
     return fig
 
 
+def final_source(step: dict) -> str:
+    """Where the token that ended a step came from, by the rule its last test applied."""
+    final, tests = step["final"], step["tests"]
+    if final["kind"] != "replacement":
+        return "the target's argmax" if tests and tests[-1]["u"] is None else "drawn from p"
+    last = tests[-1]
+    if last["u"] is None:
+        return "the target's argmax (greedy)"
+    if last["q"] is None:
+        return "drawn from p with the rejected tokens removed, renormalised"
+    return "drawn from the residual max(0, p − q), normalised"
+
+
+def rule_of(test: dict) -> str:
+    """The acceptance rule a test applied, with its numbers: greedy, a point mass, or a sample from q."""
+    if test["u"] is None:
+        return f"greedy: accepted when x is the target's argmax (p = {fmt(test['p'])})"
+    if test["q"] is None:
+        return (f"point mass (x was picked, not sampled): α = p(x) = {fmt(test['p'])}, u = {fmt(test['u'])}; "
+                "on a rejection x is removed from p and the rest renormalised")
+    return (f"sampled from q: α = min(1, p/q) = min(1, {fmt(test['p'])} / {fmt(test['q'])}) = {fmt(test['alpha'])}, "
+            f"u = {fmt(test['u'])}; on a rejection p becomes the residual max(0, p − q), normalised")
+
+
 def step_tree_figure(step: dict) -> go.Figure:
     """The verified draft tree of one step: accepted path, rejected and never-tested nodes, and the token
     that ended the step (replacement or bonus) hanging off the last accepted node."""
@@ -239,12 +263,13 @@ def step_tree_figure(step: dict) -> go.Figure:
     for n in step["nodes"]:
         t = tests.get(n["id"])
         status = "accepted" if n["id"] in path else ("rejected" if t else "untested")
+        picked = t is not None and t["q"] is None and n["q"] is not None  # a top-k child: ranked by q, not sampled
         hover = [f"<b>{label(n['text'])}</b> (id {n['token']}, node {n['id']}, depth {n['depth']})",
-                 f"q = {fmt(n['q'])}" + (" (point mass: no q)" if n["q"] is None else ""),
+                 f"q = {fmt(n['q'])}" + (" (point mass: no q)" if n["q"] is None else
+                                          " (the draft's probability: it ranked this top-k pick)" if picked else ""),
                  f"path score = {fmt(n['score'])}", f"p = {fmt(n['p'])}"]
         if t:
-            hover.append(f"tested: p = {fmt(t['p'])}, α = {fmt(t['alpha'])}, u = {fmt(t['u'])} → "
-                         + ("accepted" if t["accepted"] else "rejected"))
+            hover.append(f"tested: {rule_of(t)} → " + ("accepted" if t["accepted"] else "rejected"))
         else:
             hover.append("never tested (a sibling or an ancestor decided first)")
         items.append({"id": n["id"], "parent": n["parent"], "label": label(n["text"]), "hover": "<br>".join(hover),
@@ -252,8 +277,7 @@ def step_tree_figure(step: dict) -> go.Figure:
     final = step["final"]
     items.append({"id": len(step["nodes"]), "parent": step["accepted_path"][-1] if step["accepted_path"] else -1,
                   "label": label(final["text"]), "status": final["kind"],
-                  "hover": f"<b>{label(final['text'])}</b>: {final['kind']} token, drawn from "
-                           + ("the residual max(0, p − q)" if final["kind"] == "replacement" else "p")})
+                  "hover": f"<b>{label(final['text'])}</b>: {final['kind']} token, " + final_source(step)})
     n_tested = len(step["tests"])
     title = (f"step {step['step']}: {len(step['nodes'])} drafted, {n_tested} tested, "
              f"{len(step['accepted_path'])} accepted, then 1 {final['kind']}")

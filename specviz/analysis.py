@@ -25,6 +25,7 @@ GUIDE_EXAMPLE = (
     {"label": "plain autoregressive", "ms_per_token": 42.1, "tokens_per_s": 23.7, "usd_per_million": 18.40},
     {"label": "with speculative decoding", "ms_per_token": 12.3, "tokens_per_s": None, "usd_per_million": 5.38},
 )
+GUIDE_ACCEPTANCE_LENGTH = 3.42  # tokens per target forward, as the same guide gives it
 
 
 # ------------------------------------------------------------------------------------------ bandwidth
@@ -84,9 +85,16 @@ class RunSummary:
     k: int
     tokens_per_s: float
     tau: float
-    acceptance_rate: float | None
+    acceptance_rate: float | None  # accepted drafted tokens ÷ drafted tokens (untested ones count)
     draft_ms_per_step: float
     verify_ms_per_step: float
+    tested: int = 0  # drafted tokens the acceptance test ran on (a chain stops testing at its first rejection)
+    accepted_tested: int = 0
+
+    @property
+    def alpha(self) -> float | None:
+        """Accepted ÷ tested: the probability that a tested token is accepted, the α of E(α, K)."""
+        return self.accepted_tested / self.tested if self.tested else None
 
     @property
     def ms_per_step(self) -> float:
@@ -98,6 +106,7 @@ def summarise(events: list[dict]) -> RunSummary:
     start, done = events[0], events[-1]
     stats = done["stats"]
     n = max(stats["steps"], 1)
+    tests = [t for e in events if e["type"] == "step" for t in e["tests"]]
     return RunSummary(
         drafter=start["drafter"],
         k=int(start["options"].get("k") or start["options"].get("depth") or 0),  # chains: K; trees: their depth
@@ -106,15 +115,22 @@ def summarise(events: list[dict]) -> RunSummary:
         acceptance_rate=done["stats"]["acceptance_rate"],
         draft_ms_per_step=1e3 * stats["draft_s"] / n,
         verify_ms_per_step=1e3 * stats["verify_s"] / n,
+        tested=len(tests),
+        accepted_tested=sum(t["accepted"] for t in tests),
     )
 
 
 def speedup_comparison(baseline: RunSummary, spec: RunSummary) -> dict:
-    """Predicted (from measured α and measured step cost) next to measured speedup over the baseline."""
-    alpha = spec.acceptance_rate or 0.0
+    """Predicted (from measured α and measured step cost) next to measured speedup over the baseline.
+
+    α is accepted ÷ tested, the probability that a tested token is accepted, which is what E(α, K) assumes;
+    accepted ÷ drafted (the run's acceptance rate) is smaller, α(1 − α^K) / (K(1 − α)) for a K-token chain, and
+    would predict too few tokens per step."""
+    alpha = spec.alpha or 0.0
     step_cost = spec.ms_per_step / baseline.ms_per_step  # in plain target forwards
     return {
         "alpha": alpha,
+        "acceptance_rate": spec.acceptance_rate,
         "k": spec.k,
         "expected_tokens_per_step": expected_tokens_per_step(alpha, spec.k),
         "measured_tau": spec.tau,

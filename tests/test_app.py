@@ -245,3 +245,34 @@ def test_the_sidebar_tree_settings_reach_eagle2_runs_whatever_the_sidebar_drafte
     assert settings.drafter == "ngram"
     assert settings.stream_kwargs(drafter="eagle2")["drafter_options"]["depth"] == 3
     assert "drafter_options" not in settings.stream_kwargs()  # the n-gram drafter takes no tree
+
+
+def test_the_tree_explorer_states_the_rule_each_test_applied():
+    from app.figures import final_source, rule_of
+
+    picked = {"p": 0.3, "q": None, "alpha": 0.3, "u": 0.5, "accepted": False}  # a top-k child: a point mass
+    sampled = {"p": 0.3, "q": 0.6, "alpha": 0.5, "u": 0.2, "accepted": True}
+    greedy = {"p": 0.3, "q": 0.6, "alpha": 0.0, "u": None, "accepted": False}
+    assert "α = p(x) = 0.300" in rule_of(picked) and "min(1, p/q)" not in rule_of(picked)
+    assert "min(1, p/q) = min(1, 0.300 / 0.600) = 0.500" in rule_of(sampled)
+    assert "argmax" in rule_of(greedy) and "α" not in rule_of(greedy)
+    replacement = {"final": {"kind": "replacement"}}
+    assert "removed" in final_source({**replacement, "tests": [picked]})
+    assert "max(0, p − q)" in final_source({**replacement, "tests": [sampled]})
+    assert "argmax" in final_source({**replacement, "tests": [greedy]})
+
+
+def test_the_pages_do_not_claim_what_does_not_hold(app):
+    at = open_page(app, "app/pages/overview.py")
+    text = " ".join(m.value for m in at.markdown)
+    assert "each drawn from its distribution" not in text  # lookup and tree children are picked, not sampled
+    assert "Point masses" in text and "α = p(x)" in text
+    sixteen_bit_70b = [o for o in at.selectbox(key="ov_preset").options if o.startswith("70B model, 16-bit")]
+    assert sixteen_bit_70b and all("2×" in o for o in sixteen_bit_70b)  # 140 GB fits no single 80 GB H100
+    at.button(key="ov_measure").click()
+    ok(at.run())
+    assert not any("at batch 1 weight streaming dominates" in c.value for c in at.caption)
+    at = open_page(at, "app/pages/cost.py")
+    text = " ".join(m.value for m in at.markdown)
+    assert "does not depend on the price." not in text and "total** throughput" in text
+    assert any("3.42" in w.value and "upper bound" in w.value for w in at.warning)

@@ -32,13 +32,19 @@ def measured_runs() -> dict[str, list[dict]]:
 def show_speedup(base: analysis.RunSummary, spec: analysis.RunSummary) -> None:
     cmp = analysis.speedup_comparison(base, spec)
     m = st.columns(5)
-    m[0].metric("α (measured acceptance rate)", f"{cmp['alpha']:.3f}")
+    m[0].metric("α (accepted ÷ tested)", f"{cmp['alpha']:.3f}",
+                help=f"{spec.accepted_tested} of the {spec.tested} drafted tokens the test ran on were accepted. "
+                     f"The run's acceptance rate, accepted ÷ drafted, is {cmp['acceptance_rate']:.3f}: it also "
+                     "counts tokens after a chain's first rejection, which are never tested.")
     m[1].metric("expected tokens/step", f"{cmp['expected_tokens_per_step']:.2f}", help=f"measured τ: {cmp['measured_tau']:.2f}")
     m[2].metric("step cost (target forwards)", f"{cmp['step_cost']:.2f}",
                 help=f"{spec.ms_per_step:.1f} ms per speculative step ÷ {base.ms_per_step:.1f} ms per plain step")
     m[3].metric("predicted speedup", f"{cmp['predicted_speedup']:.2f}×")
     m[4].metric("measured speedup", f"{cmp['measured_speedup']:.2f}×")
-    st.caption(f"K = {spec.k} from the run's settings; measured τ = {cmp['measured_tau']:.2f}. The formula assumes "
+    st.caption(f"K = {spec.k} from the run's settings; measured τ = {cmp['measured_tau']:.2f}. α is accepted ÷ "
+               "tested, the probability that a tested token is accepted, as the formula means it (accepted ÷ drafted "
+               f"= {cmp['acceptance_rate']:.3f} is smaller: for a K-token chain it is α(1 − α^K) / (K(1 − α)), and put "
+               "into the formula it predicts too few tokens per step). The formula assumes "
                "every step drafts K tokens and each is accepted independently with the same α; n-gram lookup "
                "sometimes drafts fewer (or none), and trees accept differently, so prediction and measurement can "
                "differ. Measured tokens/s also include the prefill.")
@@ -75,8 +81,17 @@ st.markdown(
     f"row: the two agree, so the guide used one hourly price of about \\${implied:.2f} for the whole stream). If that "
     f"is one GPU's price, the 8-GPU node costs 8 × as much per hour and the same tokens/s would cost "
     f"8 × \\${rows[0]['usd_per_million']:.2f} = \\${8 * rows[0]['usd_per_million']:.2f} per million; check the figures "
-    f"against your own price in the calculator above. The saving of speculative decoding "
-    f"({rows[0]['ms_per_token'] / rows[1]['ms_per_token']:.2f}× fewer \\$ per token) does not depend on the price."
+    f"against your own price in the calculator above. For this one stream the saving of speculative decoding "
+    f"({rows[0]['ms_per_token'] / rows[1]['ms_per_token']:.2f}× fewer \\$ per token) does not depend on the price; "
+    "a serving node, though, is paid for by its **total** throughput over every stream it batches, and section 4 "
+    "shows the speedup shrinking as the batch grows, so at a busy node the saving per token is smaller."
+)
+st.warning(
+    f"A check on the guide's figures: its speedup, {rows[0]['ms_per_token']:.1f} ÷ {rows[1]['ms_per_token']:.1f} = "
+    f"{rows[0]['ms_per_token'] / rows[1]['ms_per_token']:.2f}×, equals the acceptance length it quotes "
+    f"({analysis.GUIDE_ACCEPTANCE_LENGTH:.2f} tokens per target forward). That would mean a speculative step costs "
+    "exactly one plain step: drafting free, and verifying K + 1 tokens no dearer than 1. Neither holds (section 3 "
+    "measures both); treat the guide's speedup as an upper bound."
 )
 st.caption("The node's bandwidth bound: the 140 GB of 16-bit weights do not fit in one 80 GB H100, so 8 GPUs each "
            "stream an eighth of them per token: 70e9 × 2 bytes ÷ (8 × 3.35 TB/s) = "
@@ -86,10 +101,13 @@ st.caption("The node's bandwidth bound: the 140 GB of 16-bit weights do not fit 
 
 # ---------------------------------------------------------------------------------- predicted speedup
 st.header("3. Predicted vs measured speedup")
-st.markdown("With K drafted tokens each accepted with probability α (independently), a step commits on average")
+st.markdown("With K drafted tokens each accepted with probability α (independently, and only while every token "
+            "before it was accepted), a step commits on average")
 st.latex(r"E[\text{tokens per step}] = \frac{1 - \alpha^{K+1}}{1 - \alpha}")
-st.markdown("tokens, and costs (draft time + verify time) ÷ (time of one plain target step). Predicted speedup = "
-            "expected tokens per step ÷ step cost. Both α and the costs come from runs measured here.")
+st.markdown("tokens, the replacement or bonus token included (Leviathan et al., 2023, *Fast Inference from "
+            "Transformers via Speculative Decoding*, section 3), and costs (draft time + verify time) ÷ (time of one "
+            "plain target step). Predicted speedup = expected tokens per step ÷ step cost. α here is **accepted ÷ "
+            "tested**, measured in the run, as are the costs.")
 baselines = [n for n, e in runs.items() if e[0]["drafter"] == "none"]
 # the formula is a chain's: a tree's acceptance (accepted ÷ every node drafted) and depth do not fit it
 specs = [n for n, e in runs.items() if parse_spec(e[0]["drafter"])[0] in CHAIN_DRAFTERS]

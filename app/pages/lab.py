@@ -42,8 +42,10 @@ with tab_run:
         p_row = next((r for r in step["target"] if r["node"] == node["parent"]), None)
         m = st.columns(5)
         m[0].metric("p(x), target", f"{test['p']:.4f}")
-        m[1].metric("q(x), draft", "1 (no q)" if test["q"] is None else f"{test['q']:.4f}")
-        m[2].metric("α = min(1, p/q)", f"{test['alpha']:.4f}")
+        point_mass = test["q"] is None
+        m[1].metric("q(x) in the test", "1 (point mass)" if point_mass else f"{test['q']:.4f}",
+                    help="A picked token (prompt lookup, a tree's top-k child) is a point mass: q = δx." if point_mass else None)
+        m[2].metric("α = p(x)" if point_mass else "α = min(1, p/q)", f"{test['alpha']:.4f}")
         m[3].metric("u", "— (greedy)" if test["u"] is None else f"{test['u']:.4f}")
         m[4].metric("decision", "accept" if test["accepted"] else "reject")
         earlier = [t for t in step["tests"][:index] if step["nodes"][t["node"]]["parent"] == node["parent"]]
@@ -54,9 +56,14 @@ with tab_run:
         b1.plotly_chart(figures.distribution_bars(p_row["p_top"] if p_row else None,
                                                   "p: target's top tokens at this position", "#1f77b4",
                                                   highlight=test["token"]), key=f"lab_p_{chosen}_{index}")
+        if node["q_top"] and point_mass:  # a top-k pick: the draft's distribution ranked it; the test used δx
+            q_title = "the draft's top tokens (it picked x from them: the test treats x as a point mass)"
+        elif node["q_top"]:
+            q_title = "q: the draft distribution x was sampled from"
+        else:
+            q_title = f"q: a point mass (`{start['drafter']}` has no draft distribution)"
         b2.plotly_chart(figures.distribution_bars(
-            node["q_top"], "q: the draft's top tokens" if node["q_top"] else "q: a point mass (no q: n-gram lookup)",
-            "#ff7f0e", highlight=test["token"],
+            node["q_top"], q_title, "#ff7f0e", highlight=test["token"],
             point_mass=None if node["q_top"] else (node["token"], node["text"])), key=f"lab_q_{chosen}_{index}")
         st.plotly_chart(figures.u_gauge(test["alpha"], test["u"]), key=f"lab_u_{chosen}_{index}")
         if greedy:

@@ -17,14 +17,22 @@ st.info("**Notation used on every page:** **p** is the target model's probabilit
 
 # ---------------------------------------------------------------------------------------- calculator
 st.header("1. The memory-bandwidth calculator")
+H100 = analysis.GPU_DATASHEET["H100 SXM"]["bandwidth_tb_s"]
+H200 = analysis.GPU_DATASHEET["H200"]["bandwidth_tb_s"]
+# (parameters in billions, bytes per parameter, TB/s of all the GPUs together, a note on whether it fits)
 PRESETS = {
-    "70B model, 16-bit, H100 SXM (3.35 TB/s)": (70.0, 2.0, analysis.GPU_DATASHEET["H100 SXM"]["bandwidth_tb_s"]),
-    "70B model, 16-bit, H200 (4.8 TB/s)": (70.0, 2.0, analysis.GPU_DATASHEET["H200"]["bandwidth_tb_s"]),
-    "8B model, 16-bit, H100 SXM (3.35 TB/s)": (8.0, 2.0, analysis.GPU_DATASHEET["H100 SXM"]["bandwidth_tb_s"]),
-    "70B model, 4-bit, H100 SXM (3.35 TB/s)": (70.0, 0.5, analysis.GPU_DATASHEET["H100 SXM"]["bandwidth_tb_s"]),
+    "70B model, 16-bit, 2× H100 SXM (2 × 3.35 TB/s)": (
+        70.0, 2.0, 2 * H100, "140 GB of weights do not fit in one 80 GB H100: two GPUs (tensor parallel) each "
+        "hold and stream half of them, so their bandwidths add up."),
+    "70B model, 16-bit, 2× H200 (2 × 4.8 TB/s)": (
+        70.0, 2.0, 2 * H200, "On one 141 GB H200 the 140 GB of weights would leave about 1 GB for the KV cache: "
+        "two GPUs are the practical minimum."),
+    "8B model, 16-bit, H100 SXM (3.35 TB/s)": (8.0, 2.0, H100, "16 GB of weights: fits one GPU with room for the KV cache."),
+    "70B model, 4-bit, H100 SXM (3.35 TB/s)": (70.0, 0.5, H100, "35 GB of 4-bit weights fit one 80 GB H100."),
 }
 preset = st.selectbox("Preset", list(PRESETS), key="ov_preset")
-params_b, bpp, bw = PRESETS[preset]
+params_b, bpp, bw, fits = PRESETS[preset]
+st.caption(fits)
 c1, c2, c3 = st.columns(3)
 params_b = c1.number_input("Parameters (billions)", 0.01, 2000.0, params_b, key=f"ov_params_{preset}")
 bpp = c2.number_input("Bytes per parameter (2 = 16-bit, 1 = 8-bit, 0.5 = 4-bit)", 0.125, 8.0, bpp, 0.125,
@@ -78,15 +86,19 @@ if measured:
         f"acceptance test over {measured['steps']} plain steps; bandwidth = 2 × 256 MB ÷ median time of 5 "
         f"tensor copies after a warm-up one (a copy reads and writes; the bench measures it the same way). "
         f"Weight streaming alone would take {streaming_ms:,.1f} ms per token. "
-        "On a busy CPU the rest is compute and framework overhead; on a GPU at batch 1 weight streaming dominates."
+        "On a CPU the rest is arithmetic and framework overhead. On a GPU a model this small would be bound by "
+        "kernel launches and framework overhead rather than by bandwidth (not measured here: at the datasheet "
+        "bandwidths above its weights would stream in a fraction of a millisecond); weight streaming dominates "
+        "for models of billions of parameters, as in the calculator. This page measures only the machine it runs on."
     )
 
 # ------------------------------------------------------------------------------------ the algorithm
 st.header("3. Draft → verify → accept")
 st.markdown(
     """
-1. **Draft.** A cheap drafter proposes K tokens x₁ … xₖ (a chain), or a tree of alternatives, each drawn from
-   its distribution **q**.
+1. **Draft.** A cheap drafter proposes K tokens x₁ … xₖ (a chain), or a tree of alternatives. A draft model
+   *samples* each token from its distribution **q**; prompt lookup copies tokens from the context, and the tree
+   drafters (Medusa, EAGLE-2) *pick* their top-k candidates: those are point masses (see below).
 2. **Verify.** The target runs **one** forward pass over the last committed token plus all drafted tokens and
    gets its distribution **p** at every position at once.
 3. **Accept, left to right.** Drafted token x is accepted with probability
@@ -99,6 +111,12 @@ st.markdown(
     """
 and the step ends. If every drafted token is accepted, one **bonus** token is sampled from p at the end.
 So each target forward commits between 1 and K + 1 tokens.
+
+**Point masses.** A token that was picked rather than sampled (prompt lookup, a tree's top-k children) has
+q = δₓ, all its mass on x. The same rule then gives **α = p(x)**, and after a rejection the residual is p with x
+removed and renormalised. In a tree the siblings under one parent are tested in turn, each against what is left
+of p after the siblings rejected before it (EAGLE's and SpecInfer's multi-candidate verification); the
+*EAGLE tree explorer* shows every test of a real step with the rule it used.
 
 **Why it is lossless:** the token that comes out is x with probability min(q(x), p(x)) (accepted) plus
 (1 − Σ min(p, q)) · r(x) (rejected, then replaced), which adds up to exactly p(x). The output has the target's

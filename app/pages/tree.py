@@ -9,7 +9,9 @@ state.intro(
     "Each step the drafter proposes a tree of guesses (a chain is a tree with one branch); the target scores every "
     "node in one forward pass, using the attention mask on the right so each node sees only its own ancestors.  \n"
     "Nodes are tested from the root down, siblings in order; hover a node for q (draft), its path score, p (target), "
-    "α = min(1, p/q), u and the decision.",
+    "the rule its test applied, u and the decision. EAGLE-2 and Medusa children are the draft's top-k **picks**, "
+    "not samples, so each is a point mass: α = p(x), and after a rejection x is removed from p and p renormalised "
+    "before the next sibling is tested. A sampled chain (the draft model at temperature > 0) uses α = min(1, p/q).",
 )
 shared, settings = state.current()
 trace, source = state.get_trace()
