@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt pyproject.toml | cksum | cut -d' ' -f1)
 PORT ?= 8501
 
-.PHONY: run test lint test-avx2 setup fetch clean
+.PHONY: run serve test lint test-avx2 setup fetch clean
 
 # The pinned requirements, then specviz itself (editable: the `specviz` command, no PYTHONPATH needed).
 $(STAMP): requirements.txt pyproject.toml
@@ -25,6 +25,11 @@ fetch: setup
 
 run: fetch
 	$(PY) -m streamlit run app.py --server.headless true --server.port $(PORT) --browser.gatherUsageStats false
+
+# The engine as a service on this machine (loopback only; see docs/service.md to expose it with a token).
+SERVE_ARGS ?=
+serve: fetch
+	$(PY) -m specviz serve $(SERVE_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check specviz app app.py tests scripts experiments

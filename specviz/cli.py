@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import shlex
 import sys
 from dataclasses import fields, replace
@@ -67,6 +68,7 @@ def cmd_generate(args) -> int:
         draft_model=args.draft_model,
         chat=not args.raw,
         device=args.device,
+        backend=args.backend,
     )
     collected = []
     for event in stream:
@@ -90,6 +92,54 @@ def cmd_generate(args) -> int:
             f"replacement/bonus token), acceptance {rate}, {s['tokens_per_s']:.1f} tokens/s",
             file=sys.stderr,
         )
+    return 0
+
+
+TOKEN_ENV = "SPECVIZ_TOKEN"
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def service_token(token_file: str | None) -> str | None:
+    if token_file:
+        try:
+            token = open(token_file, encoding="utf-8").read().strip()
+        except OSError as err:
+            raise SpecvizError(f"cannot read the token file {token_file}: {err}") from err
+        if len(token) < 16:
+            raise SpecvizError(f"the token in {token_file} is shorter than 16 characters; use a long random one "
+                               "(python -c 'import secrets; print(secrets.token_urlsafe(32))')")
+        return token
+    return os.environ.get(TOKEN_ENV) or None
+
+
+def cmd_serve(args) -> int:
+    import uvicorn
+
+    from specviz import models as m
+    from specviz.serve.http import Limits, Service
+
+    token = service_token(args.token_file)
+    if args.host not in LOOPBACK and token is None and not args.insecure_no_auth:
+        raise SpecvizError(f"--host {args.host} exposes the service beyond this machine: give --token-file FILE "
+                           f"(or ${TOKEN_ENV}), or --insecure-no-auth to do it without one")
+    if args.max_queue < 1 or args.max_new_tokens_limit < 1:
+        raise SpecvizError("--max-queue and --max-new-tokens-limit must be >= 1")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    loaded = {}
+    for name in args.model or ["smollm2-135m"]:
+        key = name if name in m.PRESETS else Path(name).expanduser().name
+        loaded[key] = m.load(name, device=args.device)
+    service = Service(loaded, token=token, limits=Limits(max_new_tokens=args.max_new_tokens_limit),
+                      max_queue=args.max_queue)
+    print("specviz serve: warming up (the verify-cost curve, one short run per drafter) …", file=sys.stderr)
+    service.warm()
+    for row in service.describe():
+        print(f"specviz serve: {row['name']} on {row['device']} ({row['dtype']}), drafters: {', '.join(row['drafters'])}",
+              file=sys.stderr)
+    print(f"specviz serve: ready on http://{args.host}:{args.port}" + (" (bearer token required)" if token else ""),
+          file=sys.stderr)
+    uvicorn.run(service.app(), host=args.host, port=args.port, log_level="warning")
     return 0
 
 
@@ -131,7 +181,23 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--trace", help="write every event as JSONL to this file")
     gen.add_argument("--json", action="store_true", help='print one JSON object {"text", "token_ids", "stats"}')
     gen.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    gen.add_argument("--backend", default=os.environ.get("SPECVIZ_BACKEND"),
+                     help="URL of a `specviz serve` service to decode on (default: $SPECVIZ_BACKEND, else in this process)")
     gen.set_defaults(run=cmd_generate)
+
+    srv = sub.add_parser("serve", help="the engine as a service: load models once, stream runs' events over HTTP")
+    srv.add_argument("--model", action="append", default=None,
+                     help="preset name or local folder; repeat for several (default: smollm2-135m)")
+    srv.add_argument("--device", default="auto", help="auto (cuda when available), cpu or cuda")
+    srv.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    srv.add_argument("--port", type=int, default=8000)
+    srv.add_argument("--token-file", default=None, help="file holding the bearer token clients must send "
+                     f"(default: ${TOKEN_ENV} when set); required to bind a non-loopback address")
+    srv.add_argument("--insecure-no-auth", action="store_true", help="listen on a non-loopback address without a token")
+    srv.add_argument("--max-queue", type=int, default=16, help="runs waiting at most; past it new runs get 429")
+    srv.add_argument("--max-new-tokens-limit", type=int, default=512, help="the most new tokens one run may ask for")
+    srv.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    srv.set_defaults(run=cmd_serve)
 
     mod = sub.add_parser("models", help="list the presets, their sizes and whether each is fetched")
     mod.set_defaults(run=cmd_models)

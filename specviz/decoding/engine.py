@@ -12,6 +12,7 @@ import torch
 
 from specviz.decoding import events as ev
 from specviz.decoding import sampling
+from specviz.decoding.costs import synchronize
 from specviz.decoding.metrics import Metrics
 from specviz.decoding.target import Target
 from specviz.decoding.tree import DraftTree
@@ -148,7 +149,7 @@ class _Run:
         generated: list[int] = []
         stop_reason = None
         while stop_reason is None:
-            step_started = time.perf_counter()
+            step_started = self._now()
             budget = self.settings.max_new_tokens - len(generated)
             tree = self.drafter.propose(
                 DraftRequest(
@@ -159,10 +160,10 @@ class _Run:
                     n_top=self.settings.n_top,
                 )
             )
-            drafted = time.perf_counter()
+            drafted = self._now()
             past_len = len(ids) - 1
             hidden, p, verdict = self._verify(ids[-1], tree, past_len)
-            verified = time.perf_counter()
+            verified = self._now()
 
             new = [tree.tokens[i] for i in verdict.path] + [verdict.token]
             kinds = ["accepted"] * len(verdict.path) + [verdict.kind if len(tree) else "autoregressive"]
@@ -191,6 +192,12 @@ class _Run:
             stats=self.metrics.summary(wall),
             text_delta=delta,
         )
+
+    def _now(self) -> float:
+        """perf_counter once the device has finished its queued work (on CUDA kernels run asynchronously, so
+        draft and verify times would otherwise be the time to launch them); on the CPU just perf_counter."""
+        synchronize(self.target.device)
+        return time.perf_counter()
 
     def _prefill(self, ids: list[int]) -> None:
         """Cache every prompt token but the last: the last is the root of the first step."""

@@ -108,6 +108,25 @@ def to_dict(event: Event) -> dict:
     return asdict(event)
 
 
+def from_dict(data: dict) -> Event:
+    """The event object of one event's JSON (what to_dict gives): how a client of the service gets the same
+    objects the engine yields."""
+    kind = data.get("type")
+    if kind == "start":
+        return Start(**data)
+    if kind == "done":
+        return Done(**data)
+    if kind != "step":
+        raise ValueError(f"not a specviz event: type {kind!r}")
+    return Step(**{
+        **data,
+        "nodes": [DraftNode(**n) for n in data["nodes"]],
+        "target": [TargetRow(**r) for r in data["target"]],
+        "tests": [Test(**t) for t in data["tests"]],
+        "committed": [Committed(**c) for c in data["committed"]],
+    })
+
+
 def write_trace(events: Iterable[Event | dict], path: str | Path) -> None:
     """One JSON object a line; written to a temporary file and renamed, so a failure leaves nothing half-written."""
     with replacing(path) as temp, open(temp, "w", encoding="utf-8") as f:

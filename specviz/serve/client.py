@@ -1,0 +1,144 @@
+"""The Python client of `specviz serve`: the same event objects `specviz.stream` yields, from a remote engine.
+
+    client = specviz.Client("http://gpu-box:8000", token="...")
+    for event in client.stream("Explain KV caches.", drafter="eagle2", max_new_tokens=64):
+        ...
+
+A dropped connection is resumed with Last-Event-ID (every event arrives once); closing the iterator early
+cancels the run, so the remote device is free again within one step."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Callable, Iterator
+
+import httpx
+
+from specviz.decoding import events as ev
+from specviz.errors import SpecvizError
+
+TOKEN_ENV = "SPECVIZ_BACKEND_TOKEN"
+
+
+class Client:
+    def __init__(self, url: str, token: str | None = None, client_id: str | None = None, timeout_s: float = 30.0,
+                 retries: int = 3):
+        self.url = url.rstrip("/")
+        token = token if token is not None else os.environ.get(TOKEN_ENV)
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        if client_id:
+            self.headers["X-Specviz-Client"] = client_id  # one app serving many viewers names each of them
+        self.timeout = httpx.Timeout(timeout_s, read=None)  # a stream may wait long in the queue
+        self.retries = retries
+
+    # --------------------------------------------------------------------------------------- requests
+
+    def _request(self, method: str, path: str, **kwargs) -> dict:
+        try:
+            response = httpx.request(method, self.url + path, headers=self.headers, timeout=self.timeout, **kwargs)
+        except httpx.HTTPError as err:
+            raise SpecvizError(f"cannot reach the specviz service at {self.url}: {err}") from err
+        if response.status_code >= 400:
+            raise SpecvizError(f"the service refused the request ({response.status_code}): {_message(response)}")
+        return response.json()
+
+    def models(self) -> list[dict]:
+        """What the service loaded: name, device, dtype, drafters, verify-cost curve."""
+        return self._request("GET", "/v1/models")["models"]
+
+    def health(self) -> dict:
+        return self._request("GET", "/healthz")
+
+    def submit(self, prompt: str | list[dict], **parameters) -> str:
+        """POST /v1/runs; returns the run id. parameters: those of specviz.stream that the service takes."""
+        body = {"messages" if isinstance(prompt, list) else "prompt": prompt, **parameters}
+        return self._request("POST", "/v1/runs", json=body)["run_id"]
+
+    def cancel(self, run_id: str) -> None:
+        try:
+            httpx.delete(f"{self.url}/v1/runs/{run_id}", headers=self.headers, timeout=5.0)
+        except httpx.HTTPError:
+            pass  # the service is gone: nothing left to cancel
+
+    # --------------------------------------------------------------------------------------- streams
+
+    def events(self, run_id: str, on_queued: Callable[[int], None] | None = None) -> Iterator[dict]:
+        """The run's events as dicts, in order and each once, resuming after a dropped connection."""
+        seen, failures = -1, 0
+        while True:
+            headers = dict(self.headers)
+            if seen >= 0:
+                headers["Last-Event-ID"] = str(seen)
+            try:
+                with httpx.stream("GET", f"{self.url}/v1/runs/{run_id}/events", headers=headers,
+                                  timeout=self.timeout) as response:
+                    if response.status_code >= 400:
+                        response.read()
+                        raise SpecvizError(f"the service refused the stream ({response.status_code}): "
+                                           f"{_message(response)}")
+                    for kind, event_id, data in _sse(response.iter_lines()):
+                        failures = 0
+                        if kind == "queued":
+                            if on_queued is not None:
+                                on_queued(data["position"])
+                        elif kind == "error":
+                            raise SpecvizError(f"the run failed on the service: {data['error']}")
+                        elif kind == "cancelled":
+                            raise SpecvizError("the run was cancelled on the service")
+                        elif event_id is not None and event_id > seen:
+                            seen = event_id
+                            yield data
+                            if data["type"] == "done":
+                                return
+                    return  # the stream ended without a done event: the service stopped
+            except (httpx.TransportError, httpx.RemoteProtocolError) as err:
+                failures += 1
+                if failures > self.retries:
+                    raise SpecvizError(f"lost the stream from {self.url} after {seen + 1} events: {err}") from err
+                time.sleep(0.2 * failures)
+
+    def stream(self, prompt: str | list[dict], on_queued: Callable[[int], None] | None = None,
+               **parameters) -> Iterator[ev.Event]:
+        """Like specviz.stream: a Start event, one Step per target forward, a Done event (as objects)."""
+        run_id = self.submit(prompt, **parameters)
+        finished = False
+        try:
+            got_done = False
+            for data in self.events(run_id, on_queued):
+                got_done |= data["type"] == "done"
+                yield ev.from_dict(data)
+            finished = True
+            if not got_done:
+                raise SpecvizError(f"the service at {self.url} ended the run's stream before its last event")
+        finally:
+            if not finished:
+                self.cancel(run_id)  # closed early or failed: free the remote device
+
+
+def _message(response: httpx.Response) -> str:
+    try:
+        return response.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return response.text[:200]
+
+
+def _sse(lines: Iterator[str]) -> Iterator[tuple[str, int | None, dict]]:
+    """(event type, id, parsed data) for each Server-Sent Event; comments (keep-alives) are skipped."""
+    kind, event_id, data = "message", None, []
+    for line in lines:
+        if not line:
+            if data:
+                yield kind, event_id, json.loads("\n".join(data))
+            kind, event_id, data = "message", None, []
+        elif line.startswith(":"):
+            continue
+        else:
+            field, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            if field == "event":
+                kind = value
+            elif field == "id":
+                event_id = int(value)
+            elif field == "data":
+                data.append(value)

@@ -1,0 +1,280 @@
+"""`specviz serve` on a free localhost port with the tiny model: remote runs give the same events as local ones,
+streams resume and cancel, the queue is bounded, bad requests get a 4xx that says what is wrong, and the
+OpenAI-compatible route streams the same text."""
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+import uvicorn
+
+from specviz import api, cli
+from specviz.decoding import events as ev
+from specviz.errors import SpecvizError
+from specviz.serve.client import Client
+from specviz.serve.http import Service
+
+TIMING = {"timing", "wall_s", "tokens_per_s", "draft_s", "verify_s"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Running:
+    """A service on a free port, in a thread of this process."""
+
+    def __init__(self, service: Service):
+        self.service = service
+        self.url = f"http://127.0.0.1:{free_port()}"
+        port = int(self.url.rsplit(":", 1)[1])
+        self.server = uvicorn.Server(uvicorn.Config(service.app(), host="127.0.0.1", port=port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> Running:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline, "the service did not start"
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def served(tiny_models):
+    with Running(Service({"tiny": tiny_models}, max_queue=32, max_per_client=3, disconnect_grace_s=0.5)) as running:
+        yield running
+
+
+def stripped(event: dict) -> dict:
+    """An event without its timings (the only fields that differ between two runs of the same request)."""
+    event = {k: v for k, v in event.items() if k not in TIMING}
+    if "stats" in event:
+        event["stats"] = {k: v for k, v in event["stats"].items() if k not in TIMING}
+    return event
+
+
+def post(url: str, body, **kwargs) -> httpx.Response:
+    return httpx.post(url + "/v1/runs", json=body, timeout=30, **kwargs)
+
+
+@pytest.mark.parametrize("drafter,temperature", [("none", 0.0), ("ngram", 0.0), ("ngram", 1.0)])
+def test_a_remote_run_gives_the_events_of_the_same_local_run(served, tiny_models, drafter, temperature):
+    kwargs = dict(drafter=drafter, max_new_tokens=24, temperature=temperature, seed=5)
+    local = [stripped(ev.to_dict(e)) for e in api.stream("abc abc abc abc", models=tiny_models, **kwargs)]
+    remote = [stripped(ev.to_dict(e)) for e in Client(served.url).stream("abc abc abc abc", model="tiny", **kwargs)]
+    assert remote == local
+    via_api = list(api.stream("abc abc abc abc", model="tiny", backend=served.url, **kwargs))
+    assert [stripped(ev.to_dict(e)) for e in via_api] == local  # specviz.stream(backend=...) is the same client
+    assert [type(e) for e in via_api] == [ev.Start] + [ev.Step] * (len(via_api) - 2) + [ev.Done]
+
+
+def read_events(url: str, run_id: str, last: int | None = None, stop_after: int | None = None) -> list[tuple]:
+    """(sse event type, id, data) read from the stream, optionally dropping the connection after some events."""
+    headers = {} if last is None else {"Last-Event-ID": str(last)}
+    got = []
+    with httpx.stream("GET", f"{url}/v1/runs/{run_id}/events", headers=headers, timeout=30) as response:
+        assert response.status_code == 200
+        from specviz.serve.client import _sse
+
+        for item in _sse(response.iter_lines()):
+            got.append(item)
+            if stop_after is not None and sum(i[1] is not None for i in got) >= stop_after:
+                break  # leaving the block drops the connection
+    return got
+
+
+def test_a_dropped_stream_resumes_with_every_event_once(served):
+    run_id = post(served.url, {"prompt": "abc abc abc", "model": "tiny", "max_new_tokens": 60}).json()["run_id"]
+    first = read_events(served.url, run_id, stop_after=3)
+    last = max(i[1] for i in first if i[1] is not None)
+    rest = read_events(served.url, run_id, last=last)
+    ids = [i[1] for i in first + rest if i[1] is not None]
+    assert ids == list(range(len(ids)))  # no gap, no duplicate
+    assert (first + rest)[-1][2]["type"] == "done"
+    trace = httpx.get(f"{served.url}/v1/runs/{run_id}/events.jsonl", timeout=30).text.splitlines()
+    assert [json.loads(line) for line in trace] == [i[2] for i in first + rest if i[1] is not None]
+
+
+def test_cancelling_or_leaving_frees_the_device_within_a_step(served):
+    client = Client(served.url, client_id="cancel-test")
+    long = client.submit("abc", model="tiny", max_new_tokens=500)
+    state = lambda run: httpx.get(f"{served.url}/v1/runs/{run}", timeout=10).json()["state"]  # noqa: E731
+    deadline = time.monotonic() + 20
+    while state(long) == "queued":
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert httpx.delete(f"{served.url}/v1/runs/{long}", timeout=10).status_code == 200
+    started = time.monotonic()
+    while state(long) != "cancelled":
+        assert time.monotonic() - started < 2, "a cancelled run kept the device"
+        time.sleep(0.01)
+    # a listener that leaves: the run is cancelled once the grace period passes with nobody listening
+    left = client.submit("abc", model="tiny", max_new_tokens=500)
+    read_events(served.url, left, stop_after=2)
+    started = time.monotonic()
+    while state(left) != "cancelled":
+        assert time.monotonic() - started < served.service.scheduler.disconnect_grace_s + 2
+        time.sleep(0.02)
+    events = list(client.stream("abc abc", model="tiny", max_new_tokens=8))  # the device is free again
+    assert events[-1].type == "done"
+
+
+def test_the_queue_is_bounded_and_every_accepted_run_completes(tiny_models):
+    service = Service({"tiny": tiny_models}, max_queue=8, max_per_client=100)
+    with Running(service) as running:
+        results = [None] * 64
+
+        def submit(i):
+            results[i] = post(running.url, {"prompt": f"count {i} {i} {i}", "model": "tiny", "max_new_tokens": 40},
+                              headers={"X-Specviz-Client": f"c{i}"})
+
+        threads = [threading.Thread(target=submit, args=(i,)) for i in range(64)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        codes = [r.status_code for r in results]
+        assert set(codes) <= {201, 429} and codes.count(429) > 0 and codes.count(201) >= 8
+        assert all(r.headers.get("retry-after") for r in results if r.status_code == 429)
+        for r in results:
+            if r.status_code == 201:
+                got = read_events(running.url, r.json()["run_id"])
+                ids = [i[1] for i in got if i[1] is not None]
+                assert ids == list(range(len(ids))) and got[-1][2]["type"] == "done"
+
+
+def test_one_client_holds_at_most_one_running_and_a_few_queued_runs(tiny_models):
+    service = Service({"tiny": tiny_models}, max_queue=50, max_per_client=3)
+    with Running(service) as running:
+        codes = [post(running.url, {"prompt": "abc", "model": "tiny", "max_new_tokens": 400},
+                      headers={"X-Specviz-Client": "greedy"}).status_code for _ in range(5)]
+        assert codes[:3] == [201, 201, 201] and codes[3:] == [429, 429]
+        other = post(running.url, {"prompt": "abc", "model": "tiny", "max_new_tokens": 4}, headers={"X-Specviz-Client": "polite"})
+        assert other.status_code == 201
+
+
+def test_sixteen_clients_at_once_each_get_their_solo_output(served, tiny_models):
+    prompts = [f"{'abc ' * (1 + i % 4)}{i}" for i in range(16)]
+    alone = [api.generate(p, models=tiny_models, drafter="ngram", max_new_tokens=16, temperature=1.0, seed=i).token_ids
+             for i, p in enumerate(prompts)]
+    got, errors = [None] * 16, []
+
+    def one(i):
+        try:
+            events = list(Client(served.url, client_id=f"viewer-{i}").stream(
+                prompts[i], model="tiny", drafter="ngram", max_new_tokens=16, temperature=1.0, seed=i))
+            got[i] = events[-1].token_ids
+        except Exception as err:  # collected: a failure in a thread must fail the test
+            errors.append(err)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and got == alone
+
+
+BAD = [
+    ({"prompt": ""}, 400, "prompt is empty"),
+    ({"prompt": "hi", "model": "nope"}, 404, "not loaded here"),
+    ({"prompt": "hi", "model": "/etc"}, 404, "never loads a path"),
+    ({"prompt": "hi", "drafter": "magic"}, 400, "not available"),
+    ({"prompt": "hi", "drafter": "ngram", "drafter_options": {"head": "/tmp/x"}}, 400, "head="),
+    ({"prompt": "x" * 40_000}, 413, "characters"),
+    ({"prompt": "hi", "max_new_tokens": 0}, 400, "max_new_tokens"),
+    ({"prompt": "hi", "max_new_tokens": 100_000}, 400, "max_new_tokens"),
+    ({"prompt": "abc " * 2500, "max_new_tokens": 10, "model": "tiny"}, 400, "context"),
+    ({"prompt": "hi", "temperature": -1.0}, 400, "temperature"),
+    ({"prompt": "hi", "top_p": 1.5}, 400, "top_p"),
+    ({"prompt": "hi", "max_new_tokens": "5"}, 422, "max_new_tokens"),
+    ({"prompt": "hi", "k": 99}, 400, "k must be"),
+    ({"prompt": "hi", "surprise": 1}, 422, "surprise"),
+    ({"prompt": "hi", "messages": [{"role": "user", "content": "hi"}]}, 400, "not both"),
+    ([1, 2, 3], 422, "bad request"),
+]
+
+
+@pytest.mark.parametrize("body,status,message", BAD, ids=[str(i) for i in range(len(BAD))])
+def test_a_bad_request_gets_a_4xx_that_says_what_is_wrong(served, body, status, message):
+    response = post(served.url, body)
+    assert response.status_code == status, response.text
+    assert message in response.json()["error"]["message"]
+
+
+def test_malformed_bodies_and_unknown_runs_get_a_4xx(served):
+    not_json = httpx.post(served.url + "/v1/runs", content=b"{not json", headers={"Content-Type": "application/json"})
+    assert not_json.status_code == 422 and "JSON" in not_json.json()["error"]["message"]
+    huge = httpx.post(served.url + "/v1/runs", content=b"x" * 300_000, headers={"Content-Type": "application/json"})
+    assert huge.status_code == 413
+    assert httpx.get(served.url + "/v1/runs/run-404/events").status_code == 404
+    assert httpx.delete(served.url + "/v1/runs/run-404").status_code == 404
+    with pytest.raises(SpecvizError, match="not loaded here"):
+        list(Client(served.url).stream("hi", model="elsewhere"))
+
+
+def test_a_token_is_required_and_compared(tiny_models):
+    service = Service({"tiny": tiny_models}, token="a-long-random-token-for-tests")
+    with Running(service) as running:
+        body = {"prompt": "hi", "max_new_tokens": 2}
+        assert post(running.url, body).status_code == 401
+        assert post(running.url, body, headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert httpx.get(running.url + "/metrics").status_code == 401
+        assert httpx.get(running.url + "/healthz").status_code == 200  # liveness tells nothing about runs
+        good = Client(running.url, token="a-long-random-token-for-tests")
+        assert list(good.stream("hi", max_new_tokens=2))[-1].type == "done"
+
+
+def test_the_cli_will_not_expose_the_service_without_a_token(capsys, monkeypatch):
+    monkeypatch.delenv("SPECVIZ_TOKEN", raising=False)
+    assert cli.main(["serve", "--host", "0.0.0.0", "--model", "does-not-matter"]) == 2
+    assert "--token-file" in capsys.readouterr().err
+
+
+def test_models_health_and_metrics(served):
+    client = Client(served.url)
+    (row,) = client.models()
+    assert row["name"] == "tiny" and row["device"] == "cpu" and "ngram" in row["drafters"]
+    assert client.health()["status"] == "ok"
+    list(client.stream("abc abc abc abc abc", model="tiny", drafter="ngram", max_new_tokens=16))
+    text = httpx.get(served.url + "/metrics").text
+    for name in ("specviz:spec_decode_num_drafts_total", "specviz:spec_decode_num_draft_tokens_total",
+                 "specviz:spec_decode_num_accepted_tokens_total", "specviz:num_requests_waiting",
+                 "specviz:run_latency_seconds_bucket", "specviz:queue_wait_seconds_count"):
+        assert name in text
+    drafts = next(float(line.split()[-1]) for line in text.splitlines()
+                  if line.startswith("specviz:spec_decode_num_drafts_total"))
+    assert drafts > 0
+
+
+def test_openai_chat_completions_stream_the_same_text(served, tiny_models):
+    messages = [{"role": "user", "content": "abc abc abc"}]
+    local = api.generate(messages, models=tiny_models, drafter="ngram", max_new_tokens=20, temperature=0.0)
+    body = {"model": "tiny", "messages": messages, "max_tokens": 20, "temperature": 0.0, "stream": True,
+            "specviz": {"drafter": "ngram"}}
+    chunks = []
+    with httpx.stream("POST", served.url + "/v1/chat/completions", json=body, timeout=30) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                chunks.append(line[6:])
+    assert chunks[-1] == "[DONE]"
+    parsed = [json.loads(c) for c in chunks[:-1]]
+    assert parsed[0]["choices"][0]["delta"] == {"role": "assistant"}
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in parsed)
+    assert text == local.text
+    final = parsed[-1]
+    assert final["choices"][0]["finish_reason"] in ("stop", "length")
+    assert final["usage"]["completion_tokens"] == len(local.token_ids) and "tau" in final["specviz"]
+    whole = httpx.post(served.url + "/v1/chat/completions", json={**body, "stream": False}, timeout=30).json()
+    assert whole["choices"][0]["message"]["content"] == local.text and whole["object"] == "chat.completion"
