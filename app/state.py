@@ -8,16 +8,18 @@ from typing import Callable
 
 import streamlit as st
 
-from app.runner import Fetches, SharedModels
+from app.runner import Fetches, RemoteModels, SharedModels
 from specviz import models as m
 from specviz.decoding import events as ev
 from specviz.decoding.costs import verify_curve
-from specviz.drafters import available, parse_spec
+from specviz.drafters import parse_spec
 from specviz.drafters.eagle import TreeShape
 from specviz.errors import SpecvizError
 from specviz.settings import DecodeSettings
 
 ENV_MODEL = "SPECVIZ_DEFAULT_MODEL"  # a preset name or a local model folder the sidebar starts with
+ENV_BACKEND = "SPECVIZ_BACKEND"  # http://host:8000: the pages stream from a `specviz serve` service instead
+ENV_BACKEND_TOKEN = "SPECVIZ_BACKEND_TOKEN"
 DEFAULT_PROMPT = "Write a Python function that reverses a string."
 # The sidebar's EAGLE-2 tree settings start at the drafter's own defaults, so the pages run what the bench runs:
 # total_tokens is "auto" (a ticked checkbox); unticked, the slider's fixed budget, which starts at 24.
@@ -62,6 +64,25 @@ def _shared_models(name: str, _progress: Callable | None = None) -> SharedModels
     if models.eagle is not None or models.medusa is not None:
         verify_curve(models)  # the tree drafters' "auto" budget: measured now, not in a visitor's first run
     return SharedModels(models)
+
+
+@st.cache_resource(show_spinner=False, ttl=30)
+def _remote_models(url: str) -> list[dict]:
+    from specviz.serve.client import Client
+
+    return Client(url, token=os.environ.get(ENV_BACKEND_TOKEN)).models()
+
+
+def load_remote(url: str) -> RemoteModels | None:
+    """The sidebar's choice among the models a `specviz serve` service loaded."""
+    try:
+        rows = _remote_models(url)
+    except SpecvizError as err:
+        st.sidebar.error(f"The engine service at {url} is not reachable: {err}")
+        return None
+    names = [r["name"] for r in rows]
+    name = st.sidebar.selectbox("Model (on the service)", names, key="sb_remote_model")
+    return RemoteModels(url, rows[names.index(name)], token=os.environ.get(ENV_BACKEND_TOKEN))
 
 
 def load_shared(name: str) -> SharedModels | None:
@@ -150,11 +171,15 @@ def _follow_fetch(job) -> None:
 def sidebar() -> tuple[SharedModels | None, Settings | None]:
     """Draw the shared sidebar; remember its model and settings for the pages in session_state."""
     st.sidebar.header("Settings")
-    name = _model_choice()
-    shared = load_shared(name) if name else None
+    backend = os.environ.get(ENV_BACKEND, "").strip()
+    if backend:
+        shared = load_remote(backend)
+    else:
+        name = _model_choice()
+        shared = load_shared(name) if name else None
     settings = None
     if shared is not None:
-        names = available(shared.models)
+        names = shared.drafters()
         default = names.index(next((d for d in PREFERRED if d in names), names[0]))
         drafter = st.sidebar.selectbox("Drafter", names, index=default, key="sb_drafter", help="\n\n".join(
                                            f"**{d}**: {DRAFTER_HELP.get(d, '')}" for d in names))
@@ -187,8 +212,7 @@ def sidebar() -> tuple[SharedModels | None, Settings | None]:
         max_new = st.sidebar.slider("Max new tokens", 1, 256, 32, key="sb_max_new")
         settings = Settings(model=shared.name, drafter=drafter, temperature=float(temperature), top_p=float(top_p),
                             top_k=int(top_k), k=int(k), seed=int(seed), max_new_tokens=int(max_new), tree=tree)
-        dtype = str(shared.models.dtype).removeprefix("torch.")
-        st.sidebar.caption(f"target: `{shared.name}` on {shared.models.device} ({dtype})")
+        st.sidebar.caption(f"target: `{shared.name}`, the engine {shared.where()}")
     st.session_state["_shared"], st.session_state["_settings"] = shared, settings
     return shared, settings
 
@@ -213,9 +237,12 @@ def run_decode(shared: SharedModels, prompt: str, settings: Settings, into: list
     events = [] if into is None else into
     waiting = st.empty()
     try:
-        with shared.events(prompt, on_wait=lambda: waiting.info(
-                "Another session is decoding on this model; this run starts when it finishes…"),
-                **settings.stream_kwargs(**overrides)) as stream:
+        def on_wait(position: int | None = None) -> None:
+            waiting.info("Another session is decoding on this model; this run starts when it finishes…"
+                         if position is None else f"Waiting in the engine service's queue: position {position}…")
+
+        client = {"client_id": _session_id()} if shared.remote else {}
+        with shared.events(prompt, on_wait=on_wait, **client, **settings.stream_kwargs(**overrides)) as stream:
             for event in stream:
                 events.append(ev.to_dict(event))
                 if len(events) == 1:
@@ -231,6 +258,14 @@ def run_decode(shared: SharedModels, prompt: str, settings: Settings, into: list
         st.error(f"The engine failed ({type(err).__name__}): {err}")
         return None
     return events
+
+
+def _session_id() -> str:
+    """This browser session's id: the service's per-client limit then counts each viewer, not the app."""
+    from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+    ctx = get_script_run_ctx()
+    return ctx.session_id if ctx is not None else "app"
 
 
 def intro(title: str, lines: str) -> None:

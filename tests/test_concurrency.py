@@ -30,7 +30,7 @@ def test_four_simultaneous_sessions_each_get_their_solo_output(tiny_models):
     def session(i):
         try:
             barrier.wait()
-            with shared.events(max_new_tokens=12, on_wait=lambda: waited.append(i), **JOBS[i]) as stream:
+            with shared.events(max_new_tokens=12, on_wait=lambda position: waited.append(i), **JOBS[i]) as stream:
                 events = []
                 for event in stream:
                     if not events:

@@ -278,3 +278,43 @@ def test_openai_chat_completions_stream_the_same_text(served, tiny_models):
     assert final["usage"]["completion_tokens"] == len(local.token_ids) and "tau" in final["specviz"]
     whole = httpx.post(served.url + "/v1/chat/completions", json={**body, "stream": False}, timeout=30).json()
     assert whole["choices"][0]["message"]["content"] == local.text and whole["object"] == "chat.completion"
+
+
+def test_the_app_streams_its_pages_from_a_service(served, monkeypatch):
+    """SPECVIZ_BACKEND points the app at the service: the sidebar says where the engine runs, and live decoding,
+    the tree explorer, the race and the losslessness check run there."""
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("SPECVIZ_BACKEND", served.url)
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "app.py"), default_timeout=120)
+    at.run()
+    assert not at.exception
+    assert any(served.url in c.value for c in at.sidebar.caption)
+    at.switch_page("app/pages/live.py")
+    at.run()
+    at.sidebar.slider(key="sb_max_new").set_value(8)
+    at.run()
+    at.button(key="live_run").click()
+    at.run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert "".join(h.proto.body for h in at.html).count('class="specviz-token"') == 8
+    at.switch_page("app/pages/tree.py")
+    at.run()
+    assert not at.exception and len(at.get("plotly_chart")) == 2
+    at.switch_page("app/pages/race.py")
+    at.run()
+    at.number_input(key="race_max_new").set_value(4)
+    at.button(key="race_run").click()
+    at.run()
+    assert not at.exception and not at.error and len(at.dataframe) >= 1
+    at.switch_page("app/pages/lossless.py")
+    at.run()
+    at.number_input(key="ll_n").set_value(10)
+    at.button(key="ll_run").click()
+    at.run()
+    assert not at.exception and at.metric[0].value == "10 / 10"
+    at.switch_page("app/pages/overview.py")
+    at.run()
+    assert not at.exception and any("service at" in i.value for i in at.info)

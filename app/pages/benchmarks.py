@@ -9,7 +9,6 @@ import streamlit as st
 
 from app import state
 from specviz import bench
-from specviz.drafters import available, variants
 from specviz.errors import SpecvizError
 
 state.intro(
@@ -31,7 +30,7 @@ def run_section() -> None:
     shared, settings = state.require_model()
     if shared is None:
         return
-    names = available(shared.models) + variants(shared.models)
+    names = shared.drafters() + shared.variants()
     c1, c2, c3 = st.columns(3)
     limit = c1.slider("Prompts (from the built-in set)", 1, len(bench.load_prompts()), 2, key="bench_limit")
     max_new = c2.slider("Max new tokens", 4, 256, 32, key="bench_max_new")
@@ -43,9 +42,13 @@ def run_section() -> None:
         drafters=tuple(drafters), max_new_tokens=max_new, temperature=settings.temperature, top_p=settings.top_p,
         top_k=settings.top_k, seed=settings.seed, k=settings.k, peers=peers)
     command = bench.command_for(shared.name, run_settings, limit, quick)
-    st.caption("Temperature, top-p, K and seed come from the sidebar (top-k is not used here). The same run from a "
-               "shell, with more prompts and tokens for numbers you can rely on:")
+    st.caption("Temperature, top-p, top-k, K and seed come from the sidebar. The same run from a shell, with more "
+               "prompts and tokens for numbers you can rely on:")
     st.code(command, language="bash")
+    if shared.remote:
+        st.info(f"The engine runs {shared.where()}: a bench times the engine where it runs, so run this command on "
+                "that machine and load its report (--json-out) below.")
+        return
     if not st.button("Run the bench", key="bench_run", type="primary"):
         return
     bar = st.progress(0.0, text="waiting for the model…")

@@ -5,7 +5,6 @@ import streamlit as st
 
 from app import figures, state
 from specviz import analysis
-from specviz.drafters import available
 
 state.intro(
     "Is it really lossless?",
@@ -18,7 +17,7 @@ shared, settings = state.require_model()
 if shared is None:
     st.stop()
 
-spec_drafters = [d for d in available(shared.models) if d != "none"]
+spec_drafters = [d for d in shared.drafters() if d != "none"]
 if not spec_drafters:
     st.warning("No speculative drafter is available for this model.")
     st.stop()
@@ -42,6 +41,7 @@ results = st.session_state.setdefault("ll_cache", {})
 if st.button(f"Sample {2 * int(n)} runs", type="primary", key="ll_run"):
     bar = st.progress(0.0, text="sampling…")
     samples = {drafter: [], "none": []}
+    texts = {}  # token id -> its text, from the runs' own events (the engine may run on a service)
     tested = 0
     failed = False
     started = time.perf_counter()
@@ -54,6 +54,7 @@ if st.button(f"Sample {2 * int(n)} runs", type="primary", key="ll_run"):
                 failed = True
                 break
             samples[name].append(state.done_of(events)["token_ids"])
+            texts.update((c["token"], c["text"]) for s in state.steps_of(events) for c in s["committed"])
             first = state.steps_of(events)[0]
             tested += bool(first["tests"]) and name != "none"
             done = side * int(n) + i + 1
@@ -64,7 +65,7 @@ if st.button(f"Sample {2 * int(n)} runs", type="primary", key="ll_run"):
             break
     bar.empty()
     if not failed:
-        results[key] = {"samples": samples, "tested": tested}
+        results[key] = {"samples": samples, "tested": tested, "texts": texts}
 
 result = results.get(key)
 if not result:
@@ -72,7 +73,6 @@ if not result:
     st.stop()
 
 width = 2 if what.startswith("first two") and new_tokens == 2 else 1
-tok = shared.models.tokenizer
 side_a = [tuple(ids[:width]) for ids in result["samples"][drafter]]
 side_b = [tuple(ids[:width]) for ids in result["samples"]["none"]]
 test = analysis.two_sample_test(side_a, side_b)
@@ -98,7 +98,7 @@ st.caption(f"Chi-square test of homogeneity on a 2 × {test['columns']} table; {
 
 counts_a, counts_b = Counter(side_a), Counter(side_b)
 top = sorted(set(counts_a) | set(counts_b), key=lambda o: -(counts_a[o] + counts_b[o]))[:25]
-names = figures.unique_labels([(hash(o), tok.decode(list(o))) for o in top])
+names = figures.unique_labels([(hash(o), "".join(result["texts"].get(t, f"<{t}>") for t in o)) for o in top])
 st.plotly_chart(figures.histogram_pair(
     names, {f"{drafter} (speculative)": [counts_a[o] / test["n_a"] for o in top],
             "none (target alone)": [counts_b[o] / test["n_b"] for o in top]},

@@ -54,6 +54,9 @@ st.markdown("The loaded target model's per-token latency on this machine, and ho
 shared, settings = state.current()
 if shared is None:
     st.warning("Load a model in the sidebar to measure it.")
+elif shared.remote:
+    st.info(f"The engine runs {shared.where()}: this measurement reads the weights in this process, so it is "
+            "offered where the app runs the engine itself (`make run` on the engine's machine).")
 elif st.button("Measure this machine", key="ov_measure"):
     progress = st.progress(0.0, text="measuring memory copy bandwidth (a 256 MB tensor copy)…")
     bandwidth = probes.BandwidthProbe(shared.models.device).measure() * 1e9  # bytes/s, as the bench measures it

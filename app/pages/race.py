@@ -4,7 +4,6 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from app import figures, state
-from specviz.drafters import available, variants
 
 state.intro(
     "Topology race",
@@ -16,7 +15,7 @@ shared, settings = state.require_model()
 if shared is None:
     st.stop()
 
-drafters = available(shared.models) + variants(shared.models)
+drafters = shared.drafters() + shared.variants()
 prompt = st.text_input("Prompt", state.DEFAULT_PROMPT, key="race_prompt")
 c1, c2 = st.columns([1, 3])
 max_new = c1.number_input("Max new tokens", 1, 256, min(settings.max_new_tokens, 32), key="race_max_new",
