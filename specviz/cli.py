@@ -143,6 +143,24 @@ def cmd_serve(args) -> int:
     return 0
 
 
+def cmd_load_bench(args) -> int:
+    from specviz.serve import loadbench
+
+    try:
+        clients = [int(c) for c in args.clients.split(",") if c.strip()]
+    except ValueError:
+        raise SpecvizError(f"--clients takes comma-separated numbers, got {args.clients!r}") from None
+    if args.json_out:
+        check_writable(args.json_out)
+    report = loadbench.run(args.url, os.environ.get("SPECVIZ_BACKEND_TOKEN"), clients, args.runs,
+                           args.max_new_tokens, args.drafter, args.local_rounds)
+    report["command"] = shlex.join(["specviz", *sys.argv[1:]])
+    print(loadbench.to_markdown(report))
+    if args.json_out:
+        write_atomically(args.json_out, json.dumps(report, indent=1) + "\n")
+    return 0
+
+
 def cmd_models(args) -> int:
     from specviz import models
 
@@ -198,6 +216,17 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--max-new-tokens-limit", type=int, default=512, help="the most new tokens one run may ask for")
     srv.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     srv.set_defaults(run=cmd_serve)
+
+    lb = sub.add_parser("load-bench", help="N clients x M runs against a running specviz serve, and its overhead")
+    lb.add_argument("--url", default="http://127.0.0.1:8000")
+    lb.add_argument("--clients", default="1,4,16", help="comma-separated numbers of clients at once")
+    lb.add_argument("--runs", type=int, default=4, help="runs per client, one after another")
+    lb.add_argument("--max-new-tokens", type=int, default=64)
+    lb.add_argument("--drafter", default=None, help="default: the service's default drafter")
+    lb.add_argument("--local-rounds", type=int, default=6,
+                    help="runs alternated in this process and through the service, one client (0: skip)")
+    lb.add_argument("--json-out", default=None)
+    lb.set_defaults(run=cmd_load_bench)
 
     mod = sub.add_parser("models", help="list the presets, their sizes and whether each is fetched")
     mod.set_defaults(run=cmd_models)

@@ -318,3 +318,30 @@ def test_the_app_streams_its_pages_from_a_service(served, monkeypatch):
     at.switch_page("app/pages/overview.py")
     at.run()
     assert not at.exception and any("service at" in i.value for i in at.info)
+
+
+def test_a_service_killed_mid_stream_is_a_readable_error_and_keeps_what_arrived(tiny_model_dir):
+    """`specviz serve` as its own process; killed while a client streams, the client raises a SpecvizError that
+    says what happened, after the events that did arrive."""
+    import subprocess
+    import sys
+
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "specviz", "serve", "--model", str(tiny_model_dir), "--port",
+                                str(port), "--threads", "1"], stderr=subprocess.PIPE, text=True)
+    try:
+        for line in process.stderr:  # it says ready once loaded and warmed
+            if "ready on" in line:
+                break
+        assert process.poll() is None, "the service did not start"
+        client = Client(f"http://127.0.0.1:{port}", retries=1)
+        arrived = []
+        with pytest.raises(SpecvizError, match="lost the stream|cannot reach|ended the run's stream"):
+            for event in client.stream("abc abc abc", model=tiny_model_dir.name, max_new_tokens=500):
+                arrived.append(event)
+                if len(arrived) == 5:
+                    process.kill()
+        assert len(arrived) >= 5 and arrived[0].type == "start"
+    finally:
+        process.kill()
+        process.wait(timeout=10)
