@@ -1,5 +1,6 @@
 """The app in a real browser: `streamlit run app.py` on a free port with the embedded SmolLM2 model, driven by
 Playwright through Debian's Chromium. Saves a screenshot of every page to screenshots/ (printed)."""
+import contextlib
 import os
 import re
 import shutil
@@ -34,29 +35,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server():
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if k != "SPECVIZ_DEFAULT_MODEL"}  # the real embedded model
-    SHOTS.mkdir(exist_ok=True)
-    log = open(SHOTS / "server.log", "w")  # read it when the test fails
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(port),
-         "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
+def wait_for(url: str, proc, what: str, timeout_s: float = 60) -> None:
+    deadline = time.time() + timeout_s
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return
+        except OSError:
+            if proc.poll() is not None or time.time() > deadline:
+                pytest.fail(f"{what} did not start")
+            time.sleep(0.5)
+
+
+@contextlib.contextmanager
+def process(command: list[str], log_name: str, env: dict):
+    log = open(SHOTS / log_name, "w")  # read it when the test fails
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
-        deadline = time.time() + 60
-        while True:
-            try:
-                urllib.request.urlopen(url + "/_stcore/health", timeout=2)
-                break
-            except OSError:
-                if proc.poll() is not None or time.time() > deadline:
-                    pytest.fail("streamlit did not start")
-                time.sleep(0.5)
-        yield url
+        yield proc
     finally:
         proc.terminate()
         try:
@@ -64,6 +60,23 @@ def server():
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+
+
+def streamlit(port: int, log_name: str, env: dict):
+    return process([sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port",
+                    str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false",
+                    "--server.fileWatcherType", "none"], log_name, env)
+
+
+@pytest.fixture(scope="module")
+def server():
+    SHOTS.mkdir(exist_ok=True)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("SPECVIZ_DEFAULT_MODEL", "SPECVIZ_BACKEND")}
+    with streamlit(port, "server.log", env) as proc:
+        url = f"http://127.0.0.1:{port}"
+        wait_for(url + "/_stcore/health", proc, "streamlit")
+        yield url
 
 
 def test_live_decode_tree_and_race_in_a_browser(server):
@@ -166,3 +179,45 @@ def shot(page, name: str) -> None:
     expect_idle(page)
     page.wait_for_timeout(700)  # plotly finishes drawing
     page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def test_the_app_in_a_browser_streams_from_a_specviz_serve_process():
+    """The deployment of docs/service.md on one machine: `specviz serve` with the embedded model, and the app
+    pointed at it with SPECVIZ_BACKEND; live decoding, the tree explorer and the race run on the service."""
+    from playwright.sync_api import expect, sync_playwright
+
+    SHOTS.mkdir(exist_ok=True)
+    service_port, app_port = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if k != "SPECVIZ_DEFAULT_MODEL"}
+    service = f"http://127.0.0.1:{service_port}"
+    with process([sys.executable, "-m", "specviz", "serve", "--model", "smollm2-135m", "--port", str(service_port)],
+                 "service.log", env) as backend:
+        wait_for(service + "/healthz", backend, "specviz serve", timeout_s=300)  # it warms every drafter first
+        with streamlit(app_port, "server-remote.log", {**env, "SPECVIZ_BACKEND": service}) as app, sync_playwright() as pw:
+            wait_for(f"http://127.0.0.1:{app_port}/_stcore/health", app, "streamlit")
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
+                "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                "--disable-sync", "--no-first-run"])
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 2200})
+                page.set_default_timeout(60_000)
+                expect.set_options(timeout=60_000)
+                page.goto(f"http://127.0.0.1:{app_port}")
+                expect(sidebar(page).get_by_text(f"on the service at {service}")).to_be_visible(timeout=120_000)
+                nav(page, "Live decoding")
+                main(page).get_by_role("button", name="Run", exact=True).click()
+                expect(page.get_by_text(re.compile(r"stopped: (eos|max_new_tokens)"))).to_be_visible(timeout=180_000)
+                assert page.locator(".specviz-token").count() > 3
+                shot(page, "remote-1-live")
+                nav(page, "EAGLE tree explorer")
+                expect(page.locator(".js-plotly-plot").first).to_be_visible()
+                assert page.locator(".js-plotly-plot .scatterlayer .point").count() > 1
+                nav(page, "Topology race")
+                page.get_by_role("spinbutton", name="Max new tokens").fill("4")
+                page.keyboard.press("Enter")
+                expect_idle(page)
+                main(page).get_by_role("button", name="Run the race").click()
+                expect(page.get_by_text("Speedup = tokens/s")).to_be_visible(timeout=300_000)
+                shot(page, "remote-2-race")
+            finally:
+                browser.close()

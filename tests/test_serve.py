@@ -345,3 +345,26 @@ def test_a_service_killed_mid_stream_is_a_readable_error_and_keeps_what_arrived(
     finally:
         process.kill()
         process.wait(timeout=10)
+
+
+def test_a_listener_waits_without_spinning_once_its_run_leaves_the_queue(tiny_models, monkeypatch):
+    """A listener of a run that waited in the queue sleeps between events after the run starts (it once spun
+    on a stale queue position, holding the GIL the engine needs and slowing every run 10-fold)."""
+    service = Service({"tiny": tiny_models}, max_queue=8, max_per_client=8)
+    calls = [0]
+    real = service.scheduler.position
+
+    def counted(run):
+        calls[0] += 1
+        return real(run)
+
+    monkeypatch.setattr(service.scheduler, "position", counted)
+    with Running(service) as running:
+        first = post(running.url, {"prompt": "abc", "model": "tiny", "max_new_tokens": 150}).json()["run_id"]
+        second = post(running.url, {"prompt": "abc abc", "model": "tiny", "max_new_tokens": 150}).json()["run_id"]
+        calls[0] = 0
+        got = read_events(running.url, second)
+        events = sum(i[1] is not None for i in got)
+        assert got[-1][2]["type"] == "done"
+        assert calls[0] < 4 * (events + 150 + 10), f"{calls[0]} position checks for {events} events"
+        read_events(running.url, first)

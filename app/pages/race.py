@@ -77,7 +77,8 @@ for name, events in runs.items():
     })
 st.subheader("Results")
 st.dataframe(rows, hide_index=True)
-st.caption("Speedup = tokens/s ÷ tokens/s of `none`, measured here in this session on this machine. At temperature 0 "
+st.caption(f"Speedup = tokens/s ÷ tokens/s of `none`, measured in this session with the engine {shared.where()}. "
+           "At temperature 0 "
            "every drafter must produce the same text as `none` (greedy decoding is exactly preserved). "
            + ("" if base else "Add `none` to the drafters to get speedups."))
 

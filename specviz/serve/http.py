@@ -324,10 +324,11 @@ class Service:
         try:
             seq, told = first, None
             while True:
-                position = scheduler.position(run)
-                if position is not None and position != told:
+                position = scheduler.position(run)  # None once the run has left the queue
+                if position != told:
                     told = position
-                    yield None, {"type": "queued", "run_id": run.id, "position": position}
+                    if position is not None:
+                        yield None, {"type": "queued", "run_id": run.id, "position": position}
                 while seq < len(run.events):
                     yield seq, run.events[seq]
                     seq += 1
