@@ -85,13 +85,8 @@ def test_live_decode_tree_and_race_in_a_browser(server):
     SHOTS.mkdir(exist_ok=True)
     print(f"\nscreenshots: {SHOTS}")
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", "--no-first-run"])
+        browser, page = open_browser(pw)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 2200})
-            page.set_default_timeout(60_000)
-            expect.set_options(timeout=60_000)
             page.goto(server)
             expect(page.get_by_text("Drafter", exact=True)).to_be_visible(timeout=120_000)  # the model loaded
             expect(page.get_by_role("heading", name="Why speculative decoding works")).to_be_visible()
@@ -149,6 +144,19 @@ def test_live_decode_tree_and_race_in_a_browser(server):
             browser.close()
 
 
+def open_browser(pw):
+    """Debian's Chromium, headless, with the flags this closed network needs; a tall page, long timeouts."""
+    from playwright.sync_api import expect
+
+    browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
+        "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+        "--disable-sync", "--no-first-run"])
+    page = browser.new_page(viewport={"width": 1400, "height": 2200})
+    page.set_default_timeout(60_000)
+    expect.set_options(timeout=60_000)
+    return browser, page
+
+
 def sidebar(page):
     return page.get_by_test_id("stSidebar")
 
@@ -195,13 +203,8 @@ def test_the_app_in_a_browser_streams_from_a_specviz_serve_process():
         wait_for(service + "/healthz", backend, "specviz serve", timeout_s=300)  # it warms every drafter first
         with streamlit(app_port, "server-remote.log", {**env, "SPECVIZ_BACKEND": service}) as app, sync_playwright() as pw:
             wait_for(f"http://127.0.0.1:{app_port}/_stcore/health", app, "streamlit")
-            browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
-                "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                "--disable-sync", "--no-first-run"])
+            browser, page = open_browser(pw)
             try:
-                page = browser.new_page(viewport={"width": 1400, "height": 2200})
-                page.set_default_timeout(60_000)
-                expect.set_options(timeout=60_000)
                 page.goto(f"http://127.0.0.1:{app_port}")
                 expect(sidebar(page).get_by_text(f"on the service at {service}")).to_be_visible(timeout=120_000)
                 nav(page, "Live decoding")
