@@ -1,0 +1,94 @@
+"""Drafter options: the 'name:key=value' spec, option types, the draft vocabulary, and building a drafter from
+its options with a clear message for one it does not take."""
+from __future__ import annotations
+
+import inspect
+
+from specviz.drafters.base import Drafter
+from specviz.errors import SpecvizError
+
+
+def parse_spec(spec: str) -> tuple[str, dict]:
+    """'eagle2:draft_vocab=full:total_tokens=32' -> ('eagle2', {'draft_vocab': 'full', 'total_tokens': 32}).
+
+    A drafter with options is a variant that the CLI, the API and the bench can run beside the default one."""
+    name, *parts = spec.strip().split(":")
+    options: dict = {}
+    for part in parts:
+        key, eq, value = part.partition("=")
+        if not eq or not key:
+            raise SpecvizError(f"drafter option '{part}' in '{spec}' is not KEY=VALUE")
+        options[key.strip()] = _option_value(value.strip())
+    return name, options
+
+
+BOOLEANS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
+BOOLEAN_OPTIONS = ("adaptive", "early_stop", "typical")
+INTEGER_OPTIONS = ("k", "depth", "top_k", "max_ngram", "min_ngram", "lookup")
+
+
+def _option_value(text: str):
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return BOOLEANS.get(text.lower(), text)
+
+
+def check_types(name: str, options: dict) -> None:
+    for key, value in options.items():
+        if key in BOOLEAN_OPTIONS and not isinstance(value, bool):
+            raise SpecvizError(f"{name} option {key} must be true or false, got {value!r}")
+        if key in INTEGER_OPTIONS and (isinstance(value, bool) or not isinstance(value, int)):
+            raise SpecvizError(f"{name} option {key} must be a whole number, got {value!r}")
+
+
+# eagle2's default draft vocabulary: the 4,096 most frequent tokens of its trained one (16,384 for the shipped head).
+# The drafting LM-head product then reads a quarter of the bytes, for a τ within 0.01 of the whole vocabulary's
+# (docs/performance.md, the draft-vocabulary bench). `eagle2:draft_vocab=trained` runs the whole.
+EAGLE_DRAFT_VOCAB = 4096
+
+
+def default_draft_vocab(name: str, heads):
+    """The draft_vocab choice a drafter gets when none is given (see EAGLE_DRAFT_VOCAB)."""
+    trained = getattr(heads, "draft_vocab", None)
+    if name == "eagle2" and trained is not None and len(trained) > EAGLE_DRAFT_VOCAB and not _sorted_by_id(trained):
+        return EAGLE_DRAFT_VOCAB
+    return "trained"
+
+
+def _sorted_by_id(vocab) -> bool:
+    return len(vocab) > 1 and bool((vocab[1:] > vocab[:-1]).all())
+
+
+def draft_vocabulary(heads, choice="trained"):
+    """The token ids a head may draft: "trained" (what it was trained with), "full" (None: every token), or N
+    (the N most frequent, a prefix of a frequency-ordered trained vocabulary)."""
+    trained = getattr(heads, "draft_vocab", None)  # a draft model has one only if it was shipped with one
+    if choice == "trained":
+        return trained
+    if choice == "full":
+        return None
+    if isinstance(choice, int) and not isinstance(choice, bool) and choice > 0:
+        if trained is None:
+            raise SpecvizError("this drafter has no trained draft vocabulary to take the most frequent tokens from; "
+                               "use draft_vocab=full (the default for it)")
+        if len(trained) <= choice:
+            return trained
+        if _sorted_by_id(trained):
+            raise SpecvizError("this head's draft vocabulary is sorted by id, not by frequency: draft_vocab=N needs "
+                               "a head trained by this version (or use draft_vocab=full / trained)")
+        return trained[:choice]
+    raise SpecvizError(f"draft_vocab must be 'trained', 'full' or a positive number of tokens, got {choice!r}")
+
+
+def construct(cls, name: str, options: dict, *args, **fixed) -> Drafter:
+    """cls(*args, **fixed, **options), with a clear message for an option the drafter does not take."""
+    parameters = list(inspect.signature(cls).parameters)
+    accepted = set(parameters[len(args):]) - set(fixed)  # not the ones given positionally
+    unknown = sorted(set(options) - accepted)
+    if unknown:
+        takes = ", ".join(sorted(accepted | {"k"} if "k" in fixed else accepted)) or "none"
+        raise SpecvizError(f"unknown {name} option(s): {', '.join(unknown)}; it takes: {takes}")
+    return cls(*args, **fixed, **options)
