@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The README's embedded-model benches, one after another (about 1.5-2.5 hours on 2 CPU cores, by how busy the
-# machine is): the 80 MT-bench questions at T = 0 with every drafter and the transformers peers, the floor run
-# (`none` alone), the same at T = 1, and the variants on 6 questions. Each report is written only when its run
-# ends (atomically); progress goes to runs/readme-benches/*.log.
+# The embedded-model benches behind README.md and docs/performance.md, one after another (about 1.5-2.5 hours on
+# 2 CPU cores, by how busy the machine is): the 80 MT-bench questions at T = 0 with every drafter and the
+# transformers peers, the floor run (`none` alone), the same at T = 1, and the variants on 6 questions. Each
+# report is written only when its run ends (atomically); progress goes to runs/readme-benches/*.log.
 #   scripts/readme_benches.sh [t0 floor t1 variants]     (default: all four, in that order)
 #   EXTRA=eagle2:head=runs/old-eagle scripts/readme_benches.sh t0    (more drafters beside the usual ones in t0 and t1,
 #                                                                   e.g. a head trained before, to compare in one run)
@@ -25,12 +25,12 @@ for part in ${@:-t0 floor t1 variants}; do
         t0) bench t0 --prompts "$QUESTIONS" --max-new-tokens 128 --temperature 0 --drafters "$ALL" \
                 --json-out results/bench-smollm2-t0.json --md-out results/bench-smollm2-t0.md ;;
         floor) bench floor --drafters none --no-peers --prompts "$QUESTIONS" --max-new-tokens 128 --verify-sizes 1 \
-                --json-out results/bench-floor-t0.json --md-out results/bench-floor-t0.md ;;
+                --json-out docs/results/bench-floor-t0.json --md-out docs/results/bench-floor-t0.md ;;
         t1) bench t1 --prompts "$QUESTIONS" --max-new-tokens 128 --temperature 1.0 --drafters "$ALL" \
-                --json-out results/bench-smollm2-t1-80.json --md-out results/bench-smollm2-t1-80.md ;;
+                --json-out docs/results/bench-smollm2-t1-80.json --md-out docs/results/bench-smollm2-t1-80.md ;;
         variants) bench variants --prompts "$QUESTIONS" --limit 6 --max-new-tokens 128 --temperature 0 --no-peers \
                 --verify-sizes 0 --drafters eagle2,eagle2:total_tokens=16,eagle2:early_stop=false,eagle2:draft_vocab=trained,eagle2:lookup=4,medusa,draft,draft:adaptive=true \
-                --json-out results/bench-variants.json --md-out results/bench-variants.md ;;
+                --json-out docs/results/bench-variants.json --md-out docs/results/bench-variants.md ;;
         *) echo "unknown part '$part': choose from t0 floor t1 variants" >&2; exit 2 ;;
     esac
 done

@@ -6,10 +6,10 @@
 # is cached now); a budget then counts the earlier minutes too, and the learning rate restarts from where the
 # cosine schedule stands at that share of the new budget.
 # DATA_DIR=folder trains on the data cached there (`train data --data-dir`); EAGLE_ARGS adds options to the EAGLE
-# stage, overriding the defaults below. The tenth session's EAGLE head (60 minutes on newly generated data, from the
-# shipped head) is, in this form:
+# stage, overriding the defaults below. The shipped EAGLE head's last stage (40 minutes from the head before it,
+# docs/training.md) is, in this form:
 #   DATA_DIR=runs/data EAGLE_ARGS="--init assets/eagle-smollm2-135m --steps 20000 --lr 3e-4 --warmup 50 --loss-vocab 4096" \
-#       scripts/retrain_all.sh 60 0 0
+#       scripts/retrain_all.sh 40 0 0
 set -uo pipefail  # a failed stage leaves its staging folder empty; the others still ship
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}

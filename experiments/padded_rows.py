@@ -1,7 +1,7 @@
 """fastlinear.MIN_ROWS on the machine at hand: one target forward (the engine's, with its LM head) over 1, 2 and 4
 new tokens after 256 cached, with products of fewer rows padded to 4 rows or not, interleaved round by round.
 
-PYTHONPATH=. .venv/bin/python scripts/padded_rows.py [--rounds 30]
+.venv/bin/python experiments/padded_rows.py [--rounds 30]
 """
 import argparse
 import statistics
@@ -9,7 +9,8 @@ import time
 
 import torch
 
-from specviz import fastdecoder, fastlinear, models
+from specviz import models
+from specviz.kernels import fastdecoder, fastlinear
 
 
 def main() -> None:

@@ -3,7 +3,7 @@ per token against the bandwidth measured right before it, as the Benchmarks page
 Pearson correlation and, below and above a bandwidth split, the median ms per token and the median share of the
 floor's tokens/s (the floor at that prompt's bandwidth ÷ its ms per token).
 
-    python scripts/floor_vs_bandwidth.py results/bench-floor-t0.json [--split 40]
+    .venv/bin/python experiments/floor_vs_bandwidth.py docs/results/bench-floor-t0.json [--split 40]
 """
 import argparse
 import statistics

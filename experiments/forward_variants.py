@@ -1,14 +1,14 @@
 """The target's verify-cost curve three ways, side by side in one process, rounds interleaved:
 
 - `default`: transformers' forward with torch's default fp32 linear layers;
-- `packed`: transformers' forward with oneDNN-packed weights (specviz.fastlinear), what transformers'
+- `packed`: transformers' forward with oneDNN-packed weights (specviz.kernels.fastlinear), what transformers'
   `generate()` runs on in the bench;
-- `fast`: specviz.fastdecoder (fused q/k/v and gate/up, in-place KV cache) on the packed weights, what the
+- `fast`: specviz.kernels.fastdecoder (fused q/k/v and gate/up, in-place KV cache) on the packed weights, what the
   engine runs.
 
 Writes JSON and prints a table.
 
-    PYTHONPATH=. .venv/bin/python scripts/forward_variants.py [--json-out results/forward-variants.json]
+    .venv/bin/python experiments/forward_variants.py [--json-out experiments/results/forward-variants.json]
 """
 import argparse
 import json
@@ -19,8 +19,10 @@ import time
 
 import torch
 
-from specviz import engine, fastlinear, models
-from specviz.kvcache import crop_cache
+from specviz import models
+from specviz.decoding.target import Target
+from specviz.kernels import fastlinear
+from specviz.kernels.kvcache import crop_cache
 
 
 def main(argv):
@@ -40,7 +42,7 @@ def main(argv):
     os.environ[fastlinear.ENV_SWITCH] = "1"
     packed = models.load(args.model, device="cpu").target
     assert fastlinear.is_packed(packed) and not fastlinear.is_packed(plain)
-    targets = {"default": engine.Target(plain), "packed": engine.Target(packed), "fast": engine.Target(packed)}
+    targets = {"default": Target(plain), "packed": Target(packed), "fast": Target(packed)}
     targets["default"].fast = targets["packed"].fast = None  # transformers' own forward
     assert targets["fast"].fast is not None, "the fast decoder does not cover this model"
     generator = torch.Generator().manual_seed(0)

@@ -3,11 +3,11 @@
 training run with the trainer's own loss (KL(p || q) over the draft vocabulary), every choice on the same batches.
 Needs the self-distillation cache (`python -m specviz.train data ...`).
 
-    PYTHONPATH=. .venv/bin/python scripts/draft_init.py [--layers 0,1,2 0,14,29] [--steps 60] [--lr 1e-3]
+    .venv/bin/python experiments/draft_init.py [--layers 0,1,2 0,14,29] [--steps 60] [--lr 1e-3]
 
-Session 7 (2-core machine, 60 steps, lr 1e-3, 32 held-out sequences): (0, 1, 2) 0.056 -> 0.32; (0, 14, 29)
-0.002 -> 0.27; (0, 1, 29) 0.000 -> 0.28; at lr 3e-3 (0, 1, 2) reached 0.34; four layers (0, 1, 2, 3) 0.34 at lr 1e-3
-for 27 % more time a step.
+Measured on the 2-core development machine (60 steps, lr 1e-3, 32 held-out sequences): (0, 1, 2) 0.056 -> 0.32;
+(0, 14, 29) 0.002 -> 0.27; (0, 1, 29) 0.000 -> 0.28; at lr 3e-3 (0, 1, 2) reached 0.34; four layers (0, 1, 2, 3)
+0.34 at lr 1e-3 for 27 % more time a step.
 """
 import argparse
 import sys

@@ -1,9 +1,9 @@
 """How fast the matrix products of one decoding step read their weights, per weight shape: fp32, 1 row (torch's
-F.linear and torch.mv) against oneDNN's packed kernel (specviz.fastlinear) over 4 rows and over 1 row padded to
+F.linear and torch.mv) against oneDNN's packed kernel (specviz.kernels.fastlinear) over 4 rows and over 1 row padded to
 4. Many copies of each weight (about 200 MB in all) are multiplied in turn, so none of them sits in a cache:
 GB/s = weight bytes read ÷ median time. Shapes: SmolLM2-135M's LM head, gate/up, down and q/o projections.
 
-    PYTHONPATH=. .venv/bin/python scripts/product_bandwidth.py
+    .venv/bin/python experiments/product_bandwidth.py
 """
 import statistics
 import time
@@ -11,7 +11,7 @@ import time
 import torch
 from torch.nn import functional as F
 
-from specviz import fastlinear
+from specviz.kernels import fastlinear
 
 SHAPES = ((49152, 576), (1536, 576), (576, 1536), (576, 576))
 
@@ -38,10 +38,10 @@ def main() -> None:
         one, four, column = torch.randn(1, in_features), torch.randn(4, in_features), torch.randn(in_features)
         read = copies * out_features * in_features * 4 / 1e9
         rates = [read / median_s(run) for run in (
-            lambda: [F.linear(one, w) for w in weights],
-            lambda: [torch.mv(w, column) for w in weights],
-            lambda: [fastlinear.packed_product(four, p, None) for p in packed],
-            lambda: [fastlinear.packed_product(one, p, None) for p in packed],
+            lambda one=one, weights=weights: [F.linear(one, w) for w in weights],
+            lambda column=column, weights=weights: [torch.mv(w, column) for w in weights],
+            lambda four=four, packed=packed: [fastlinear.packed_product(four, p, None) for p in packed],
+            lambda one=one, packed=packed: [fastlinear.packed_product(one, p, None) for p in packed],
         )]
         print(f"{out_features:5d} × {in_features:<5d}  {copies:6d}  " + "  ".join(f"{r:13.1f}" for r in rates))
 

@@ -1,7 +1,7 @@
 """One EAGLE training step (forward + backward, depth 2, 8 sequences of 250 tokens, one thread) with the
 distribution loss over 16,384 draft-vocabulary rows against 4,096 (`train eagle --loss-vocab`), side by side.
 
-    PYTHONPATH=. .venv/bin/python scripts/train_speed_ab.py      (needs the fetched smollm2-135m; under a minute)
+    .venv/bin/python experiments/train_speed_ab.py      (needs the fetched smollm2-135m; under a minute)
 """
 import statistics
 import time
@@ -9,7 +9,7 @@ import time
 import torch
 from transformers import AutoConfig
 
-from specviz.heads import EagleHead
+from specviz.models.heads import EagleHead
 from specviz.train.common import default_model_path
 from specviz.train.eagle import make_step_loss
 from specviz.train.loop import Batch, TrainConfig

@@ -1,8 +1,8 @@
 """Where one decoding step of the target spends its time: torch.profiler over 20 one-token forwards (256 tokens
-cached) through transformers' forward and through specviz.fastdecoder, both on the packed weights. Prints each
+cached) through transformers' forward and through specviz.kernels.fastdecoder, both on the packed weights. Prints each
 one's top ops by self time and the share of the linear products.
 
-    PYTHONPATH=. .venv/bin/python scripts/profile_step.py [--model smollm2-135m]
+    .venv/bin/python experiments/profile_step.py [--model smollm2-135m]
 """
 import argparse
 import sys
@@ -10,8 +10,9 @@ import sys
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from specviz import engine, models
-from specviz.kvcache import crop_cache
+from specviz import models
+from specviz.decoding.target import Target
+from specviz.kernels.kvcache import crop_cache
 
 LINEAR_OPS = ("mkldnn::_linear_pointwise", "aten::addmm", "aten::mm", "aten::linear")
 
@@ -24,14 +25,14 @@ def main(argv):
     args = ap.parse_args(argv)
     model = models.load(args.model, device="cpu").target
     context = torch.randint(model.config.vocab_size, (args.context_len,), generator=torch.Generator().manual_seed(0)).tolist()
-    for label, fast in (("transformers", False), ("specviz.fastdecoder", True)):
-        target = engine.Target(model)
+    for label, fast in (("transformers", False), ("specviz.kernels.fastdecoder", True)):
+        target = Target(model)
         if not fast:
             target.fast = None
         cache = target.new_cache()
         target.forward(context, cache, logits=False)
 
-        def step():
+        def step(target=target, cache=cache):
             target.forward([context[-1]], cache)
             crop_cache(cache, args.context_len)
 

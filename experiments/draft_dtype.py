@@ -1,11 +1,11 @@
 """The trained drafters in fp32 and in bf16 against the same fp32 target, side by side in one process.
 
-specviz.models.draft_dtype runs the shipped EAGLE head, Medusa heads and distilled draft in bf16 on CPUs that
-multiply bf16 in hardware. This measures what that buys: each MT-bench question (from --offset) runs `none`
-and every drafter in both dtypes, order rotated per question, after a warm-up; speedups are per prompt over
-`none`, medians reported. Greedy outputs are checked against `none`'s.
+specviz.models.draft_dtype (specviz/models/device.py) runs the shipped EAGLE head, Medusa heads and distilled draft
+in bf16 on CPUs that multiply bf16 in hardware. This measures what that buys: each MT-bench question (from
+--offset) runs `none` and every drafter in both dtypes, order rotated per question, after a warm-up; speedups are
+per prompt over `none`, medians reported. Greedy outputs are checked against `none`'s.
 
-    PYTHONPATH=. .venv/bin/python scripts/draft_dtype.py [--limit 6] [--json-out results/draft-dtype.json]
+    .venv/bin/python experiments/draft_dtype.py [--limit 6] [--json-out experiments/results/draft-dtype.json]
 """
 import argparse
 import dataclasses
@@ -17,7 +17,10 @@ from pathlib import Path
 import torch
 
 import specviz
-from specviz import fastlinear, models
+from specviz import models
+from specviz.kernels import fastlinear
+from specviz.models.device import DRAFT_DTYPE_ENV
+from specviz.models.loading import load_shipped
 
 PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "data" / "mt_bench.jsonl"
 
@@ -26,15 +29,15 @@ def shipped_in(dtype, loaded):
     """The preset's shipped drafters again, on the same target, in `dtype`."""
     import os
 
-    before = os.environ.get(models.DRAFT_DTYPE_ENV)
-    os.environ[models.DRAFT_DTYPE_ENV] = str(dtype).removeprefix("torch.")
+    before = os.environ.get(DRAFT_DTYPE_ENV)
+    os.environ[DRAFT_DTYPE_ENV] = str(dtype).removeprefix("torch.")
     try:
-        parts = models.load_shipped(models.PRESETS[loaded.name], loaded.target)
+        parts = load_shipped(models.PRESETS[loaded.name], loaded.target)
     finally:
         if before is None:
-            del os.environ[models.DRAFT_DTYPE_ENV]
+            del os.environ[DRAFT_DTYPE_ENV]
         else:
-            os.environ[models.DRAFT_DTYPE_ENV] = before
+            os.environ[DRAFT_DTYPE_ENV] = before
     for module in parts.values():
         fastlinear.pack_linears(module)
     return dataclasses.replace(loaded, **parts)

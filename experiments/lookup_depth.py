@@ -2,10 +2,10 @@
 answers: for every position of every answer, the continuation that lookup (3-token, else 2-token match) proposes
 from the context so far is compared with the tokens the target actually wrote next. A token at depth d counts as
 tried when the tokens before it were right, so each figure is a conditional acceptance rate: what the single
-rate r of eagle2:lookup's r^d scores averages over (results/lookup-depth.txt; results/lookup-rates-ab.md tried
-one rate per match length and depth instead, with no measurable gain).
+rate r of eagle2:lookup's r^d scores averages over (experiments/results/lookup-depth.txt;
+experiments/results/lookup-rates-ab.md tried one rate per match length and depth instead, with no measurable gain).
 
-    PYTHONPATH=. .venv/bin/python scripts/lookup_depth.py [--prompts FILE.jsonl] [--limit 24] [--every 700]
+    .venv/bin/python experiments/lookup_depth.py [--prompts FILE.jsonl] [--limit 24] [--every 700]
 
 The default prompts are every 700th row of the training instructions (../shared/data/instruct_mix.jsonl), not the
 MT-bench questions the benchmark reports on.

@@ -1,9 +1,9 @@
-"""The attention block of a decoding step as one C++ op (specviz.extension, specviz/csrc/attend.cpp) against
-torch's ops, side by side in one process: one forward of the target over n new tokens after 256 cached, through
-specviz.fastdecoder, the two ways alternated within each round on the same model object; medians over the
-rounds after a warm-up round. Also checks that both give the same greedy next tokens.
+"""The attention block of a decoding step as one C++ op (specviz.kernels.extension, specviz/kernels/csrc/attend.cpp)
+against torch's ops, side by side in one process: one forward of the target over n new tokens after 256 cached,
+through specviz.kernels.fastdecoder, the two ways alternated within each round on the same model object; medians
+over the rounds after a warm-up round. Also checks that both give the same greedy next tokens.
 
-    PYTHONPATH=. .venv/bin/python scripts/attention_op_ab.py [--sizes 1,2,4,8,16,32] [--rounds 15]
+    .venv/bin/python experiments/attention_op_ab.py [--sizes 1,2,4,8,16,32] [--rounds 15]
 """
 import argparse
 import statistics
@@ -12,8 +12,10 @@ import time
 
 import torch
 
-from specviz import engine, extension, fastdecoder, models
-from specviz.kvcache import crop_cache
+from specviz import models
+from specviz.decoding.target import Target
+from specviz.kernels import extension, fastdecoder
+from specviz.kernels.kvcache import crop_cache
 
 
 def main(argv):
@@ -25,7 +27,7 @@ def main(argv):
     args = ap.parse_args(argv)
     sizes = [int(n) for n in args.sizes.split(",")]
     assert extension.available(), "specviz's C++ ops are not built here"
-    target = engine.Target(models.load(args.model, device="cpu").target)
+    target = Target(models.load(args.model, device="cpu").target)
     stack = target.fast.stack
     assert stack.one_op, "the op does not apply to this model"
     fastdecoder.ONE_OP_MAX_TOKENS = max(sizes)  # measure it at every size, also past the cut-off the engine uses

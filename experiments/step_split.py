@@ -2,7 +2,7 @@
 (prefill, target forward, acceptance test, step event, KV-cache surgery, detokenising), summed over the first N
 MT-bench questions at 128 tokens and divided by the steps. The draft is what the step's time leaves over.
 
-    PYTHONPATH=. .venv/bin/python scripts/step_split.py eagle2:lookup=4 [--questions 8] [--prompts FILE]
+    .venv/bin/python experiments/step_split.py eagle2:lookup=4 [--questions 8] [--prompts FILE]
 """
 import argparse
 import collections
@@ -14,10 +14,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a file from anywhere: find specviz
 
 import specviz  # noqa: E402
-from specviz import engine, models  # noqa: E402
+from specviz import models  # noqa: E402
+from specviz.decoding import engine, verify  # noqa: E402
+from specviz.decoding.target import Target  # noqa: E402
 
-PARTS = [(engine.Target, "forward", "target forward (prefill included)"), (engine._Run, "_prefill", "prefill"),
-         (engine, "verify", "acceptance test"), (engine._Run, "_step_event", "step event"),
+PARTS = [(Target, "forward", "target forward (prefill included)"), (engine._Run, "_prefill", "prefill"),
+         (verify, "verify", "acceptance test"), (engine._Run, "_step_event", "step event"),
          (engine, "keep_cache_entries", "KV-cache surgery"), (engine.Detokenizer, "push", "detokenise"),
          (engine.sampling, "display_probs", "p for display")]
 
