@@ -23,7 +23,7 @@ bench() {  # name args...
 for part in ${@:-t0 floor t1 variants}; do
     case $part in
         t0) bench t0 --prompts "$QUESTIONS" --max-new-tokens 128 --temperature 0 --drafters "$ALL" \
-                --json-out results/bench-smollm2-t0.json --md-out results/bench-smollm2-t0.md ;;
+                --json-out specviz/bench/data/reference-t0.json --md-out docs/results/bench-smollm2-t0.md ;;
         floor) bench floor --drafters none --no-peers --prompts "$QUESTIONS" --max-new-tokens 128 --verify-sizes 1 \
                 --json-out docs/results/bench-floor-t0.json --md-out docs/results/bench-floor-t0.md ;;
         t1) bench t1 --prompts "$QUESTIONS" --max-new-tokens 128 --temperature 1.0 --drafters "$ALL" \

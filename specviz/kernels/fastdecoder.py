@@ -11,7 +11,7 @@ computes the same function with
 - rotary tables computed once per position, and nothing else per layer but the ops of the model itself;
 - for forwards over a few new tokens (decoding steps, small trees), the attention block (rotary, the cache
   writes, the attention itself) as one C++ op (specviz.kernels.extension, csrc/attend.cpp) instead of some thirty small
-  torch ops per layer: a 1-token step about 1.1× faster (scripts/attention_op_ab.py). The cache gets the same bits;
+  torch ops per layer: a 1-token step about 1.1× faster (experiments/attention_op_ab.py). The cache gets the same bits;
   the attention agrees with torch's to rounding. Where the op cannot be built, torch's ops run.
 
 It is the same arithmetic in the same precision: every output element is the same dot product as in

@@ -32,7 +32,7 @@ ROWS_HINT = 16  # the batch size oneDNN picks its blocking for; 8–64 all measu
 # Products over fewer rows than this are padded with zero rows: on this project's 2-core AVX-512 CPU oneDNN's kernels
 # for 1 and 2 rows stream the weights slower than its 4-row kernel. One SmolLM2-135M forward (fp32, LM head included)
 # over 2 tokens: 36.3 ms unpadded, 32.1 padded, 31.0 for 4 real tokens; over 1 token: 32.0 and 30.5. Each real row
-# comes out the same to rounding (bit for bit for most shapes; tested). `PYTHONPATH=. python scripts/padded_rows.py`
+# comes out the same to rounding (bit for bit for most shapes; tested). `.venv/bin/python experiments/padded_rows.py`
 # measures it here.
 MIN_ROWS = 4
 ENV_SWITCH = "SPECVIZ_PACKED_LINEAR"  # "0" turns packing off (to compare, or where oneDNN misbehaves)

@@ -4,7 +4,7 @@ both renormalised over the draft vocabulary (the only tokens the drafter propose
 some of the target's layers (by default its first ones), its norm as the target's.
 
 Why the first layers: held-out top-1 over the draft vocabulary, 60 steps each at lr 1e-3
-(`PYTHONPATH=. python scripts/draft_init.py`): layers (0, 1, 2) start at 0.056 and reach 0.32; (0, 14, 29), the
+(`.venv/bin/python experiments/draft_init.py`): layers (0, 1, 2) start at 0.056 and reach 0.32; (0, 14, 29), the
 first shipped choice, start at 0.002 and reach 0.27. The loss is over the draft vocabulary because that is the
 distribution the drafter proposes from; it also spares two thirds of the LM-head products of a step."""
 
