@@ -39,7 +39,7 @@ def encode_prompt(tokenizer, prompt: str | list[dict], chat: bool = True) -> lis
 
 def stream(
     prompt: str,
-    model: str = "smollm2-135m",
+    model: str | None = None,
     drafter: str = "ngram",
     *,
     settings: DecodeSettings | None = None,
@@ -67,10 +67,11 @@ def stream(
         from specviz.serve.client import Client
 
         fields = {name: getattr(settings, name) for name in DECODE_FIELDS}
-        return Client(backend).stream(prompt, model=model, drafter=drafter, drafter_options=drafter_options or {},
-                                      chat=chat, **fields)
+        chosen = {} if model is None else {"model": model}  # else the service's default model
+        return Client(backend).stream(prompt, drafter=drafter, drafter_options=drafter_options or {}, chat=chat,
+                                      **chosen, **fields)
     if models is None:
-        models = _load(model, draft_model, device)
+        models = _load(model or "smollm2-135m", draft_model, device)
     prompt_ids = encode_prompt(models.tokenizer, prompt, chat)
     the_drafter = make_drafter(drafter, models, k=settings.k, options=drafter_options)
     prompt_text = prompt if isinstance(prompt, str) else models.tokenizer.decode(prompt_ids)

@@ -100,16 +100,20 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def service_token(token_file: str | None) -> str | None:
+    """The bearer token from --token-file, else $SPECVIZ_TOKEN; at least 16 characters."""
     if token_file:
         try:
-            token = open(token_file, encoding="utf-8").read().strip()
+            token, where = open(token_file, encoding="utf-8").read().strip(), token_file
         except OSError as err:
             raise SpecvizError(f"cannot read the token file {token_file}: {err}") from err
-        if len(token) < 16:
-            raise SpecvizError(f"the token in {token_file} is shorter than 16 characters; use a long random one "
-                               "(python -c 'import secrets; print(secrets.token_urlsafe(32))')")
-        return token
-    return os.environ.get(TOKEN_ENV) or None
+    else:
+        token, where = os.environ.get(TOKEN_ENV, "").strip(), f"${TOKEN_ENV}"
+        if not token:
+            return None
+    if len(token) < 16:
+        raise SpecvizError(f"the token in {where} is shorter than 16 characters; use a long random one "
+                           "(python -c 'import secrets; print(secrets.token_urlsafe(32))')")
+    return token
 
 
 def cmd_serve(args) -> int:
@@ -137,9 +141,17 @@ def cmd_serve(args) -> int:
     for row in service.describe():
         print(f"specviz serve: {row['name']} on {row['device']} ({row['dtype']}), drafters: {', '.join(row['drafters'])}",
               file=sys.stderr)
-    print(f"specviz serve: ready on http://{args.host}:{args.port}" + (" (bearer token required)" if token else ""),
-          file=sys.stderr)
-    uvicorn.run(service.app(), host=args.host, port=args.port, log_level="warning")
+    ready = f"specviz serve: ready on http://{args.host}:{args.port}" + (" (bearer token required)" if token else "")
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets=None):
+            await super().startup(sockets=sockets)
+            if self.started:  # listening now: only then is it ready
+                print(ready, file=sys.stderr, flush=True)
+
+    # open event streams get a few seconds to end on Ctrl-C, then the service stops (cancelling what is queued)
+    Server(uvicorn.Config(service.app(), host=args.host, port=args.port, log_level="warning",
+                          timeout_graceful_shutdown=3)).run()
     return 0
 
 

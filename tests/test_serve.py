@@ -201,6 +201,8 @@ BAD = [
     ({"prompt": "hi", "max_new_tokens": "5"}, 422, "max_new_tokens"),
     ({"prompt": "hi", "k": 99}, 400, "k must be"),
     ({"prompt": "hi", "surprise": 1}, 422, "surprise"),
+    ({"prompt": "hi", "drafter": "ngram:max_ngram=1000000000000"}, 400, "max_ngram"),
+    ({"prompt": "hi", "drafter": "ngram", "drafter_options": {"tree": "x"}}, 400, "not offered"),
     ({"prompt": "hi", "messages": [{"role": "user", "content": "hi"}]}, 400, "not both"),
     ([1, 2, 3], 422, "bad request"),
 ]
@@ -218,6 +220,13 @@ def test_malformed_bodies_and_unknown_runs_get_a_4xx(served):
     assert not_json.status_code == 422 and "JSON" in not_json.json()["error"]["message"]
     huge = httpx.post(served.url + "/v1/runs", content=b"x" * 300_000, headers={"Content-Type": "application/json"})
     assert huge.status_code == 413
+    chunked = httpx.post(served.url + "/v1/runs", content=iter([b"x" * 100_000] * 3),
+                         headers={"Content-Type": "application/json"})  # no Content-Length: counted as it is read
+    assert chunked.status_code == 413 and "larger than" in chunked.json()["error"]["message"]
+    run_id = post(served.url, {"prompt": "abc", "model": "tiny", "max_new_tokens": 4}).json()["run_id"]
+    resumed = httpx.get(f"{served.url}/v1/runs/{run_id}/events", headers={"Last-Event-ID": "-5"})
+    assert resumed.status_code == 400 and "Last-Event-ID" in resumed.json()["error"]["message"]
+    read_events(served.url, run_id)
     assert httpx.get(served.url + "/v1/runs/run-404/events").status_code == 404
     assert httpx.delete(served.url + "/v1/runs/run-404").status_code == 404
     with pytest.raises(SpecvizError, match="not loaded here"):
@@ -368,3 +377,14 @@ def test_a_listener_waits_without_spinning_once_its_run_leaves_the_queue(tiny_mo
         assert got[-1][2]["type"] == "done"
         assert calls[0] < 4 * (events + 150 + 10), f"{calls[0]} position checks for {events} events"
         read_events(running.url, first)
+
+
+def test_a_run_nobody_listens_to_is_cancelled(tiny_models):
+    service = Service({"tiny": tiny_models}, max_queue=8)
+    service.scheduler.unclaimed_grace_s = 0.3
+    with Running(service) as running:
+        run_id = post(running.url, {"prompt": "abc", "model": "tiny", "max_new_tokens": 500}).json()["run_id"]
+        deadline = time.monotonic() + 10
+        while httpx.get(f"{running.url}/v1/runs/{run_id}").json()["state"] != "cancelled":
+            assert time.monotonic() < deadline, "an unclaimed run kept the device"
+            time.sleep(0.05)

@@ -25,6 +25,7 @@ from fastapi import Depends, FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specviz import api
 from specviz.drafters import available, make_drafter, parse_spec, variants
@@ -49,6 +50,19 @@ class Limits:
     max_top_k: int = 16  # children expanded per depth (eagle2)
     max_tree_tokens: int = 128  # nodes of a tree (eagle2, medusa)
     max_lookup: int = 16
+    max_ngram: int = 8  # longest n-gram prompt lookup matches
+    max_draft_vocab: int = 1 << 20
+
+
+# The drafter options a request may give, per drafter: anything else (a head folder, Medusa's own tree, ...) is
+# refused. Numbers are bounded in Service._check_bounds; the drafter checks their types itself.
+OPTIONS = {
+    "none": set(),
+    "ngram": {"k", "max_ngram", "min_ngram"},
+    "draft": {"k", "adaptive", "draft_vocab"},
+    "medusa": {"total_tokens", "draft_vocab", "typical", "epsilon", "delta"},
+    "eagle2": {"depth", "top_k", "total_tokens", "early_stop", "draft_vocab", "lookup"},
+}
 
 
 class ClientError(SpecvizError):
@@ -148,11 +162,20 @@ class Service:
                               "it loaded")
         if drafter not in available(models):
             raise ClientError(f"drafter {drafter!r} is not available for {name}; available: {', '.join(available(models))}")
+        offered = OPTIONS.get(drafter, set())
+        if set(options) - offered:
+            raise ClientError(f"{drafter} option(s) {', '.join(sorted(set(options) - offered))} are not offered by "
+                              f"the service; it takes: {', '.join(sorted(offered)) or 'none'}")
         self._check_bounds(body, options)
         settings = DecodeSettings(body.max_new_tokens, body.temperature, body.top_p, body.top_k,
                                   options.get("k", body.k), body.seed, body.n_top if body.detail else 0)
-        make_drafter(body.drafter, models, k=settings.k, options=body.drafter_options)  # its own option checks
-        ids = api.encode_prompt(models.tokenizer, prompt, body.chat)
+        try:
+            make_drafter(body.drafter, models, k=settings.k, options=body.drafter_options)  # its own option checks
+            ids = api.encode_prompt(models.tokenizer, prompt, body.chat)
+        except SpecvizError:
+            raise
+        except Exception as err:  # a drafter or a chat template refusing a value in its own way
+            raise ClientError(f"the request was refused: {type(err).__name__}: {err}") from err
         limit = getattr(models.target.config, "max_position_embeddings", None) or 2**31
         if len(ids) + settings.max_new_tokens > limit:
             raise ClientError(f"the prompt ({len(ids)} tokens) + max_new_tokens ({settings.max_new_tokens}) exceeds "
@@ -164,7 +187,16 @@ class Service:
         bounded = [("max_new_tokens", body.max_new_tokens, 1, lim.max_new_tokens), ("n_top", body.n_top, 0, lim.max_n_top),
                    ("k", options.get("k", body.k), 1, lim.max_k), ("depth", options.get("depth", 1), 1, lim.max_depth),
                    ("top_k (tree)", options.get("top_k", 1), 1, lim.max_top_k),
-                   ("lookup", options.get("lookup", 0), 0, lim.max_lookup)]
+                   ("lookup", options.get("lookup", 0), 0, lim.max_lookup),
+                   ("max_ngram", options.get("max_ngram", 1), 1, lim.max_ngram),
+                   ("min_ngram", options.get("min_ngram", 1), 1, lim.max_ngram)]
+        for field_name in ("epsilon", "delta"):  # Medusa's typical acceptance
+            value = options.get(field_name, 0.1)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+                raise ClientError(f"{field_name} must be a number between 0 and 1, got {value!r}")
+        vocab = options.get("draft_vocab", "trained")
+        if vocab not in ("trained", "full"):
+            bounded.append(("draft_vocab", vocab, 1, lim.max_draft_vocab))
         if options.get("total_tokens", "auto") != "auto":
             bounded.append(("total_tokens", options["total_tokens"], 1, lim.max_tree_tokens))
         for field_name, value, low, high in bounded:
@@ -175,10 +207,15 @@ class Service:
         extra = dict(body.specviz)
         drafter = str(extra.pop("drafter", self.default_drafter))
         k = extra.pop("k", 4)
-        run = RunBody(messages=body.messages, model=body.model, drafter=drafter, drafter_options=extra,
-                      max_new_tokens=body.max_completion_tokens or body.max_tokens or 256,
-                      temperature=float(body.temperature), top_p=float(body.top_p),
-                      seed=body.seed or 0, k=k if isinstance(k, int) else 4, n_top=0, detail=False)
+        if isinstance(k, bool) or not isinstance(k, int):
+            raise ClientError(f"specviz.k must be a whole number, got {k!r}")
+        try:
+            run = RunBody(messages=body.messages, model=body.model, drafter=drafter, drafter_options=extra,
+                          max_new_tokens=body.max_completion_tokens or body.max_tokens or 256,
+                          temperature=float(body.temperature), top_p=float(body.top_p),
+                          seed=body.seed or 0, k=k, n_top=0, detail=False)
+        except ValueError as err:  # pydantic's ValidationError
+            raise ClientError(f"bad request: {err}", 422) from err
         return self.request_of(run)
 
     def submit(self, request: RunRequest, client: str) -> Run:
@@ -224,18 +261,17 @@ class Service:
         app = FastAPI(title="specviz", version="1", docs_url="/docs", redoc_url=None, lifespan=lifespan)
         app.state.service = service
 
-        @app.middleware("http")
-        async def limit_body(request: Request, call_next):
-            length = request.headers.get("content-length")
-            if length is not None and (not length.isdigit() or int(length) > service.limits.max_body_bytes):
-                return error(f"the request body is larger than {service.limits.max_body_bytes:,} bytes", 413)
-            return await call_next(request)
+        app.add_middleware(BodyLimit, limit=service.limits.max_body_bytes)
 
         @app.exception_handler(RequestValidationError)
         async def invalid(request: Request, exc: RequestValidationError):
             problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'] if p != 'body') or 'body'}: {e['msg']}"
                                  for e in exc.errors())
             return error(f"bad request: {problems}", 422)
+
+        @app.exception_handler(StarletteHTTPException)
+        async def http_error(request: Request, exc: StarletteHTTPException):
+            return error(str(exc.detail), exc.status_code)
 
         @app.exception_handler(SpecvizError)
         async def refused(request: Request, exc: SpecvizError):
@@ -288,7 +324,9 @@ class Service:
             try:
                 after = int(last_event_id) if last_event_id is not None else -1
             except ValueError:
-                raise ClientError(f"Last-Event-ID must be an event's sequence number, got {last_event_id!r}") from None
+                after = -2
+            if after < -1:
+                raise ClientError(f"Last-Event-ID must be an event's sequence number, got {last_event_id!r}")
             return StreamingResponse(service.sse(run, after + 1), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
@@ -329,10 +367,11 @@ class Service:
                     told = position
                     if position is not None:
                         yield None, {"type": "queued", "run_id": run.id, "position": position}
+                finished = run.done  # read before the events: the last ones are appended before the run finishes
                 while seq < len(run.events):
                     yield seq, run.events[seq]
                     seq += 1
-                if run.done:
+                if finished:
                     if run.state == FAILED:
                         yield None, {"type": "error", "run_id": run.id, "error": run.error}
                     elif run.state == CANCELLED:
@@ -391,11 +430,14 @@ class Service:
         start = done = None
         async for seq, event in self.follow(run, 0):
             if seq is None and event["type"] in ("error", "cancelled"):
-                return error(event.get("error") or "the run was cancelled", 500 if event["type"] == "error" else 409)
+                status = 409 if event["type"] == "cancelled" else 400 if run.refused else 500
+                return error(event.get("error") or "the run was cancelled", status)
             if seq is not None and event["type"] == "start":
                 start = event
             if seq is not None and event["type"] == "done":
                 done = event
+        if start is None or done is None:
+            return error("the run ended before its last event", 500)
         return {"id": f"chatcmpl-{run.id}", "object": "chat.completion", "created": int(time.time()),
                 "model": run.request.model,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": done["text"]},
@@ -417,6 +459,49 @@ def client_of(request: Request, x_specviz_client: Annotated[str | None, Header()
     """Who is asking, for the per-client limit: the address, and the name an app gives each of its viewers."""
     host = request.client.host if request.client else "?"
     return f"{host}/{(x_specviz_client or '')[:64]}"
+
+
+class BodyTooLarge(StarletteHTTPException):
+    """Raised while the body is read; FastAPI passes HTTP exceptions on as they are, so it becomes the 413."""
+
+    def __init__(self, limit: int):
+        super().__init__(413, f"the request body is larger than {limit:,} bytes")
+
+
+class BodyLimit:
+    """ASGI middleware: a request body past `limit` bytes gets 413, however it is sent (a Content-Length, or
+    chunks), counted as it is read."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope.get("headers", [])).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.limit):
+            return await error(f"the request body is larger than {self.limit:,} bytes", 413)(scope, receive, send)
+        read, started = 0, False
+
+        async def counted():
+            nonlocal read
+            message = await receive()
+            if message["type"] == "http.request":
+                read += len(message.get("body", b""))
+                if read > self.limit:
+                    raise BodyTooLarge(self.limit)
+            return message
+
+        async def sending(message):
+            nonlocal started
+            started |= message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counted, sending)
+        except BodyTooLarge:
+            if not started:
+                await error(f"the request body is larger than {self.limit:,} bytes", 413)(scope, receive, send)
 
 
 def usage(prompt_tokens: int, done: dict) -> dict:

@@ -53,8 +53,10 @@ class Run:
     finished: float | None = None
     state: str = QUEUED
     error: str | None = None
+    refused: bool = False  # failed because the engine refused the request (a SpecvizError), not an engine bug
     events: list[dict] = field(default_factory=list)  # the schema-v1 events so far; events[i] has sequence i
     listeners: int = 0
+    unheard: int = 0  # counts the times it was left with no listener: a grace timer acts only on its own count
     cancel_requested: bool = False
     _changed: threading.Condition = field(default_factory=threading.Condition, repr=False)
     _waiters: list[Callable[[], None]] = field(default_factory=list, repr=False)
@@ -68,9 +70,11 @@ class Run:
             self.events.append(event)
             self._notify()
 
-    def finish(self, state: str, error: str | None = None) -> None:
+    def finish(self, state: str, error: str | None = None, refused: bool = False) -> None:
         with self._changed:
-            self.state, self.error, self.finished = state, error, time.monotonic()
+            if self.done:
+                return
+            self.state, self.error, self.refused, self.finished = state, error, refused, time.monotonic()
             self._notify()
 
     def touch(self) -> None:
@@ -80,9 +84,12 @@ class Run:
 
     def _notify(self) -> None:
         self._changed.notify_all()
-        for wake in self._waiters:
-            wake()
-        self._waiters.clear()
+        waiters, self._waiters = self._waiters, []
+        for wake in waiters:
+            try:
+                wake()
+            except RuntimeError:  # its event loop has closed (the service is stopping): nobody to wake
+                pass
 
     def on_change(self, wake: Callable[[], None]) -> None:
         """Call wake() once at the next change (an asyncio listener passes loop.call_soon_threadsafe(...))."""
@@ -102,12 +109,14 @@ class Scheduler:
     when the run is cancelled."""
 
     def __init__(self, decode: Callable[[Run], Iterator[ev.Event]], devices: list[str], metrics: ServiceMetrics,
-                 max_queue: int = 16, max_per_client: int = 3, disconnect_grace_s: float = 1.0):
+                 max_queue: int = 16, max_per_client: int = 3, disconnect_grace_s: float = 1.0,
+                 unclaimed_grace_s: float = 30.0):
         self.decode = decode
         self.metrics = metrics
         self.max_queue = max_queue
         self.max_per_client = max_per_client  # one running plus a few queued
         self.disconnect_grace_s = disconnect_grace_s
+        self.unclaimed_grace_s = unclaimed_grace_s  # a run nobody ever listens to is cancelled after this
         self.runs: dict[str, Run] = {}
         self.queues: dict[str, deque[Run]] = {device: deque() for device in devices}
         self.lock = threading.Condition()
@@ -121,11 +130,15 @@ class Scheduler:
             worker.start()
 
     def stop(self) -> None:
+        """Cancel what is queued and running, and let the workers end (the running run within one step)."""
         with self.lock:
             self.stopping = True
             for queue in self.queues.values():
                 for run in queue:
-                    run.cancel_requested = True
+                    run.finish(CANCELLED)
+                queue.clear()
+            for run in self.runs.values():
+                run.cancel_requested = True
             self.lock.notify_all()
         for worker in self.workers:
             worker.join(timeout=5)
@@ -147,6 +160,7 @@ class Scheduler:
             self.metrics.queue_length.set(queued + 1)
             self.lock.notify_all()
         self._forget_old()
+        self._cancel_later(run, self.unclaimed_grace_s)  # unless someone listens by then
         return run
 
     def get(self, run_id: str) -> Run | None:
@@ -173,6 +187,7 @@ class Scheduler:
     def listen(self, run: Run) -> None:
         with self.lock:
             run.listeners += 1
+            run.unheard += 1  # any grace timer running for this run is now stale
 
     def leave(self, run: Run) -> None:
         """A listener left; when it was the last one, cancel the run unless another listens within the grace
@@ -181,15 +196,24 @@ class Scheduler:
             run.listeners -= 1
             if run.listeners > 0 or run.done:
                 return
-        if self.disconnect_grace_s <= 0:
-            self.cancel(run)
+        self._cancel_later(run, self.disconnect_grace_s)
+
+    def _cancel_later(self, run: Run, grace_s: float) -> None:
+        """Cancel `run` after grace_s unless a listener has come (or come and gone) since."""
+        with self.lock:
+            run.unheard += 1
+            count = run.unheard
+        if grace_s <= 0:
+            self._cancel_if_unheard(run, count)
             return
-        timer = threading.Timer(self.disconnect_grace_s, self._cancel_if_unheard, args=(run,))
+        timer = threading.Timer(grace_s, self._cancel_if_unheard, args=(run, count))
         timer.daemon = True
         timer.start()
 
-    def _cancel_if_unheard(self, run: Run) -> None:
-        if run.listeners <= 0 and not run.done:
+    def _cancel_if_unheard(self, run: Run, count: int) -> None:
+        with self.lock:
+            stale = run.unheard != count or run.listeners > 0 or run.done
+        if not stale:
             self.cancel(run)
 
     def queue_length(self) -> int:
@@ -217,9 +241,12 @@ class Scheduler:
 
     def _work(self, device: str) -> None:
         while (run := self._next(device)) is not None:
-            self.metrics.queue_wait.observe(run.started - run.created)
-            self._run(run)
-            self.metrics.run_latency.observe(run.finished - run.started)
+            try:
+                self.metrics.queue_wait.observe(run.started - run.created)
+                self._run(run)
+                self.metrics.run_latency.observe(run.finished - run.started)
+            except Exception as err:  # whatever happens, the worker lives on and the run ends
+                run.finish(FAILED, f"the service failed ({type(err).__name__}): {err}")
 
     def _run(self, run: Run) -> None:
         stream = None
@@ -229,24 +256,27 @@ class Scheduler:
                 data = ev.to_dict(event)
                 if not run.request.detail and data["type"] == "step":
                     data["build"] = []
+                if run.cancel_requested and data["type"] != "done":
+                    run.finish(CANCELLED)
+                    return
                 run.append(data)
                 if data["type"] == "step":
                     self.metrics.observe_step(data)
                 elif data["type"] == "done":
                     self.metrics.observe_done(run.request.model, run.request.drafter, data)
-                if run.cancel_requested:
-                    run.finish(CANCELLED)
-                    return
             run.finish(DONE)
         except SpecvizError as err:  # a request the engine refuses (a prompt past the context, ...)
-            run.finish(FAILED, str(err))
+            run.finish(FAILED, str(err), refused=True)
         except Exception as err:  # an engine bug: the run fails, the service goes on
             run.finish(FAILED, f"the engine failed ({type(err).__name__}): {err}")
         finally:
             if stream is not None and hasattr(stream, "close"):
-                stream.close()
+                try:
+                    stream.close()
+                except Exception:  # closing a failed generator: nothing more to free
+                    pass
 
-    def _forget_old(self, keep: int = 256) -> None:
+    def _forget_old(self, keep: int = 64) -> None:
         """Keep the events of at most `keep` finished runs (oldest dropped first)."""
         with self.lock:
             finished = [r for r in self.runs.values() if r.done]
