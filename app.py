@@ -19,7 +19,7 @@ PAGES = [
     st.Page("app/pages/benchmarks.py", title="Benchmarks", icon=":material/bar_chart:"),
 ]
 # The pages live in app/pages/, not in a pages/ folder beside this script: Streamlit would also run the files of
-# such a folder as pages of their own (without this script's sidebar) and, on a fresh server, drop the first click
-# of the first session.
+# such a folder as pages of their own (without this script's sidebar) and, on a fresh server, drop the first
+# browser session's first click.
 state.sidebar()
 st.navigation(PAGES).run()

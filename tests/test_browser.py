@@ -90,8 +90,8 @@ def test_live_decode_tree_and_race_in_a_browser(server):
             page.goto(server)
             expect(page.get_by_text("Drafter", exact=True)).to_be_visible(timeout=120_000)  # the model loaded
             expect(page.get_by_role("heading", name="Why speculative decoding works")).to_be_visible()
-            # the first sidebar change of the first session of a fresh server reaches the script (a folder named
-            # pages/ used to make Streamlit drop it: the sidebar's widgets changed identity after the first run)
+            # the first sidebar change of a fresh server's first browser session reaches the script (with the
+            # pages in a folder named pages/ beside app.py, Streamlit drops it: the widgets change identity)
             expect_idle(page)
             pick_drafter(page, "ngram")
             expect(sidebar(page).get_by_text("prompt lookup: copy what followed")).to_be_visible()
