@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specviz import api
+from specviz.decoding.costs import verify_curve
 from specviz.drafters import available, make_drafter, parse_spec, variants
 from specviz.errors import SpecvizError
 from specviz.serve.metrics import ServiceMetrics
@@ -133,6 +134,9 @@ class Service:
         self.default_drafter = default_drafter or next(
             (d for d in ("eagle2:lookup=4", "eagle2", "ngram") if parse_spec(d)[0] in available(first)), "ngram")
         self.started = time.time()
+        for loaded in models.values():  # the tree drafters' "auto" budget reads it: measured now, never beside a run
+            if getattr(loaded, "eagle", None) is not None or getattr(loaded, "medusa", None) is not None:
+                verify_curve(loaded)
 
     # ------------------------------------------------------------------------------------------ runs
 
@@ -222,12 +226,12 @@ class Service:
         return self.scheduler.submit(request, client, str(self.models[request.model].device))
 
     def describe(self) -> list[dict]:
-        from specviz.decoding.costs import verify_curve
-
+        """What is loaded; the verify-cost curve as measured by warm() (never measured here: that would run
+        forwards beside the engine worker's)."""
         rows = []
         for name, models in self.models.items():
             drafters = available(models) + variants(models)
-            curve = verify_curve(models) if any(parse_spec(d)[0] in ("eagle2", "medusa") for d in drafters) else None
+            curve = models.verify_curve
             rows.append({"name": name, "device": str(models.device), "dtype": str(models.dtype).removeprefix("torch."),
                          "drafters": drafters, "default_drafter": self.default_drafter if name == self.default_model else None,
                          "verify_cost_ms": {str(n): s * 1e3 for n, s in curve.items()} if curve else None,
@@ -235,15 +239,10 @@ class Service:
         return rows
 
     def warm(self) -> None:
-        """Measure the tree drafters' verify-cost curve and run every drafter once on a short prompt, so the
-        first client's run is not the one that pays for it."""
-        from specviz.decoding.costs import verify_curve
-
+        """Run every drafter once on a short prompt, so the first client's run is not the one that pays for the
+        first forwards (the verify-cost curve was measured when the service was made)."""
         for name, models in self.models.items():
-            drafters = available(models) + variants(models)
-            if any(parse_spec(d)[0] in ("eagle2", "medusa") for d in drafters):
-                verify_curve(models)
-            for drafter in drafters:
+            for drafter in available(models) + variants(models):
                 for _ in api.stream("Say hello.", models=models, drafter=drafter, max_new_tokens=8):
                     pass
 
