@@ -23,7 +23,7 @@ from specviz.bench import (
     validate,
 )
 from specviz.errors import SpecvizError
-from specviz.settings import DecodeSettings
+from specviz.settings import DECODE_FIELDS, DecodeSettings
 from specviz.train.common import default_data_dir, default_model_path
 from specviz.train.data import DataConfig, build_dataset
 from specviz.train.loop import TrainConfig
@@ -49,9 +49,8 @@ def add_decoding_args(parser: argparse.ArgumentParser, defaults: DecodeSettings 
 
 
 def decode_settings(args) -> dict:
-    """The DecodeSettings fields parsed by add_decoding_args, by name."""
-    return {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
-            "top_k": args.top_k, "k": args.k, "seed": args.seed}
+    """The DecodeSettings fields parsed by add_decoding_args, by name (their options are named after them)."""
+    return {name: getattr(args, name) for name in DECODE_FIELDS if name != "n_top"}
 
 
 def cmd_generate(args) -> int:

@@ -226,8 +226,8 @@ class Service:
         return self.scheduler.submit(request, client, str(self.models[request.model].device))
 
     def describe(self) -> list[dict]:
-        """What is loaded; the verify-cost curve as measured by warm() (never measured here: that would run
-        forwards beside the engine worker's)."""
+        """What is loaded; the verify-cost curve as the constructor measured it (never measured here: that would
+        run forwards beside the engine worker's)."""
         rows = []
         for name, models in self.models.items():
             drafters = available(models) + variants(models)

@@ -96,7 +96,8 @@ def overhead(url: str, token: str | None, model: str, prompts: list[str], parame
         started = time.perf_counter()
         result = api.generate(prompt, models=local_models, **parameters)
         local.append(len(result.token_ids) / (time.perf_counter() - started))
-        remote.append((lambda t: t.tokens / t.wall_s)(timed_run(client, prompt, model=model, **parameters)))
+        served = timed_run(client, prompt, model=model, **parameters)
+        remote.append(served.tokens / served.wall_s)
     return {"local_tokens_per_s": statistics.median(local), "remote_tokens_per_s": statistics.median(remote),
             "remote_over_local": statistics.median(r / loc for r, loc in zip(remote, local)), "rounds": rounds}
 
