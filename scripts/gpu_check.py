@@ -7,6 +7,8 @@
    drafter, the transformers peers). A machine without network may lack the fetched weights: then both run on a
    randomly initialised model of the same shape with a byte-level tokenizer, and the JSON says so (speeds per step
    hold; acceptance and τ of random weights mean nothing).
+   Then its batch surface (specviz.bench.batch): one forward over B sequences × n new tokens each, B 1-32,
+   n 1-8, 256 cached tokens per sequence (with --quick: B 1-2, n 1-2, 32 cached tokens).
 2. A randomly initialised model of SmolLM2-1.7B's shape, built directly on the device in the run's dtype: its
    verify-cost curve and weight-streaming floor (a forward pass's speed does not depend on the weight values).
    With --quick it keeps that per-layer shape but has 2 layers, so that a CPU can run it.
@@ -29,7 +31,7 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from specviz import bench, models  # noqa: E402
 from specviz.atomic import write_atomically  # noqa: E402
-from specviz.bench import probes  # noqa: E402
+from specviz.bench import batch, probes  # noqa: E402
 from specviz.cli import report_mismatches  # noqa: E402
 from specviz.decoding import costs  # noqa: E402
 from specviz.errors import SpecvizError  # noqa: E402
@@ -117,8 +119,9 @@ def large_model_check(shape: dict, device: torch.device, dtype: torch.dtype, siz
 
 
 def run_checks(embedded: models.LoadedModels, large_shape: dict, settings: bench.BenchSettings, limit: int,
-               note: str = "fetched weights") -> dict:
-    """Both parts on already-built models (the tests pass tiny ones); returns the JSON document."""
+               note: str = "fetched weights", surface: batch.SurfaceSettings | None = None) -> dict:
+    """Both parts on already-built models (the tests pass tiny ones); returns the JSON document. `surface`: the
+    embedded model's batch surface is measured with these settings (None: not measured)."""
     device = embedded.target.device
     dtype = next(embedded.target.parameters()).dtype
     timings = {}
@@ -128,6 +131,12 @@ def run_checks(embedded: models.LoadedModels, large_shape: dict, settings: bench
                              progress=lambda done, total, label: print(f"[{done}/{total}] {label}", file=sys.stderr, flush=True))
     timings["embedded_bench_s"] = time.perf_counter() - started  # its verify-cost curves included
     report_mismatches(report)
+    batch_surface = None
+    if surface is not None:
+        started = time.perf_counter()
+        batch_surface = batch.measure_surface(embedded.target, surface, embedded.name, "scripts/gpu_check.py (batch surface)")
+        timings["batch_surface_s"] = time.perf_counter() - started
+        print("gpu_check: batch surface done", file=sys.stderr, flush=True)
 
     started = time.perf_counter()
     bandwidth = report["machine"]["bandwidth_gb_s"]
@@ -138,7 +147,8 @@ def run_checks(embedded: models.LoadedModels, large_shape: dict, settings: bench
     return {
         "machine": report["machine"],
         "embedded": {"model": embedded.name, "weights": note, "verify_cost_ms": report["verify_cost_ms"],
-                     "tree_verify_cost_ms": report["tree_verify_cost_ms"], "bench": report},
+                     "tree_verify_cost_ms": report["tree_verify_cost_ms"], "bench": report,
+                     "batch_surface": batch_surface},
         "large": large,
         "timings_s": timings,
     }
@@ -179,7 +189,9 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         embedded, note = embedded_models(device, dtype, quick)
         large_shape = dict(SMOLLM2_1_7B_SHAPE, num_hidden_layers=QUICK_LAYERS) if quick else SMOLLM2_1_7B_SHAPE
-        result = run_checks(embedded, large_shape, settings, args.limit or (2 if quick else 6), note)
+        surface = replace(batch.quick_surface_settings() if quick else batch.SurfaceSettings(),
+                          bandwidth_mb=settings.bandwidth_mb, bandwidth_repeats=settings.bandwidth_repeats)
+        result = run_checks(embedded, large_shape, settings, args.limit or (2 if quick else 6), note, surface)
         result["timings_s"]["total_s"] = time.perf_counter() - started
         result["quick"] = quick
     except SpecvizError as err:
@@ -188,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     write_atomically(args.out, json.dumps(result, indent=1) + "\n")
     print(f"gpu_check: wrote {args.out} in {result['timings_s']['total_s']:.0f} s", file=sys.stderr)
     print(bench.to_markdown(result["embedded"]["bench"]))
+    print(batch.to_markdown(result["embedded"]["batch_surface"]))
     large = result["large"]
     print(f"Random SmolLM2-1.7B shape ({large['parameters'] / 1e9:.2f} B parameters, {large['shape']['num_hidden_layers']} layers): "
           f"verify cost ms {large['verify_cost_ms']}, tree {large['tree_verify_cost_ms']}; "

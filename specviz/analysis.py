@@ -248,3 +248,51 @@ def two_sample_test(samples_a: list, samples_b: list, min_expected: float = 5.0)
         result.update(chi2=0.0, p_value=1.0)  # one outcome only: both samples agree completely
     # else every outcome is rare: no test is possible (p_value stays NaN); more samples are needed
     return result
+
+
+# ------------------------------------------------------------------------------- the measured batch surface
+# A batch surface is {B: {n: ms}} (string keys, as specviz.bench.batch writes it): the measured cost c(B, n) of
+# one target forward over B sequences × n new tokens each.
+
+
+def surface_grid(ms: dict) -> dict[int, dict[int, float]]:
+    """{"B": {"n": ms}} → {B: {n: ms}} with integer keys, sorted."""
+    return {int(b): {int(n): float(v) for n, v in sorted(row.items(), key=lambda kv: int(kv[0]))}
+            for b, row in sorted(ms.items(), key=lambda kv: int(kv[0]))}
+
+
+def surface_ratios(ms: dict) -> dict[int, dict[int, float]]:
+    """c(B, n) ÷ c(B, 1): what n new tokens per sequence cost, in forwards of one new token per sequence at the
+    same batch size."""
+    return {b: {n: c / row[1] for n, c in row.items()} for b, row in surface_grid(ms).items()}
+
+
+def speculative_step_cost(row: dict[int, float], k: int, draft_cost: float) -> float:
+    """One speculative step at one batch size, in plain forwards c(B, 1): verifying K + 1 tokens per sequence,
+    c(B, K + 1) ÷ c(B, 1), plus drafting K tokens at `draft_cost` plain forwards each (as batch_speedup_model
+    charges the draft)."""
+    if k + 1 not in row:
+        raise ValueError(f"the surface has no n = {k + 1} (K + 1 for K = {k}); it measures n = {sorted(row)}")
+    return row[k + 1] / row[1] + k * draft_cost
+
+
+def measured_batch_gain(ms: dict, alpha: float, k: int, draft_cost: float) -> dict[int, float]:
+    """The speedup of speculative decoding predicted at each measured batch size:
+    gain(B) = E(α, K) ÷ (c(B, K + 1) ÷ c(B, 1) + K · draft_cost), E(α, K) = (1 − α^(K+1)) ÷ (1 − α)
+    (Leviathan et al., 2023), the same assumptions as the roofline model but the forward's cost measured."""
+    tokens = expected_tokens_per_step(alpha, k)
+    return {b: predicted_speedup(tokens, speculative_step_cost(row, k, draft_cost)) for b, row in surface_grid(ms).items()}
+
+
+def batch_node_rows(ms: dict, alpha: float, k: int, draft_cost: float, usd_per_hour: float) -> list[dict]:
+    """Per batch size: the node's total tokens/s over all B sequences, plain (B tokens per c(B, 1)) and
+    speculative (B · E(α, K) tokens per step), and $ per million tokens = price ÷ that total throughput."""
+    tokens = expected_tokens_per_step(alpha, k)
+    rows = []
+    for b, row in surface_grid(ms).items():
+        plain = b * 1e3 / row[1]
+        spec = b * tokens * 1e3 / (row[1] * speculative_step_cost(row, k, draft_cost))
+        rows.append({"batch": b, "plain_tokens_per_s": plain, "spec_tokens_per_s": spec,
+                     "plain_usd_per_million": usd_per_million(usd_per_hour, 1, plain),
+                     "spec_usd_per_million": usd_per_million(usd_per_hour, 1, spec)})
+    return rows

@@ -172,6 +172,39 @@ def cmd_load_bench(args) -> int:
     return 0
 
 
+def int_list(text: str, flag: str) -> tuple[int, ...]:
+    """Comma-separated positive integers (a SpecvizError naming the flag otherwise)."""
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise SpecvizError(f"{flag} takes comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise SpecvizError(f"{flag} takes integers >= 1, got {text!r}")
+    return values
+
+
+def cmd_batch_cost(args) -> int:
+    from specviz import models
+    from specviz.bench import batch
+
+    settings = batch.SurfaceSettings(batch_sizes=int_list(args.batch_sizes, "--batch-sizes"),
+                                     new_tokens=int_list(args.new_tokens, "--new-tokens"), context_len=args.context_len,
+                                     rounds=args.rounds, seed=args.seed)
+    settings.check()
+    if args.out:
+        check_writable(args.out)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    loaded = models.load(args.model, device=args.device, dtype=args.dtype)
+    surface = batch.measure_surface(
+        loaded.target, settings, loaded.name, shlex.join(["python", "-m", "specviz", *sys.argv[1:]]),
+        progress=lambda done, total, label: print(f"[{done}/{total}] {label}", file=sys.stderr, flush=True))
+    print(batch.to_markdown(surface))
+    if args.out:
+        write_atomically(args.out, json.dumps(surface, indent=1) + "\n")
+    return 0
+
+
 def cmd_models(args) -> int:
     from specviz import models
 
@@ -238,6 +271,19 @@ def build_parser() -> argparse.ArgumentParser:
                     help="runs alternated in this process and through the service, one client (0: skip)")
     lb.add_argument("--json-out", default=None)
     lb.set_defaults(run=cmd_load_bench)
+
+    bc = sub.add_parser("batch-cost", help="the target's forward cost over B sequences x n new tokens each (the Cost page's batch surface)")
+    bc.add_argument("--model", default="smollm2-135m", help="preset name, local folder or hub id (default: %(default)s)")
+    bc.add_argument("--device", default="auto", help="auto (cuda when available), cpu or cuda")
+    bc.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: bfloat16 on cuda, float32 elsewhere)")
+    bc.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    bc.add_argument("--batch-sizes", default="1,2,4,8,16,32", help="B, comma-separated (default: %(default)s)")
+    bc.add_argument("--new-tokens", default="1,2,3,4,5,6,7,8", help="n per sequence, comma-separated, 1 included (default: %(default)s)")
+    bc.add_argument("--context-len", type=int, default=256, help="cached tokens per sequence before each timed forward")
+    bc.add_argument("--rounds", type=int, default=10, help="timed rounds over every cell, each shuffled; the median is kept")
+    bc.add_argument("--seed", type=int, default=0)
+    bc.add_argument("--out", default=None, help="write the surface as JSON (the Cost page loads it)")
+    bc.set_defaults(run=cmd_batch_cost)
 
     mod = sub.add_parser("models", help="list the presets, their sizes and whether each is fetched")
     mod.set_defaults(run=cmd_models)
