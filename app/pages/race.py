@@ -1,112 +1,300 @@
+import re
 from dataclasses import replace
 
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import figures, state
+from app import figures, lanes, state
+from specviz.errors import SpecvizError
 
-state.intro(
-    "Topology race",
-    "The same prompt, seed and sampling settings through every drafter available for this model, one after "
-    "another on the same target.  \nCompare how many tokens each target forward produced (τ), where the time goes "
-    "(draft vs verify), and the measured speedup over plain autoregressive decoding (`none`).",
-)
-shared, settings = state.require_model()
+TRUE = ("1", "true", "yes", "on")
+# Presenter mode: the sidebar and Streamlit's header hidden, the page's type larger.
+PRESENTER_CSS = """<style>
+[data-testid="stSidebar"], [data-testid="stSidebarCollapsedControl"], [data-testid="stExpandSidebarButton"],
+header[data-testid="stHeader"] { display: none !important; }
+[data-testid="stMainBlockContainer"] { font-size: 1.3rem; max-width: 100%; padding-top: 1.5rem; }
+</style>"""
+
+
+@st.cache_resource(show_spinner=False)
+def finished_runs() -> lanes.RunStore:
+    """Finished race runs of every browser session of this server, keyed by all a run depends on (seed included)."""
+    return lanes.RunStore()
+
+
+def plain(text: str) -> str:
+    """Text from the URL shown in a Markdown message as itself: no links, emphasis or code from it."""
+    return re.sub(r"([\\`*_{}\[\]()#+\-.!|<>~$])", r"\\\1", text)
+
+
+def url_number(name: str, cast, low, high, problems: list[str]):
+    """The URL parameter `name` as a number in [low, high], or None (with a message) when it is not one."""
+    raw = st.query_params.get(name)
+    if raw is None:
+        return None
+    try:
+        value = cast(raw)
+    except ValueError:
+        value = None
+    if value is None or not low <= value <= high:
+        problems.append(f"{name}={plain(raw)} (a number from {low} to {high})")
+        return None
+    return value
+
+
+def prefill_from_url(drafters: list[str]) -> None:
+    """Once per session: the race settings of the URL into the page's fields, so a bookmark opens a prepared race."""
+    if st.session_state.get("race_url_read"):
+        return
+    st.session_state["race_url_read"] = True
+    qp, problems = st.query_params, []
+    if "prompt" in qp:
+        st.session_state["race_prompt"] = qp["prompt"]
+    if "drafters" in qp:
+        asked = [d.strip() for d in qp["drafters"].split(",") if d.strip()]
+        unknown = [d for d in asked if d not in drafters]
+        if unknown:
+            problems.append(f"drafters {plain(', '.join(unknown))} (this model offers {', '.join(drafters)})")
+        st.session_state["race_drafters"] = [d for d in asked if d in drafters]
+    for name, key, cast, low, high in (("seed", "race_seed", int, 0, 2**31 - 1),
+                                       ("temperature", "race_temperature", float, 0.0, 2.0),
+                                       ("max_tokens", "race_max_new", int, 1, 256)):
+        value = url_number(name, cast, low, high, problems)
+        if value is not None:
+            st.session_state[key] = value
+    if problems:
+        st.warning("Left out of the link's settings: " + "; ".join(problems) + ".")
+
+
+def follow_sidebar(settings: state.Settings) -> None:
+    """The race's temperature and seed start at the sidebar's (or the URL's) and follow the sidebar's changes."""
+    side = (settings.temperature, settings.seed)
+    changed = "race_side" in st.session_state and st.session_state["race_side"] != side
+    for key, value in zip(("race_temperature", "race_seed"), side):
+        if changed or key not in st.session_state:
+            st.session_state[key] = value
+    st.session_state["race_side"] = side
+
+
+def write_url(prompt: str, chosen: list[str], temperature: float, seed: int, max_new: int, presenter: bool) -> None:
+    """The race's settings in the address bar: bookmarking the page keeps the race."""
+    st.query_params.from_dict({"prompt": prompt, "drafters": ",".join(chosen), "seed": str(seed),
+                               "temperature": f"{temperature:g}", "max_tokens": str(max_new),
+                               **({"presenter": "1"} if presenter else {})})
+
+
+def load_bundle(box) -> tuple[str, dict[str, list[dict]]] | None:
+    """A race bundle uploaded in `box`: (its name, {drafter: events}), or None (with the error shown)."""
+    upload = box.file_uploader("A race bundle (.zip, as downloaded below a race)", type=["zip"], key="race_upload")
+    if upload is None:
+        return None
+    name = figures.md_code(upload.name)  # messages are Markdown: no links or markup from a file name
+    try:
+        return name, lanes.read_bundle(upload.getvalue(), name)
+    except SpecvizError as err:
+        box.error(f"Could not load the race bundle: {err}")
+        return None
+
+
+def show_race(runs: dict[str, list[dict]], where: str, presenter: bool) -> None:
+    """The lanes replayed together, the downloads and (outside presenter mode) the analysis."""
+    start = next(iter(runs.values()))[0]
+    temperature = lanes.temperature_of(runs)
+    note = (f"The runs were decoded one after another {where}; the lanes replay them on one clock, each step's "
+            "tokens appearing at the time measured for it since its own run began (timing.elapsed_s). "
+            "Lanes decoding truly at the same moment would need one engine worker per lane, and the engine "
+            "runs one decode at a time per device.")
+    data = lanes.race_data(lanes.build_lanes(runs), prompt=start["prompt_text"], temperature=temperature,
+                           max_new_tokens=max(e[0]["max_new_tokens"] for e in runs.values()), note=note,
+                           presenter=presenter)
+    document = lanes.race_document(data)
+    st.iframe(document, height="content", alt="The race's lanes, replayed at their measured timings")
+    if presenter:
+        return
+    if temperature == 0 and "none" in runs:
+        differ = [lane["drafter"] for lane in data["lanes"] if lane["same_as_none"] is False]
+        if differ:
+            st.error(f"At temperature 0 every lane must produce `none`'s text; these did not: {', '.join(differ)}.")
+        else:
+            st.success("Temperature 0: every lane produced exactly the same text as `none` (greedy decoding is "
+                       "preserved by every drafter).")
+    elif temperature == 0:
+        st.info("Add `none` to the drafters to check that every lane produces its text (at temperature 0 it must).")
+    else:
+        st.info(f"Temperature {temperature:g}: each lane is a different sample of the same distribution (the "
+                "target's p); the texts differ, their distribution does not.")
+    c1, c2 = st.columns(2)
+    c1.download_button("Download the race (HTML, replays offline)", document, file_name="specviz-race.html",
+                       mime="text/html", key="race_dl_html")
+    c2.download_button("Download the trace bundle (zip: one JSONL trace per lane)", lanes.write_bundle(runs),
+                       file_name="specviz-race-bundle.zip", mime="application/zip", key="race_dl_bundle")
+    analysis(runs, temperature, where)
+
+
+def analysis(runs: dict[str, list[dict]], temperature: float, where: str) -> None:
+    base = runs.get("none")
+    base_tps = state.done_of(base)["stats"]["tokens_per_s"] if base else None
+    rows = []
+    for name, events in runs.items():
+        stats = state.done_of(events)["stats"]
+        rows.append({
+            "drafter": name,
+            "tokens": stats["new_tokens"],
+            "steps": stats["steps"],
+            "τ (tokens/step)": round(stats["tau"], 2),
+            "acceptance": None if stats["acceptance_rate"] is None else round(stats["acceptance_rate"], 3),
+            "tokens/s": round(stats["tokens_per_s"], 2),
+            "speedup vs none": round(stats["tokens_per_s"] / base_tps, 2) if base_tps else None,
+            "draft s": round(stats["draft_s"], 2),
+            "verify s": round(stats["verify_s"], 2),
+            "same text as none (greedy)": (state.done_of(events)["token_ids"] == state.done_of(base)["token_ids"])
+            if base and temperature == 0 else None,
+        })
+    st.subheader("Results")
+    st.dataframe(rows, hide_index=True)
+    st.caption(f"Speedup = tokens/s ÷ tokens/s of `none`, measured {where}. At temperature 0 "
+               "every drafter must produce the same text as `none` (greedy decoding is exactly preserved). "
+               + ("" if base else "Add `none` to the drafters to get speedups."))
+
+    st.subheader("Which tokens each step produced")
+    cols = st.columns(min(len(runs), 2))
+    for i, (name, events) in enumerate(runs.items()):
+        cols[i % len(cols)].plotly_chart(figures.race_timeline(name, state.steps_of(events)), key=f"race_tl_{name}")
+    st.html(figures.legend_html())
+
+    st.subheader("Where the time goes")
+    st.plotly_chart(figures.timing_breakdown({n: state.steps_of(e) for n, e in runs.items()}), key="race_timing")
+
+    c1, c2 = st.columns(2)
+    fig = go.Figure(go.Bar(x=list(runs), y=[state.done_of(e)["stats"]["tokens_per_s"] for e in runs.values()],
+                           marker_color="#1f77b4"))
+    fig.update_layout(title="tokens/s (measured)", height=300, margin={"l": 10, "r": 10, "t": 40, "b": 10})
+    c1.plotly_chart(fig, key="race_tps")
+    fig = go.Figure()
+    for name, events in runs.items():
+        per_position = state.done_of(events)["stats"]["per_position_acceptance"]
+        if per_position:
+            fig.add_trace(go.Scatter(x=list(range(1, len(per_position) + 1)), y=per_position, mode="lines+markers",
+                                     name=name))
+    fig.update_layout(title="per-position acceptance", height=300, xaxis={"title": "depth d", "dtick": 1},
+                      yaxis={"range": [0, 1.05], "title": "steps accepting at d ÷ steps reaching d"},
+                      margin={"l": 10, "r": 10, "t": 40, "b": 10})
+    c2.plotly_chart(fig, key="race_pos")
+
+    pick = st.selectbox("Open one run in the tree explorer and the lab", list(runs), key="race_pick")
+    if st.button("Use this run", key="race_use"):
+        state.set_trace(runs[pick], f"race run ({pick})")
+        st.success(f"The {pick} run is now the one the *EAGLE tree explorer* and *Rejection sampling lab* show.")
+
+
+# ------------------------------------------------------------------------------------------------ the page
+
+if "race_presenter" not in st.session_state:  # the URL's presenter flag, on the first visit
+    st.session_state["race_presenter"] = st.query_params.get("presenter", "").lower() in TRUE
+presenter = st.session_state["race_presenter"]
+if presenter:
+    st.html(PRESENTER_CSS)
+    st.title("Topology race")
+else:
+    state.intro(
+        "Topology race",
+        "The same prompt, seed and sampling settings through every drafter available for this model, decoded one "
+        "after another on the same target, then replayed side by side at the timings measured.  \nWatch how many "
+        "tokens each target forward produced (τ), where the time goes (draft vs verify), and the measured speedup "
+        "over plain autoregressive decoding (`none`).",
+    )
+top = st.container(horizontal=True, vertical_alignment="center")
+top.toggle("Presenter mode", key="race_presenter", help="Large type, no sidebar: only the lanes and the speedup "
+           "bars. The link keeps it (presenter=1).")
+box = st.expander("Race settings", expanded=False) if presenter else st.container()
+
+with box:
+    bundle_box = box.container() if presenter else box.expander("Replay a saved race bundle (no model needed)")
+    loaded = load_bundle(bundle_box)
+if loaded is not None:
+    name, runs = loaded
+    start = next(iter(runs.values()))[0]
+    st.caption(f"Replaying the bundle {name}: model {figures.md_code(start['model'])}, "
+               f"{len(runs)} lanes. Remove the file above to return to this server's race.")
+    show_race(runs, f"on {figures.md_code(start['device'])} ({start['dtype']}) when the bundle was recorded",
+              presenter)
+    st.stop()
+
+with box:
+    shared, settings = state.require_model()
 if shared is None:
     st.stop()
 
 drafters = shared.drafters() + shared.variants()
-prompt = st.text_input("Prompt", state.DEFAULT_PROMPT, key="race_prompt")
-c1, c2 = st.columns([1, 3])
-max_new = c1.number_input("Max new tokens", 1, 256, min(settings.max_new_tokens, 32), key="race_max_new",
-                          help="Kept small by default: the drafters run one after another.")
-chosen = c2.multiselect("Drafters", drafters, default=drafters, key="race_drafters")
+prefill_from_url(drafters)
+follow_sidebar(settings)
+for key, default in (("race_prompt", state.DEFAULT_PROMPT), ("race_drafters", drafters),
+                     ("race_max_new", min(settings.max_new_tokens, 32))):
+    st.session_state.setdefault(key, default)  # defaults here, not in the widgets: the URL may have set them
+st.session_state["race_drafters"] = [d for d in st.session_state["race_drafters"] if d in drafters]  # another model
+with box:
+    prompt = st.text_input("Prompt", key="race_prompt")
+    c1, c2, c3, c4 = st.columns([1, 1, 1, 4])
+    max_new = c1.number_input("Max new tokens", 1, 256, key="race_max_new",
+                              help="Kept small by default: the drafters run one after another.")
+    temperature = c2.number_input("Temperature", 0.0, 2.0, step=0.05, key="race_temperature",
+                                  help="The race's own; it starts at the sidebar's and follows its changes.")
+    seed = c3.number_input("Seed", 0, 2**31 - 1, key="race_seed", help="The race's own; it starts at the "
+                           "sidebar's and follows its changes. The same seed gives the same runs.")
+    chosen = c4.multiselect("Drafters", drafters, key="race_drafters")
+write_url(prompt, chosen, temperature, int(seed), int(max_new), presenter)
+race_settings = replace(settings, temperature=float(temperature), seed=int(seed))
 cache = st.session_state.setdefault("race_cache", {})  # (run_key(d), d) → events; revisits reuse runs
+store = finished_runs()
 
 
 def run_key(drafter: str) -> tuple:
-    """What a run depends on besides its drafter: the prompt and the sidebar's settings; the tree settings only
+    """What a run depends on besides its drafter: the prompt and the race's settings; the tree settings only
     for eagle2 (changing them re-runs only the eagle2 runs)."""
-    return prompt, replace(settings, drafter="", max_new_tokens=int(max_new), tree=settings.tree_for(drafter))
+    return prompt, replace(race_settings, drafter="", max_new_tokens=int(max_new), tree=race_settings.tree_for(drafter))
 
 
+def store_key(drafter: str) -> tuple:
+    return shared.where(), run_key(drafter), drafter
+
+
+for d in chosen:  # runs another session already finished with the same settings cost nothing
+    if (run_key(d), d) not in cache and (found := store.get(store_key(d))) is not None:
+        cache[(run_key(d), d)] = found
 todo = [d for d in chosen if (run_key(d), d) not in cache]
-st.caption(f"temperature {settings.temperature}, top-p {settings.top_p}, top-k {settings.top_k}, K {settings.k}, "
-           f"seed {settings.seed} (from the sidebar). "
-           + (f"{len(chosen) - len(todo)} of {len(chosen)} runs are cached for these settings." if chosen else ""))
-
-if st.button(f"Run the race ({len(todo)} to run)" if todo else "All runs cached: rerun", type="primary",
-             key="race_run", disabled=not chosen):
-    todo = todo or chosen
+with box:
+    st.caption(f"top-p {settings.top_p}, top-k {settings.top_k}, K {settings.k} from the sidebar. "
+               + (f"{len(chosen) - len(todo)} of {len(chosen)} runs are already decoded for these settings. "
+                  if chosen else "")
+               + "The address bar holds this race's settings: bookmark it to open the race prefilled.")
+buttons = top if presenter else st.container(horizontal=True, vertical_alignment="center")
+go_clicked = buttons.button(f"Run the race ({len(todo)} to decode)" if todo else "Run the race (replay)",
+                            type="primary", key="race_run", disabled=not chosen or not prompt.strip())
+again = buttons.button("Decode every lane again", key="race_redo", disabled=not chosen or bool(todo),
+                       help="New measurements of the same runs (the texts stay the same for the same seed).")
+if go_clicked or again:
+    todo = chosen if again else todo
     bar = st.progress(0.0, text="starting…")
+    events = []
     for i, drafter in enumerate(todo):
         def tick(event, evs, i=i, drafter=drafter):
             made = sum(len(s["committed"]) for s in state.steps_of(evs))
             bar.progress(min((i + made / max_new) / len(todo), 1.0),
-                         text=f"{drafter} ({i + 1} of {len(todo)}): {made} / {max_new} tokens")
-        events = state.run_decode(shared, prompt, settings, on_event=tick, drafter=drafter, max_new_tokens=int(max_new))
+                         text=f"decoding {drafter} ({i + 1} of {len(todo)}): {made} / {max_new} tokens; the lanes "
+                              "replay once every run is decoded")
+        events = state.run_decode(shared, prompt, race_settings, on_event=tick, drafter=drafter,
+                                  max_new_tokens=int(max_new))
         if events is None:
             break
         cache[(run_key(drafter), drafter)] = events
+        store.put(store_key(drafter), events)
     bar.empty()
+    st.session_state["race_started"] = True
     if events is not None:
         st.rerun()  # redraw with the new runs (and the button's label) from the cache
 
 runs = {d: cache[(run_key(d), d)] for d in chosen if (run_key(d), d) in cache}
-if not runs:
-    st.info("Press **Run the race** to decode with each drafter.")
+if not runs or not st.session_state.get("race_started"):
+    st.info("Press **Run the race**: each drafter decodes in turn, then the lanes replay together.")
     st.stop()
-
-base = runs.get("none")
-base_tps = state.done_of(base)["stats"]["tokens_per_s"] if base else None
-rows = []
-for name, events in runs.items():
-    stats = state.done_of(events)["stats"]
-    rows.append({
-        "drafter": name,
-        "tokens": stats["new_tokens"],
-        "steps": stats["steps"],
-        "τ (tokens/step)": round(stats["tau"], 2),
-        "acceptance": None if stats["acceptance_rate"] is None else round(stats["acceptance_rate"], 3),
-        "tokens/s": round(stats["tokens_per_s"], 2),
-        "speedup vs none": round(stats["tokens_per_s"] / base_tps, 2) if base_tps else None,
-        "draft s": round(stats["draft_s"], 2),
-        "verify s": round(stats["verify_s"], 2),
-        "same text as none (greedy)": (state.done_of(events)["token_ids"] == state.done_of(base)["token_ids"])
-        if base and settings.temperature == 0 else None,
-    })
-st.subheader("Results")
-st.dataframe(rows, hide_index=True)
-st.caption(f"Speedup = tokens/s ÷ tokens/s of `none`, measured in this session with the engine {shared.where()}. "
-           "At temperature 0 "
-           "every drafter must produce the same text as `none` (greedy decoding is exactly preserved). "
-           + ("" if base else "Add `none` to the drafters to get speedups."))
-
-st.subheader("Which tokens each step produced")
-cols = st.columns(min(len(runs), 2))
-for i, (name, events) in enumerate(runs.items()):
-    cols[i % len(cols)].plotly_chart(figures.race_timeline(name, state.steps_of(events)), key=f"race_tl_{name}")
-st.html(figures.legend_html())
-
-st.subheader("Where the time goes")
-st.plotly_chart(figures.timing_breakdown({n: state.steps_of(e) for n, e in runs.items()}), key="race_timing")
-
-c1, c2 = st.columns(2)
-fig = go.Figure(go.Bar(x=list(runs), y=[state.done_of(e)["stats"]["tokens_per_s"] for e in runs.values()],
-                       marker_color="#1f77b4"))
-fig.update_layout(title="tokens/s (measured)", height=300, margin={"l": 10, "r": 10, "t": 40, "b": 10})
-c1.plotly_chart(fig, key="race_tps")
-fig = go.Figure()
-for name, events in runs.items():
-    per_position = state.done_of(events)["stats"]["per_position_acceptance"]
-    if per_position:
-        fig.add_trace(go.Scatter(x=list(range(1, len(per_position) + 1)), y=per_position, mode="lines+markers", name=name))
-fig.update_layout(title="per-position acceptance", height=300, xaxis={"title": "depth d", "dtick": 1},
-                  yaxis={"range": [0, 1.05], "title": "steps accepting at d ÷ steps reaching d"},
-                  margin={"l": 10, "r": 10, "t": 40, "b": 10})
-c2.plotly_chart(fig, key="race_pos")
-
-pick = st.selectbox("Open one run in the tree explorer and the lab", list(runs), key="race_pick")
-if st.button("Use this run", key="race_use"):
-    state.set_trace(runs[pick], f"race run ({pick})")
-    st.success(f"The {pick} run is now the one the *EAGLE tree explorer* and *Rejection sampling lab* show.")
+show_race(runs, shared.where(), presenter)

@@ -1,0 +1,412 @@
+"""The topology race's lanes: one per drafter, built from its run's events; replayed together on one clock in a
+self-contained HTML document (inline CSS and JS, no network); saved as, and loaded back from, a trace bundle (a
+zip of one JSONL trace per lane and a manifest). No streamlit here.
+
+The runs of a race decode one after another on one device, so the document replays them at their measured
+timings: each step's tokens appear at that step's `timing.elapsed_s`, the time since its own run started.
+"""
+from __future__ import annotations
+
+import io
+import json
+import re
+import tempfile
+import threading
+import zipfile
+from collections import OrderedDict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from app.figures import KIND_COLOURS, KIND_LABELS
+from specviz.decoding import events as ev
+from specviz.errors import SpecvizError
+
+BUNDLE_FORMAT = "specviz-race-bundle"
+BUNDLE_VERSION = 1
+MAX_BUNDLE_BYTES = 256 * 2**20  # uncompressed; a race of a few drafters at 256 tokens is a few MB
+SPEEDS = (0.25, 0.5, 1, 2, 4)
+DRAFTER_NAME = re.compile(r"[a-z][a-z0-9_]*(:[a-z_]+=[A-Za-z0-9_.]+)*")  # a spec such as eagle2:lookup=4
+
+
+@dataclass(frozen=True)
+class Lane:
+    """One drafter's run as the race replays it."""
+
+    drafter: str
+    steps: list[dict]  # [{"step", "t": timing.elapsed_s, "tokens_per_s", "tokens": [[text, kind], ...]}]
+    finish_s: float  # the last step's elapsed_s: when the run's last token was committed
+    new_tokens: int
+    tokens_per_s: float  # the done event's: new tokens / wall time
+    tau: float
+    stop_reason: str
+    same_as_none: bool | None  # at temperature 0 beside a `none` lane: is the text none's? else None
+
+
+def temperature_of(runs: dict[str, list[dict]]) -> float:
+    """The race's temperature (every lane's start event carries the same one)."""
+    return max(events[0]["sampling"]["temperature"] for events in runs.values())
+
+
+def build_lanes(runs: dict[str, list[dict]]) -> list[Lane]:
+    """Lanes, in the order of `runs` ({drafter: its events}); each run must be finished (end with done)."""
+    greedy = temperature_of(runs) == 0
+    base = runs.get("none")
+    lanes = []
+    for drafter, events in runs.items():
+        done = events[-1]
+        steps = [e for e in events if e["type"] == "step"]
+        lanes.append(Lane(
+            drafter=drafter,
+            steps=[{"step": s["step"], "t": s["timing"]["elapsed_s"], "tokens_per_s": s["timing"]["tokens_per_s"],
+                    "tokens": [[c["text"], c["kind"]] for c in s["committed"]]} for s in steps],
+            finish_s=steps[-1]["timing"]["elapsed_s"] if steps else 0.0,
+            new_tokens=done["stats"]["new_tokens"],
+            tokens_per_s=done["stats"]["tokens_per_s"],
+            tau=done["stats"]["tau"],
+            stop_reason=done["stop_reason"],
+            same_as_none=done["token_ids"] == base[-1]["token_ids"] if greedy and base else None,
+        ))
+    return lanes
+
+
+def finish_order(lanes: list[Lane]) -> list[str]:
+    """The drafters in the order their lanes finish on the race's clock."""
+    return [lane.drafter for lane in sorted(lanes, key=lambda lane: lane.finish_s)]
+
+
+# ------------------------------------------------------------------------------------------ the document
+
+
+def _script_json(data) -> str:
+    """JSON that is safe inside <script>: no <, > or & survives, so no token text can close the element."""
+    return (json.dumps(data, ensure_ascii=False).replace("<", "\\u003c").replace(">", "\\u003e")
+            .replace("&", "\\u0026"))
+
+
+def race_data(lanes: list[Lane], *, prompt: str, temperature: float, max_new_tokens: int, note: str,
+              presenter: bool = False) -> dict:
+    """Everything the document shows, as the JSON it embeds."""
+    return {
+        "prompt": prompt, "temperature": temperature, "max_new_tokens": max_new_tokens, "note": note,
+        "presenter": presenter, "speeds": list(SPEEDS),
+        "kinds": {k: {"colour": KIND_COLOURS[k], "label": KIND_LABELS[k]} for k in KIND_COLOURS},
+        "lanes": [asdict(lane) for lane in lanes],
+    }
+
+
+def read_race_data(document: str) -> dict:
+    """The JSON a race document embeds (the inverse of race_document's embedding)."""
+    found = re.search(r'<script type="application/json" id="race-data">(.*?)</script>', document, re.S)
+    if found is None:
+        raise SpecvizError("not a specviz race document")
+    return json.loads(found.group(1))
+
+
+def race_document(data: dict) -> str:
+    """One HTML file that replays the lanes of `data` (race_data's) on one clock; it starts playing on load."""
+    return (_DOCUMENT.replace("/*CSS*/", _CSS).replace("/*JS*/", _JS)
+            .replace("/*DATA*/", _script_json(data)).replace("/*PRESENTER*/", " presenter" if data["presenter"] else ""))
+
+
+_DOCUMENT = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>specviz topology race</title>
+<style>/*CSS*/</style></head>
+<body class="race/*PRESENTER*/">
+<script type="application/json" id="race-data">/*DATA*/</script>
+<div id="race"></div>
+<script>/*JS*/</script>
+</body></html>
+"""
+
+_CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0; padding: 8px; color: #222;
+       font-size: 15px; background: #fff; }
+body.presenter { font-size: 22px; }
+.controls { display: flex; gap: 8px; align-items: center; flex-wrap: wrap; margin-bottom: 8px; }
+.controls button, .controls select { font-size: 1em; padding: 4px 10px; border: 1px solid #bbb; border-radius: 6px;
+       background: #f7f7f7; cursor: pointer; }
+.controls button.primary { background: #ff4b4b; color: #fff; border-color: #ff4b4b; }
+.clock { font-variant-numeric: tabular-nums; font-weight: 600; margin-left: 8px; }
+.note { color: #555; font-size: 0.85em; margin: 4px 0 10px; }
+.legend span { padding: 2px 6px; border-radius: 4px; margin-right: 8px; font-size: 0.8em; }
+.lane { border: 1px solid #ddd; border-radius: 8px; padding: 8px 10px; margin: 8px 0; }
+.lane.finished { border-color: #2ca02c; }
+.lane-head { display: flex; gap: 14px; align-items: baseline; flex-wrap: wrap; font-variant-numeric: tabular-nums; }
+.lane-name { font-weight: 700; font-family: monospace; font-size: 1.1em; min-width: 7em; }
+.stat b { font-weight: 600; }
+.finish { margin-left: auto; font-weight: 700; color: #2ca02c; visibility: hidden; }
+.lane.finished .finish { visibility: visible; }
+.same { font-size: 0.85em; visibility: hidden; }
+.lane.finished .same { visibility: visible; }
+.same.ok { color: #2ca02c; } .same.bad { color: #d62728; font-weight: 700; }
+.track { height: 6px; background: #eee; border-radius: 3px; margin: 6px 0; overflow: hidden; }
+.fill { height: 100%; width: 0; background: #1f77b4; }
+.lane.finished .fill { background: #2ca02c; }
+.text { white-space: pre-wrap; font-family: monospace; line-height: 1.7; }
+.tok { border-radius: 3px; visibility: hidden; }
+.tok.shown { visibility: visible; }
+.bars { margin-top: 14px; }
+.bars h4 { margin: 0 0 6px; }
+.bar-row { display: flex; align-items: center; gap: 8px; margin: 4px 0; visibility: hidden; }
+.bar-row.shown { visibility: visible; }
+.bar-name { font-family: monospace; min-width: 7em; }
+.bar { height: 1.2em; background: #1f77b4; border-radius: 3px; }
+.bar-value { font-variant-numeric: tabular-nums; font-weight: 600; }
+"""
+
+_JS = r"""
+(function () {
+  const D = JSON.parse(document.getElementById("race-data").textContent);
+  const root = document.getElementById("race");
+  const el = (tag, cls, text) => {
+    const e = document.createElement(tag);
+    if (cls) e.className = cls;
+    if (text !== undefined) e.textContent = text;
+    return e;
+  };
+  const fmt = (x, d) => x.toFixed(d);
+  const base = D.lanes.find(l => l.drafter === "none");
+  const end = Math.max(0, ...D.lanes.map(l => l.finish_s));
+  // the global clock's steps: every moment at which some lane commits tokens
+  const times = [...new Set(D.lanes.flatMap(l => l.steps.map(s => s.t)))].sort((a, b) => a - b);
+  let clock = 0, speed = 1, playing = false, last = null;
+
+  const controls = el("div", "controls");
+  const play = el("button", "primary", "Start");
+  const restart = el("button", "", "Restart");
+  const back = el("button", "", "◀ step");
+  const next = el("button", "", "step ▶");
+  const speedSel = el("select");
+  D.speeds.forEach(s => { const o = el("option", "", s + "×"); o.value = s; if (s === 1) o.selected = true; speedSel.appendChild(o); });
+  const clockEl = el("span", "clock");
+  play.id = "race-play"; next.id = "race-next"; back.id = "race-back"; restart.id = "race-restart"; speedSel.id = "race-speed";
+  controls.append(play, restart, back, next, el("span", "", "speed"), speedSel, clockEl);
+  root.appendChild(controls);
+  root.appendChild(el("div", "note", D.note));
+  const legend = el("div", "legend");
+  for (const k in D.kinds) { const s = el("span", "", D.kinds[k].label); s.style.background = D.kinds[k].colour; legend.appendChild(s); }
+  root.appendChild(legend);
+
+  const views = D.lanes.map(lane => {
+    const box = el("div", "lane");
+    box.dataset.drafter = lane.drafter;
+    box.dataset.tokens = "0"; box.dataset.steps = "0"; box.dataset.finished = "0";
+    const head = el("div", "lane-head");
+    const stats = { tokens: el("span", "stat"), steps: el("span", "stat"), tau: el("span", "stat"), tps: el("span", "stat") };
+    const finish = el("span", "finish", "🏁 " + fmt(lane.finish_s, 2) + " s");
+    head.append(el("span", "lane-name", lane.drafter), stats.tokens, stats.steps, stats.tau, stats.tps);
+    if (lane.same_as_none !== null && lane.drafter !== "none") {
+      head.appendChild(el("span", "same " + (lane.same_as_none ? "ok" : "bad"),
+        lane.same_as_none ? "same text as none ✓" : "differs from none ✗"));
+    }
+    head.appendChild(finish);
+    const track = el("div", "track"), fill = el("div", "fill");
+    track.appendChild(fill);
+    const text = el("div", "text");
+    const spans = lane.steps.map(s => s.tokens.map(([t, kind]) => {
+      const span = el("span", "tok", t);
+      span.style.background = D.kinds[kind].colour;
+      span.title = "step " + s.step + ": " + D.kinds[kind].label;
+      text.appendChild(span);
+      return span;
+    }));
+    box.append(head, track, text);
+    root.appendChild(box);
+    return { lane, box, stats, fill, spans, shown: 0 };
+  });
+
+  const bars = el("div", "bars");
+  bars.appendChild(el("h4", "", base ? "Speedup over none (tokens/s ÷ none's tokens/s, measured)" : "tokens/s (measured)"));
+  const value = l => base ? l.tokens_per_s / base.tokens_per_s : l.tokens_per_s;
+  const top = Math.max(1e-9, ...D.lanes.map(value));
+  const barRows = D.lanes.map(lane => {
+    const row = el("div", "bar-row"), bar = el("div", "bar");
+    row.dataset.drafter = lane.drafter;
+    bar.style.width = (60 * value(lane) / top) + "%";
+    row.append(el("span", "bar-name", lane.drafter), bar,
+      el("span", "bar-value", base ? fmt(value(lane), 2) + "×" : fmt(value(lane), 1) + " tokens/s"));
+    bars.appendChild(row);
+    return row;
+  });
+  root.appendChild(bars);
+
+  function render() {
+    let order = 0;
+    const finished = views.filter(v => v.lane.finish_s <= clock).sort((a, b) => a.lane.finish_s - b.lane.finish_s);
+    views.forEach((v, i) => {
+      const n = v.lane.steps.filter(s => s.t <= clock).length;
+      if (n !== v.shown) {
+        v.spans.forEach((step, j) => step.forEach(span => span.classList.toggle("shown", j < n)));
+        v.shown = n;
+      }
+      const tokens = v.spans.slice(0, n).reduce((a, s) => a + s.length, 0);
+      const done = v.lane.finish_s <= clock;
+      v.box.dataset.tokens = String(tokens); v.box.dataset.steps = String(n);
+      v.box.dataset.finished = done ? "1" : "0";
+      v.box.dataset.rank = done ? String(finished.indexOf(v) + 1) : "";
+      v.box.classList.toggle("finished", done);
+      v.stats.tokens.innerHTML = ""; v.stats.tokens.append(el("b", "", String(tokens)), " tokens");
+      v.stats.steps.innerHTML = ""; v.stats.steps.append(el("b", "", String(n)), " steps");
+      v.stats.tau.innerHTML = ""; v.stats.tau.append("τ ", el("b", "", n ? fmt(tokens / n, 2) : "–"));
+      v.stats.tps.innerHTML = "";
+      v.stats.tps.append(el("b", "", n ? fmt(done ? v.lane.tokens_per_s : v.lane.steps[n - 1].tokens_per_s, 1) : "–"), " tokens/s");
+      v.fill.style.width = (100 * tokens / Math.max(1, D.max_new_tokens)) + "%";
+      barRows[i].classList.toggle("shown", done);
+    });
+    clockEl.textContent = "t = " + fmt(clock, 2) + " s of " + fmt(end, 2) + " s (measured time)";
+    play.textContent = playing ? "Pause" : (clock >= end ? "Replay" : (clock > 0 ? "Resume" : "Start"));
+    document.body.dataset.clock = String(clock);
+  }
+
+  function frame(now) {
+    if (!playing) return;
+    if (last !== null) clock = Math.min(end, clock + (now - last) / 1000 * speed);
+    last = now;
+    if (clock >= end) playing = false;
+    render();
+    if (playing) requestAnimationFrame(frame);
+  }
+  function start() {
+    if (clock >= end) clock = 0;
+    playing = true; last = null;
+    requestAnimationFrame(frame);
+  }
+  function pause() { playing = false; render(); }
+  function stepTo(t) { playing = false; clock = Math.max(0, Math.min(end, t)); render(); }
+  const eps = 1e-9;
+  play.onclick = () => (playing ? pause() : start());
+  restart.onclick = () => { clock = 0; start(); };
+  next.onclick = () => stepTo(times.find(t => t > clock + eps) ?? end);
+  back.onclick = () => stepTo([...times].reverse().find(t => t < clock - eps) ?? 0);
+  speedSel.onchange = () => { speed = parseFloat(speedSel.value); };
+  document.addEventListener("keydown", e => {
+    if (e.key === " ") { e.preventDefault(); play.onclick(); }
+    else if (e.key === "ArrowRight") next.onclick();
+    else if (e.key === "ArrowLeft") back.onclick();
+  });
+  render();
+  setTimeout(start, 400);
+})();
+"""
+
+
+# ------------------------------------------------------------------------------------------ the bundle
+
+
+def lane_file(index: int, drafter: str) -> str:
+    """The bundle member of lane `index` (1-based): drafter specs such as eagle2:lookup=4 made file-safe."""
+    return f"lane-{index}-{re.sub(r'[^A-Za-z0-9_.-]+', '_', drafter)}.jsonl"
+
+
+def write_bundle(runs: dict[str, list[dict]]) -> bytes:
+    """The race as a zip: one trace per lane (events.write_trace's JSONL) and manifest.json naming them."""
+    manifest = {"format": BUNDLE_FORMAT, "version": BUNDLE_VERSION, "schema_version": ev.SCHEMA_VERSION,
+                "prompt": next(iter(runs.values()))[0]["prompt_text"] if runs else "",
+                "lanes": [{"drafter": d, "trace": lane_file(i, d), "new_tokens": events[-1]["stats"]["new_tokens"]}
+                          for i, (d, events) in enumerate(runs.items(), 1)]}
+    buffer = io.BytesIO()
+    with tempfile.TemporaryDirectory() as tmp, zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("manifest.json", json.dumps(manifest, ensure_ascii=False, indent=1))
+        for lane, events in zip(manifest["lanes"], runs.values()):
+            path = Path(tmp) / lane["trace"]
+            ev.write_trace(events, path)
+            zf.write(path, lane["trace"])
+    return buffer.getvalue()
+
+
+def read_bundle(data: bytes, name: str = "bundle") -> dict[str, list[dict]]:
+    """{drafter: events} from a bundle write_bundle made; any other file is a SpecvizError that says why."""
+    try:
+        zf = zipfile.ZipFile(io.BytesIO(data))
+    except zipfile.BadZipFile:
+        raise SpecvizError(f"{name}: not a zip file (a race bundle is the zip the race page downloads)") from None
+    with zf:
+        if sum(info.file_size for info in zf.infolist()) > MAX_BUNDLE_BYTES:
+            raise SpecvizError(f"{name}: over {MAX_BUNDLE_BYTES // 2**20} MB uncompressed; not a race bundle")
+        manifest = _manifest(zf, name)
+        runs = {}
+        for lane in manifest["lanes"]:
+            drafter, member = lane["drafter"], lane["trace"]
+            if not DRAFTER_NAME.fullmatch(drafter):
+                raise SpecvizError(f"{name}: the manifest's {drafter[:40]!r} is not a drafter name")
+            if drafter in runs:
+                raise SpecvizError(f"{name}: the manifest lists drafter {drafter!r} twice")
+            try:
+                text = zf.read(member)
+            except KeyError:
+                raise SpecvizError(f"{name}: the manifest names {member}, which the zip does not hold") from None
+            runs[drafter] = parse_trace(text, f"{name}: {member}", finished=True)
+            if runs[drafter][0]["drafter"] != drafter.split(":", 1)[0]:  # eagle2:lookup=4 runs eagle2
+                raise SpecvizError(f"{name}: {member} is a run of {runs[drafter][0]['drafter']!r}, "
+                                   f"not of {drafter!r} as the manifest says")
+    return runs
+
+
+def _manifest(zf: zipfile.ZipFile, name: str) -> dict:
+    try:
+        manifest = json.loads(zf.read("manifest.json"))
+    except KeyError:
+        raise SpecvizError(f"{name}: no manifest.json (not a race bundle)") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise SpecvizError(f"{name}: manifest.json is not JSON ({err})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != BUNDLE_FORMAT:
+        raise SpecvizError(f"{name}: manifest.json is not a {BUNDLE_FORMAT} manifest")
+    if manifest.get("version") != BUNDLE_VERSION:
+        raise SpecvizError(f"{name}: bundle version {manifest.get('version')}, this specviz reads {BUNDLE_VERSION}")
+    lanes = manifest.get("lanes")
+    if not isinstance(lanes, list) or not lanes or not all(
+            isinstance(lane, dict) and isinstance(lane.get("drafter"), str) and isinstance(lane.get("trace"), str)
+            for lane in lanes):
+        raise SpecvizError(f"{name}: manifest.json lists no lanes (each needs a drafter and a trace file)")
+    return manifest
+
+
+def parse_trace(data: bytes, name: str, finished: bool = False) -> list[dict]:
+    """A JSONL trace's events, checked as events.read_trace does and each against the event schema; with
+    `finished`, it must end with its done event."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.jsonl"
+        path.write_bytes(data)
+        try:
+            events = ev.read_trace(path)
+        except UnicodeDecodeError:
+            raise SpecvizError(f"{name}: not a text file") from None
+        except SpecvizError as err:
+            raise SpecvizError(str(err).replace(str(path), name)) from None
+    for n, event in enumerate(events, 1):
+        try:
+            ev.validate(event)
+        except Exception as err:  # jsonschema.ValidationError: say where, briefly
+            raise SpecvizError(f"{name}: event {n} does not follow the specviz event schema: "
+                               f"{getattr(err, 'message', err)}") from None
+    if finished and events[-1]["type"] != "done":
+        raise SpecvizError(f"{name}: the run ends before its done event (a stopped run cannot race)")
+    return events
+
+
+# ------------------------------------------------------------------------------------------ finished races
+
+
+class RunStore:
+    """Finished runs shared by every browser session of the process: {key: events}, the oldest dropped past
+    `max_runs`. A key holds everything a run depends on, its seed included, so a run found here is the run a
+    new decode would produce (its timings are those measured when it ran). Safe to use from several threads."""
+
+    def __init__(self, max_runs: int = 256):
+        self.max_runs = max_runs
+        self.runs: OrderedDict = OrderedDict()
+        self.lock = threading.Lock()
+
+    def get(self, key) -> list[dict] | None:
+        with self.lock:
+            events = self.runs.get(key)
+            if events is not None:
+                self.runs.move_to_end(key)
+            return events
+
+    def put(self, key, events: list[dict]) -> None:
+        with self.lock:
+            self.runs[key] = events
+            self.runs.move_to_end(key)
+            while len(self.runs) > self.max_runs:
+                self.runs.popitem(last=False)
