@@ -33,6 +33,9 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="smollm2-135m", help="preset name, local folder or hub id (default: %(default)s)")
     parser.add_argument("--draft-model", default=None, help="draft model for --drafter draft (preset's own by default)")
     parser.add_argument("--device", default="auto", help="auto (cuda when available), cpu or cuda")
+    parser.add_argument("--weights", default="fp32", choices=("fp32", "q4"),
+                        help="the target's projections: fp32 (dequantized at fetch), or q4: the preset GGUF's 4-bit "
+                             "blocks kept 4-bit (CPU, float32; default: %(default)s)")
 
 
 def add_decoding_args(parser: argparse.ArgumentParser, defaults: DecodeSettings = DecodeSettings(), drafter: bool = True) -> None:
@@ -59,6 +62,13 @@ def cmd_generate(args) -> int:
 
     if args.trace:
         check_writable(args.trace)  # before the decode, not after it
+    loaded = None
+    if args.weights != "fp32":
+        from specviz import models
+
+        if args.backend:
+            raise SpecvizError("--weights is the local target's: a --backend service loads its own")
+        loaded = models.load(args.model, draft_model=args.draft_model, device=args.device, weights=args.weights)
     stream = api.stream(
         args.prompt,
         model=args.model,
@@ -68,6 +78,7 @@ def cmd_generate(args) -> int:
         chat=not args.raw,
         device=args.device,
         backend=args.backend,
+        models=loaded,
     )
     collected = []
     for event in stream:
@@ -366,7 +377,8 @@ def settings_from_args(args) -> BenchSettings:
 def _load_models(args):
     from specviz import models
 
-    return models.load(args.model, draft_model=args.draft_model, device=args.device, dtype=args.dtype)
+    return models.load(args.model, draft_model=args.draft_model, device=args.device, dtype=args.dtype,
+                       weights=args.weights)
 
 
 def report_mismatches(report: dict, out=None) -> None:
