@@ -207,8 +207,11 @@ def cmd_batch_cost(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     loaded = models.load(args.model, device=args.device, dtype=args.dtype)
+    options = ("model", "device", "dtype", "threads", "batch_sizes", "new_tokens", "context_len", "rounds", "seed")
+    command = shlex.join(["python", "-m", "specviz", "batch-cost", *[word for name in options if getattr(args, name) is not None
+                                                                     for word in (f"--{name.replace('_', '-')}", str(getattr(args, name)))]])
     surface = batch.measure_surface(
-        loaded.target, settings, loaded.name, shlex.join(["python", "-m", "specviz", *sys.argv[1:]]),
+        loaded.target, settings, loaded.name, command + (f" --out {shlex.quote(args.out)}" if args.out else ""),
         progress=lambda done, total, label: print(f"[{done}/{total}] {label}", file=sys.stderr, flush=True))
     print(batch.to_markdown(surface))
     if args.out:
