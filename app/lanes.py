@@ -69,11 +69,6 @@ def build_lanes(runs: dict[str, list[dict]]) -> list[Lane]:
     return lanes
 
 
-def finish_order(lanes: list[Lane]) -> list[str]:
-    """The drafters in the order their lanes finish on the race's clock."""
-    return [lane.drafter for lane in sorted(lanes, key=lambda lane: lane.finish_s)]
-
-
 # ------------------------------------------------------------------------------------------ the document
 
 
@@ -128,6 +123,7 @@ body.presenter { font-size: 22px; }
 .controls button.primary { background: #ff4b4b; color: #fff; border-color: #ff4b4b; }
 .clock { font-variant-numeric: tabular-nums; font-weight: 600; margin-left: 8px; }
 .note { color: #555; font-size: 0.85em; margin: 4px 0 10px; }
+body.presenter .note { font-size: 0.6em; }
 .legend span { padding: 2px 6px; border-radius: 4px; margin-right: 8px; font-size: 0.8em; }
 .lane { border: 1px solid #ddd; border-radius: 8px; padding: 8px 10px; margin: 8px 0; }
 .lane.finished { border-color: #2ca02c; }
@@ -165,6 +161,7 @@ _JS = r"""
     return e;
   };
   const fmt = (x, d) => x.toFixed(d);
+  const ordinal = n => n + ({ 1: "st", 2: "nd", 3: "rd" }[n % 100 > 10 && n % 100 < 14 ? 0 : n % 10] || "th");
   const base = D.lanes.find(l => l.drafter === "none");
   const end = Math.max(0, ...D.lanes.map(l => l.finish_s));
   // the global clock's steps: every moment at which some lane commits tokens
@@ -193,7 +190,7 @@ _JS = r"""
     box.dataset.tokens = "0"; box.dataset.steps = "0"; box.dataset.finished = "0";
     const head = el("div", "lane-head");
     const stats = { tokens: el("span", "stat"), steps: el("span", "stat"), tau: el("span", "stat"), tps: el("span", "stat") };
-    const finish = el("span", "finish", "🏁 " + fmt(lane.finish_s, 2) + " s");
+    const finish = el("span", "finish");
     head.append(el("span", "lane-name", lane.drafter), stats.tokens, stats.steps, stats.tau, stats.tps);
     if (lane.same_as_none !== null && lane.drafter !== "none") {
       head.appendChild(el("span", "same " + (lane.same_as_none ? "ok" : "bad"),
@@ -212,7 +209,7 @@ _JS = r"""
     }));
     box.append(head, track, text);
     root.appendChild(box);
-    return { lane, box, stats, fill, spans, shown: 0 };
+    return { lane, box, stats, fill, finish, spans, shown: 0 };
   });
 
   const bars = el("div", "bars");
@@ -231,7 +228,6 @@ _JS = r"""
   root.appendChild(bars);
 
   function render() {
-    let order = 0;
     const finished = views.filter(v => v.lane.finish_s <= clock).sort((a, b) => a.lane.finish_s - b.lane.finish_s);
     views.forEach((v, i) => {
       const n = v.lane.steps.filter(s => s.t <= clock).length;
@@ -243,7 +239,9 @@ _JS = r"""
       const done = v.lane.finish_s <= clock;
       v.box.dataset.tokens = String(tokens); v.box.dataset.steps = String(n);
       v.box.dataset.finished = done ? "1" : "0";
-      v.box.dataset.rank = done ? String(finished.indexOf(v) + 1) : "";
+      const rank = finished.indexOf(v) + 1;
+      v.box.dataset.rank = done ? String(rank) : "";
+      v.finish.textContent = done ? "✓ finished " + ordinal(rank) + " · " + fmt(v.lane.finish_s, 2) + " s" : "";
       v.box.classList.toggle("finished", done);
       v.stats.tokens.innerHTML = ""; v.stats.tokens.append(el("b", "", String(tokens)), " tokens");
       v.stats.steps.innerHTML = ""; v.stats.steps.append(el("b", "", String(n)), " steps");

@@ -54,8 +54,6 @@ def test_lanes_hold_each_runs_tokens_and_measured_times(runs):
     built = lanes.build_lanes(runs)
     assert_lanes_follow([asdict(lane) for lane in built], runs)
     assert [lane.same_as_none for lane in built] == [True, True, True]  # temperature 0: every text is none's
-    assert lanes.finish_order(built) == sorted(THREE, key=lambda d: [e for e in runs[d] if e["type"] == "step"][-1]
-                                               ["timing"]["elapsed_s"])
     assert {c[1] for lane in built for s in lane.steps for c in s["tokens"]} >= {"autoregressive", "accepted"}
 
 

@@ -1,0 +1,97 @@
+"""The topology race in a real browser: `streamlit run app.py` with the embedded SmolLM2 model (the server of
+tests/test_browser.py), a prepared race link opened and started in Chromium, the lanes sampled as they replay.
+Saves screenshots to screenshots/ and the README's picture to docs/img/race.png."""
+import re
+import urllib.parse
+
+from test_browser import ROOT, SHOTS, expect_idle, main, open_browser, pytestmark, server, shot, sidebar  # noqa: F401
+
+DRAFTERS = ["none", "ngram", "eagle2"]
+LINK = {"prompt": "Write a Python function that reverses a string.", "drafters": ",".join(DRAFTERS), "seed": "0",
+        "temperature": "0", "max_tokens": "24"}
+LANES_JS = """() => [...document.querySelectorAll('.lane')].map(l => ({
+    drafter: l.dataset.drafter, tokens: +l.dataset.tokens, steps: +l.dataset.steps, finished: l.dataset.finished === '1'}))"""
+DATA_JS = "() => JSON.parse(document.getElementById('race-data').textContent)"
+
+
+def race_frame(page):
+    """The race document's frame (an iframe whose srcdoc the page wrote)."""
+    handle = page.locator("iframe[title^=\"The race's lanes\"]").element_handle(timeout=240_000)
+    frame = handle.content_frame()
+    frame.wait_for_selector(".lane")
+    return frame
+
+
+def sample_replay(page, frame, seconds: float, every_ms: int = 150) -> list[list[dict]]:
+    """The lanes' state every `every_ms` until every lane has finished (within `seconds` and some slack)."""
+    samples = []
+    for _ in range(int((seconds + 30) * 1000 / every_ms)):
+        samples.append(frame.evaluate(LANES_JS))
+        if all(lane["finished"] for lane in samples[-1]):
+            return samples
+        page.wait_for_timeout(every_ms)
+    raise AssertionError(f"the replay did not finish: {samples[-1]}")
+
+
+def test_a_prepared_race_link_replays_the_lanes_at_their_measured_timings(server):  # noqa: F811
+    from playwright.sync_api import expect, sync_playwright
+
+    SHOTS.mkdir(exist_ok=True)
+    with sync_playwright() as pw:
+        browser, page = open_browser(pw)
+        try:
+            page.goto(f"{server}/race?{urllib.parse.urlencode(LINK)}")
+            expect(sidebar(page).get_by_text("Drafter", exact=True)).to_be_visible(timeout=300_000)  # model loaded (a busy machine)
+            expect_idle(page)
+            expect(page.get_by_role("textbox", name="Prompt")).to_have_value(LINK["prompt"])  # the link prefilled it
+            expect(page.get_by_role("spinbutton", name="Max new tokens")).to_have_value("24")
+            for name in DRAFTERS:
+                expect(main(page).get_by_text(name, exact=True).first).to_be_visible()
+            main(page).get_by_role("button", name="Run the race").click()
+            frame = race_frame(page)
+            data = frame.evaluate(DATA_JS)
+            assert [lane["drafter"] for lane in data["lanes"]] == DRAFTERS
+
+            # restarted (slowed to 0.25x when the whole race took under 4 s), the lanes are sampled as they fill
+            end = max(lane["finish_s"] for lane in data["lanes"])
+            speed = 0.25 if end < 4 else 1
+            frame.select_option("#race-speed", str(speed))
+            frame.click("#race-restart")
+            samples = sample_replay(page, frame, end / speed)
+            totals = [sum(lane["tokens"] for lane in s) for s in samples]
+            assert totals == sorted(totals) and len(set(totals)) >= 4, totals  # grew over time, not all at once
+            final = {lane["drafter"]: lane["tokens"] for lane in samples[-1]}
+            assert final == {lane["drafter"]: lane["new_tokens"] for lane in data["lanes"]}
+            finished_at = {d: next(i for i, s in enumerate(samples) if s[k]["finished"]) for k, d in enumerate(DRAFTERS)}
+            measured = sorted(data["lanes"], key=lambda lane: lane["finish_s"])
+            assert [finished_at[lane["drafter"]] for lane in measured] == sorted(finished_at.values()), (
+                finished_at, [(lane["drafter"], lane["finish_s"]) for lane in measured])  # in measured order
+            expect(page.get_by_text(re.compile("every lane produced exactly the same text as"))).to_be_visible()
+            shot(page, "race-1-finished")
+
+            # step by step: each press moves the clock to the next moment a lane commits tokens
+            frame.click("#race-restart")
+            frame.click("#race-play")  # pause at once
+            frame.click("#race-back")
+            frame.click("#race-back")
+            first_step = min(s["t"] for lane in data["lanes"] for s in lane["steps"][:1])
+            steps = []
+            for _ in range(3):
+                frame.click("#race-next")
+                steps.append(sum(lane["steps"] for lane in frame.evaluate(LANES_JS)))
+            assert steps[0] >= 1 and steps[0] < steps[1] < steps[2], steps  # at least one lane's step each time
+            assert float(frame.evaluate("() => document.body.dataset.clock")) > first_step
+
+            main(page).get_by_text("Presenter mode").click()
+            expect_idle(page)
+            expect(sidebar(page)).to_be_hidden()
+            frame = race_frame(page)
+            assert frame.evaluate("() => document.body.classList.contains('presenter')")
+            sample_replay(page, frame, end)  # the presenter's copy plays at 1x from its start
+            shot(page, "race-2-presenter")
+            page.set_viewport_size({"width": 1400, "height": 1500})  # all of it on screen: an iframe off screen is not painted
+            page.wait_for_timeout(700)
+            main(page).screenshot(path=str(ROOT / "docs" / "img" / "race.png"))
+            print(f"\nscreenshots: {SHOTS}, docs/img/race.png")
+        finally:
+            browser.close()
