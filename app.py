@@ -9,10 +9,12 @@ from app import state
 st.set_page_config(page_title="specviz", page_icon=":material/fast_forward:", layout="wide")
 
 PAGES = [
-    st.Page("app/pages/overview.py", title="Why it works", icon=":material/lightbulb:", default=True),
+    st.Page("app/pages/guide.py", title="Start here", icon=":material/school:", default=True),
+    st.Page("app/pages/overview.py", title="Why it works", icon=":material/lightbulb:"),
     st.Page("app/pages/live.py", title="Live decoding", icon=":material/play_arrow:"),
     st.Page("app/pages/tree.py", title="EAGLE tree explorer", icon=":material/account_tree:"),
     st.Page("app/pages/lab.py", title="Rejection sampling lab", icon=":material/casino:"),
+    st.Page("app/pages/topologies.py", title="Topologies compared", icon=":material/compare:"),
     st.Page("app/pages/race.py", title="Topology race", icon=":material/sports_score:"),
     st.Page("app/pages/cost.py", title="Cost and scale", icon=":material/payments:"),
     st.Page("app/pages/lossless.py", title="Is it really lossless?", icon=":material/balance:"),

@@ -12,10 +12,12 @@ from app.state import ENV_MODEL
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 TIMEOUT = 120  # AppTest's default (3 s) is for scripts without a model; this machine is slow and shared
 PAGES = {
+    "app/pages/guide.py": "Start here",
     "app/pages/overview.py": "Why speculative decoding works",
     "app/pages/live.py": "Live decoding",
     "app/pages/tree.py": "EAGLE tree explorer",
     "app/pages/lab.py": "Rejection sampling lab",
+    "app/pages/topologies.py": "Topologies compared",
     "app/pages/race.py": "Topology race",
     "app/pages/cost.py": "Cost and scale",
     "app/pages/lossless.py": "Is it really lossless?",

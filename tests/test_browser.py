@@ -18,7 +18,8 @@ from specviz import models
 ROOT = Path(__file__).resolve().parent.parent
 SHOTS = ROOT / "screenshots"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-PAGES = ["Why it works", "Live decoding", "EAGLE tree explorer", "Rejection sampling lab", "Topology race",
+PAGES = ["Start here", "Why it works", "Live decoding", "EAGLE tree explorer", "Rejection sampling lab",
+         "Topologies compared", "Topology race",
          "Cost and scale", "Is it really lossless?", "Benchmarks"]
 
 pytestmark = [
@@ -79,7 +80,8 @@ def server():
         yield url
 
 
-def test_live_decode_tree_and_race_in_a_browser(server):
+def test_the_guided_path_in_a_browser(server):
+    """A new engineer's path: open the app on *Start here*, follow each step's link, do its "try this"."""
     from playwright.sync_api import expect, sync_playwright
 
     SHOTS.mkdir(exist_ok=True)
@@ -88,8 +90,9 @@ def test_live_decode_tree_and_race_in_a_browser(server):
         browser, page = open_browser(pw)
         try:
             page.goto(server)
-            expect(page.get_by_text("Drafter", exact=True)).to_be_visible(timeout=120_000)  # the model loaded
-            expect(page.get_by_role("heading", name="Why speculative decoding works")).to_be_visible()
+            expect(page.get_by_text("Drafter", exact=True)).to_be_visible(timeout=300_000)  # the model loaded (slow on a busy CPU)
+            expect(page.get_by_role("heading", name="Start here")).to_be_visible()
+            expect(main(page).get_by_text("Try this:")).to_have_count(8)
             # the first sidebar change of a fresh server's first browser session reaches the script (with the
             # pages in a folder named pages/ beside app.py, Streamlit drops it: the widgets change identity)
             expect_idle(page)
@@ -97,9 +100,15 @@ def test_live_decode_tree_and_race_in_a_browser(server):
             expect(sidebar(page).get_by_text("prompt lookup: copy what followed")).to_be_visible()
             pick_drafter(page, "eagle2")
             expect(sidebar(page).get_by_text("EAGLE-2: a feature-level draft head")).to_be_visible()
+            shot(page, "0-start-here")
+
+            follow_guide(page, "Why it works")
+            expect(page.get_by_role("heading", name="Why speculative decoding works")).to_be_visible()
+            main(page).get_by_role("button", name="Measure this machine").click()
+            expect(page.get_by_text("Share explained by weight streaming")).to_be_visible(timeout=120_000)
             shot(page, "1-overview")
 
-            nav(page, "Live decoding")
+            follow_guide(page, "Live decoding")
             # a long run, so that Stop lands mid-run however fast this machine decodes 32 tokens
             page.get_by_role("slider", name="Max new tokens").first.press("End")
             expect(page.get_by_role("slider", name="Max new tokens").first).to_have_value("256")
@@ -115,33 +124,53 @@ def test_live_decode_tree_and_race_in_a_browser(server):
             assert page.locator(".specviz-token").count() > 3
             shot(page, "2-live")
 
-            nav(page, "EAGLE tree explorer")
+            follow_guide(page, "EAGLE tree explorer")
             expect(page.get_by_text("tree attention mask").first).to_be_visible()
             expect(page.locator(".js-plotly-plot").first).to_be_visible()
             assert page.locator(".js-plotly-plot .scatterlayer .point").count() > 1  # the tree's nodes
+            expect(page.get_by_role("heading", name="How this step was verified")).to_be_visible()
             shot(page, "3-tree")
 
-            nav(page, "Rejection sampling lab")
+            follow_guide(page, "Rejection sampling lab")
             expect(page.get_by_text("p: target's top tokens at this position").first).to_be_visible()
+            main(page).get_by_role("tab", name="Check yourself").click()
+            expect_idle(page)
+            main(page).get_by_text("accepted", exact=True).first.click()  # answer question 1
+            expect_idle(page)
+            main(page).get_by_role("button", name="Check").first.click()
+            expect(page.get_by_text(re.compile(r"^(Right|Not quite): you said"))).to_be_visible()
+            expect(page.get_by_text("1 of 1 answered")).to_be_visible()
             shot(page, "4-lab")
 
-            nav(page, "Topology race")
-            expect(page.get_by_role("button", name="Run the race").first).to_be_visible()
-            shot(page, "5-race")
+            follow_guide(page, "Topologies compared")
+            expect(page.get_by_role("heading", name="What the acceptance numbers mean")).to_be_visible()
+            expect(page.get_by_text("τ (mean acceptance length)")).to_be_visible()  # the live run's numbers
+            shot(page, "5-topologies")
 
-            nav(page, "Cost and scale")
+            follow_guide(page, "Topology race")
+            expect(page.get_by_role("button", name=re.compile("Run the race|Start the race")).first).to_be_visible()
+            shot(page, "6-race")
+
+            follow_guide(page, "Cost and scale")
             expect(page.get_by_text("Cost per million output tokens")).to_be_visible()
-            shot(page, "6-cost")
+            shot(page, "7-cost")
 
-            nav(page, "Is it really lossless?")
+            follow_guide(page, "Is it really lossless?")
             expect(page.get_by_role("button", name="Sample 200 runs")).to_be_visible()
-            shot(page, "7-lossless")
+            shot(page, "8-lossless")
 
             nav(page, "Benchmarks")
             expect(page.get_by_role("button", name="Run the bench")).to_be_visible()
-            shot(page, "8-benchmarks")
+            shot(page, "9-benchmarks")
         finally:
             browser.close()
+
+
+def follow_guide(page, title: str) -> None:
+    """Back to *Start here*, then its link to the page."""
+    nav(page, "Start here")
+    main(page).get_by_role("link", name=f"Open {title}").click()
+    expect_idle(page)
 
 
 def open_browser(pw):

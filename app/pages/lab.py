@@ -2,7 +2,7 @@ import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import figures, state
+from app import figures, state, teaching
 from specviz import analysis
 
 state.intro(
@@ -12,7 +12,7 @@ state.intro(
     "Look at one real test from a run, then build your own p and q and watch the outputs follow p exactly.",
 )
 
-tab_run, tab_sandbox = st.tabs(["A test from a real run", "Sandbox: your own p and q"])
+tab_run, tab_quiz, tab_sandbox = st.tabs(["A test from a real run", "Check yourself", "Sandbox: your own p and q"])
 
 # ----------------------------------------------------------------------------------------- real run
 with tab_run:
@@ -87,19 +87,86 @@ with tab_run:
             st.success(f"Every drafted token on the path was accepted: a bonus token "
                        f"{figures.md_code(step['final']['text'])} was drawn from p.")
 
+# ------------------------------------------------------------------------------------------- self-check
+with tab_quiz:
+    trace, source = state.get_trace()
+    if not trace or not any(s["tests"] for s in state.steps_of(trace)) or state.done_of(trace) is None:
+        st.info("The questions are built from the acceptance tests of your own run: decode one on the *Live "
+                "decoding* page first (a drafter other than `none`; a temperature above 0 adds α questions).")
+    else:
+        seed = st.session_state.setdefault("quiz_seed", 0)
+        quiz_id = (source, len(trace), seed)  # a new run or new questions start a fresh sheet
+        if st.session_state.get("quiz_id") != quiz_id:
+            st.session_state["quiz_id"], st.session_state["quiz_answers"] = quiz_id, {}
+        answers = st.session_state["quiz_answers"]
+        qs = teaching.questions(trace, seed=seed)
+        greedy = trace[0]["sampling"]["temperature"] == 0
+        st.markdown(f"{len(qs)} questions on real tests of the {source} (drafter `{trace[0]['drafter']}`, "
+                    f"temperature {trace[0]['sampling']['temperature']}). Answer, then press **Check**: your answer "
+                    "is shown against what the engine did, and why.")
+        for i, q in enumerate(qs):
+            with st.container(border=True):
+                asked = next(s for s in state.steps_of(trace) if s["step"] == q.step)
+                st.markdown(f"**{i + 1}.** Step {q.step}, drafted token {figures.md_code(q.token)}")
+                facts = st.columns(3)
+                p_label = "p′(x), after the rejected siblings" if q.after_rejection else "p(x), target"
+                facts[0].metric(p_label, f"{q.p:.4g}")
+                facts[1].metric("q(x)", "point mass (picked)" if q.q is None else f"{q.q:.4g}")
+                if greedy:
+                    node = asked["nodes"][asked["tests"][q.test_index]["node"]]
+                    top = next((r["p_top"] for r in asked["target"] if r["node"] == node["parent"]), None)
+                    facts[2].metric("temperature", "0 (greedy)")
+                    st.caption("The target's most likely tokens here: " + ", ".join(
+                        f"{figures.md_code(t[1])} {t[2]:.3f}" for t in (top or [])[:3]))
+                elif q.kind == "accept":
+                    facts[2].metric("u (the uniform draw)", f"{q.u:.4f}")
+                key = f"quiz_{seed}_{i}"
+                if q.kind == "accept":
+                    guess = st.radio("Will it be accepted?", ["accepted", "rejected"], index=None, horizontal=True,
+                                     key=f"{key}_guess")
+                    value = None if guess is None else guess == "accepted"
+                else:
+                    value = st.number_input("What is α here?", 0.0, 1.0, value=None, step=0.0001, format="%.4f",
+                                            key=f"{key}_guess")
+                if st.button("Check", key=f"{key}_check", disabled=value is None):
+                    right, truth = teaching.check_answer(q, value)
+                    answers[i] = {"guess": guess if q.kind == "accept" else f"{value:.4f}", "right": right,
+                                  "truth": truth}
+                if i in answers:
+                    a = answers[i]
+                    say = st.success if a["right"] else st.error
+                    say(f"{'Right' if a['right'] else 'Not quite'}: you said **{a['guess']}**, the engine's value "
+                        f"is **{a['truth']}**. {q.reason()}")
+        if answers:
+            st.metric("Score", f"{sum(a['right'] for a in answers.values())} of {len(answers)} answered")
+        if st.button("New questions", key="quiz_new"):
+            st.session_state["quiz_seed"] = seed + 1
+            st.rerun()
+
 # ------------------------------------------------------------------------------------------ sandbox
 with tab_sandbox:
-    st.markdown("Edit p (the target) and q (the draft) over a few tokens; rows are normalised. Each sample draws "
-                "x from q and applies the rule. The histogram of outputs converges to **p**, not q.")
+    st.markdown("Edit p (the target) and q (the draft) over a few tokens; rows are normalised. Choose how the "
+                "draft proposes: a **sampled chain** draws x from q and applies α = min(1, p/q) with the residual "
+                "max(0, p − q); **picked siblings** (how a tree drafter proposes the children of one node) take the "
+                "top-k tokens of q as point masses, tried in turn with α = p′(x) and x removed from p′ after each "
+                "rejection. Either way the histogram of outputs converges to **p**, not q.")
     default = {"token": ["the", "a", "cat", "dog", "sat"], "p": [0.40, 0.25, 0.15, 0.15, 0.05],
                "q": [0.10, 0.50, 0.10, 0.10, 0.20]}
     table = st.data_editor(default, num_rows="dynamic", key="lab_table", width="stretch")
     tokens = [str(t) if t not in (None, "") else f"token {i}" for i, t in enumerate(table["token"])]
+    mode = st.radio("The draft", ["sampled chain (x drawn from q)", "picked siblings (top-k of q, point masses)"],
+                    horizontal=True, key="lab_mode")
+    siblings = mode.startswith("picked")
     c1, c2, c3 = st.columns(3)
     n = c1.select_slider("Samples", [10, 100, 1_000, 10_000, 100_000], value=1_000, key="lab_n")
     seed = c2.number_input("Seed", 0, 10**6, 0, key="lab_seed")
-    bug = c3.checkbox("Plant a bug (skip the residual)", key="lab_bug",
-                  help="On a rejection, redraw from q instead of from the residual max(0, p − q).")
+    if siblings:
+        bug = c3.checkbox("Plant a bug (keep rejected siblings in p′)", key="lab_bug_siblings",
+                          help="After a rejection, test the next sibling against p unchanged instead of p with the "
+                               "rejected token removed and renormalised.")
+    else:
+        bug = c3.checkbox("Plant a bug (skip the residual)", key="lab_bug",
+                          help="On a rejection, redraw from q instead of from the residual max(0, p − q).")
     try:
         raw_p = [float(x or 0) for x in table["p"]]
         raw_q = [float(x or 0) for x in table["q"]]
@@ -111,13 +178,24 @@ with tab_sandbox:
     except (ValueError, TypeError) as err:
         st.error(f"Fix the table: {err}")
         st.stop()
-    samples, accepted = analysis.speculative_samples(p, q, n, seed=int(seed), skip_residual=bug)
+    if siblings:
+        k = st.slider("Siblings k (the top-k of q, most likely first)", 1, len(p), min(2, len(p)), key="lab_k")
+        candidates = [int(i) for i in np.argsort(-q, kind="stable")[:k]]
+        st.caption("Siblings tried in order: " + ", ".join(figures.md_code(tokens[i]) for i in candidates)
+                   + f" ({teaching.SPECINFER}).")
+        samples = teaching.point_mass_samples(p, candidates, n, seed=int(seed), keep_rejected=bug)
+        accepted = int(np.isin(samples, candidates).sum())  # a sibling came out: one was accepted
+        theory = float(p[candidates].sum())
+        accepted_help = f"theory: Σ p over the siblings = {theory:.1%}"
+    else:
+        samples, accepted = analysis.speculative_samples(p, q, n, seed=int(seed), skip_residual=bug)
+        accepted_help = f"theory: Σ min(p, q) = {np.minimum(p, q).sum():.1%} ({teaching.LEVIATHAN})"
     counts = np.bincount(samples, minlength=len(p))
     fit = analysis.goodness_of_fit(counts, p)
     names = figures.unique_labels(list(enumerate(tokens)))
     m = st.columns(5)
     m[0].metric("samples", f"{n:,}")
-    m[1].metric("accepted drafts", f"{accepted / n:.1%}", help=f"theory: Σ min(p, q) = {np.minimum(p, q).sum():.1%}")
+    m[1].metric("accepted drafts" if not siblings else "a sibling came out", f"{accepted / n:.1%}", help=accepted_help)
     m[2].metric("total variation to p", f"{fit['tv']:.4f}")
     m[3].metric("chi-square vs p", f"{fit['chi2']:.2f}", help=f"{fit['dof']} degrees of freedom")
     m[4].metric("p-value", f"{fit['p_value']:.3f}",
@@ -133,6 +211,10 @@ with tab_sandbox:
                       xaxis={"type": "log", "title": "samples"}, yaxis={"title": "total variation"},
                       margin={"l": 10, "r": 10, "t": 40, "b": 10})
     st.plotly_chart(fig, key="lab_tv")
-    if bug:
+    if bug and siblings:
+        st.warning("With the bug each sibling is tested against the unchanged p, and a rejected sibling can still "
+                   "be drawn at the end: the outputs no longer follow p, and the chi-square p-value drops to ~0 once "
+                   "there are enough samples. Removing a rejected sibling from p′ is what keeps the tree rule exact.")
+    elif bug:
         st.warning("With the bug the outputs drift toward q: the chi-square p-value drops to ~0 once there are "
                    "enough samples. This is how the losslessness tests catch a wrong implementation.")

@@ -2,7 +2,7 @@
 same whether the target scores 1 token or 5. Speculative decoding uses that idle compute."""
 import streamlit as st
 
-from app import state
+from app import state, teaching
 from specviz import analysis
 from specviz.bench import probes
 
@@ -129,3 +129,8 @@ The *Rejection sampling lab* page lets you check this by sampling, and *Is it re
 real model.
 """
 )
+st.caption(f"Sources: the rule, the residual and the proof that the output follows p: {teaching.LEVIATHAN} "
+           f"(section 2.3 and its appendix) and {teaching.CHEN}, which found it independently. Several candidates "
+           f"per position and point-mass children: {teaching.SPECINFER}; EAGLE verifies its trees the same way "
+           f"({teaching.EAGLE}). The bandwidth bound of section 1: each decode step at batch 1 reads every weight "
+           "once, so time ≥ bytes ÷ bandwidth (a lower bound, not a measurement).")

@@ -2,7 +2,7 @@ import time
 
 import streamlit as st
 
-from app import figures, state
+from app import figures, state, teaching
 
 state.intro(
     "EAGLE tree explorer",
@@ -103,3 +103,70 @@ else:
 st.caption("Colours: green = accepted path, red = tested and rejected, grey = never tested (an ancestor was "
            "rejected or a sibling was accepted first), orange = replacement from the residual, blue = bonus token. "
            "A node's q is null for drafters without a distribution (n-gram lookup: a point mass, α = p).")
+
+
+# ------------------------------------------------------------------------------ how this step was verified
+st.header("How this step was verified")
+greedy = start["sampling"]["temperature"] == 0
+rows = teaching.verification_walkthrough(step, greedy)
+picked = any(t["q"] is None for t in step["tests"])
+st.markdown(
+    "The tests of the step above, in the order they ran: from the root down, and at each node its children one "
+    "after another until one is accepted. Beside the rule that was applied stands the other rule on the same "
+    "numbers."
+)
+st.dataframe(
+    [{"order": r["order"], "depth": r["depth"], "parent": figures.visible(r["parent"]),
+      "token x": figures.visible(r["token"]), "rule applied": r["rule"],
+      "p(x) at the parent": round(r["p (target, at the parent)"], 6), "p used by the test": round(r["p used by the test"], 6),
+      "α": round(r["α"], 6), "u": None if r["u"] is None else round(r["u"], 4),
+      "decision": "accept" if r["accepted"] else "reject",
+      "chain rule on the same x: min(1, p/q)": None if r["chain_alpha"] is None else round(r["chain_alpha"], 6),
+      "q (draft's probability)": None if r["q (draft)"] is None else round(r["q (draft)"], 6)}
+     for r in rows],
+    hide_index=True, key=f"tree_walk_{chosen}",
+)
+if greedy:
+    st.markdown(
+        "At temperature 0 both rules collapse to one: a drafted token is accepted exactly when it is the target's "
+        "argmax at its parent, and the step's last token is that argmax. The output is then the target's own greedy "
+        "text, token for token (tested against transformers' `generate()`). Run at a temperature above 0 to see "
+        "the two rules differ."
+    )
+else:
+    left, right = st.columns(2)
+    left.markdown(
+        "**Point masses (what ran for picked tokens).** A tree drafter (EAGLE-2, Medusa) or prompt lookup does "
+        "not *sample* its tokens: it picks the top-k of its distribution, so each child is a point mass q = δₓ. "
+        "Then:\n"
+        "- α = p′(x), where p′ is the target's p at the parent;\n"
+        "- after a rejection, x is removed from p′ and p′ renormalised: p′(y) ← p′(y) ÷ (1 − p′(x)); the next sibling "
+        "is tested against that;\n"
+        "- if every sibling is rejected, the step's token is drawn from what is left.\n\n"
+        "*Why it is lossless:* the first child x₁ comes out with probability p(x₁). It is rejected with probability "
+        "1 − p(x₁), and the second child then comes out with probability (1 − p(x₁)) · p(x₂) ÷ (1 − p(x₁)) = p(x₂); "
+        "and so on. A token y that is no child comes out with (1 − Σ p(xᵢ)) · p(y) ÷ (1 − Σ p(xᵢ)) = p(y). Every "
+        f"token has exactly its target probability ({teaching.SPECINFER}; the same rule as EAGLE's own "
+        f"verification, {teaching.EAGLE})."
+    )
+    right.markdown(
+        "**The chain rule (a sampled draft, as the draft model at temperature > 0).** When x was *drawn* from q:\n"
+        "- α = min(1, p(x) ÷ q(x));\n"
+        "- after a rejection the next token is drawn from the residual max(0, p − q), normalised, and the step "
+        "ends (a chain has one child per node).\n\n"
+        "*Why it is lossless:* x comes out accepted with probability q(x) · min(1, p(x)/q(x)) = min(p(x), q(x)), "
+        "and after a rejection (probability 1 − Σ min(p, q)) from the residual with probability "
+        "max(0, p(x) − q(x)) ÷ (1 − Σ min(p, q)); the two add up to p(x) "
+        f"({teaching.LEVIATHAN}, with its proof in the appendix; {teaching.CHEN}).\n\n"
+        "The right-hand column of the table applies this rule to the same x with the draft's q. For a picked "
+        "token that would be wrong: x was not drawn from q, and min(1, p/q) would accept it too rarely or too often."
+    )
+    checked = [r for r in rows if r["expected_p"] is not None]
+    if checked:
+        worst = max(abs(r["p used by the test"] - r["expected_p"]) / max(r["expected_p"], 1e-12) for r in checked)
+        st.caption(f"Check on this step: for every point-mass test, p used = p(x) ÷ (1 − Σ p of the siblings "
+                   f"rejected before it), recomputed here from the nodes' own p: largest relative difference "
+                   f"{worst:.1e} (rounding). The *Rejection sampling lab*'s sandbox samples this rule and the chain "
+                   "rule many times and compares the outputs with p.")
+if not picked and not greedy:
+    st.caption("Every test of this step used the chain rule: its tokens were sampled from the draft's q.")

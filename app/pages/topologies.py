@@ -1,0 +1,116 @@
+"""The four drafting topologies side by side (what each reads, its training, memory, losslessness, the published
+speedups and what was measured here), and what each acceptance number means."""
+import streamlit as st
+
+from app import state, teaching
+
+state.intro(
+    "Topologies compared",
+    "Four ways to draft: a separate small model, Medusa heads, EAGLE-2's feature-level head and prompt lookup. "
+    "They differ in what they read, what they cost to train and hold, and how well they guess.  \n"
+    "Below them: what the acceptance numbers on every page mean, computed on your own run.",
+)
+shared, settings = state.current()
+report = teaching.reference_report()
+measured = teaching.measured_rows(report)
+
+# ------------------------------------------------------------------------------------------- the table
+st.header("1. What each drafter reads, needs and gives")
+cards = st.columns(len(teaching.TOPOLOGIES))
+for card, t in zip(cards, teaching.TOPOLOGIES):
+    here = measured.get(t.drafter, {})
+    size = teaching.shipped_weights_mb(t.weights)
+    with card.container(border=True):
+        st.markdown(f"#### `{t.drafter}`\n**{t.name}**")
+        st.markdown(f"**Reads:** {t.reads}  \n**Training:** {t.training}  \n**Memory besides the target:** "
+                    f"{t.overhead}" + (f"; shipped here: {size:.1f} MB of fp16 weights" if size else ""))
+        st.markdown(f"**Lossless?** {t.lossless}")
+        st.markdown(f"**Published:** {t.published}  \n*Source:* {t.source}")
+        if here:
+            st.metric("measured here: τ", f"{here['tau']:.2f}", f"{here['speedup']:.2f}× over none",
+                      delta_color="off")
+if report:
+    machine = report["machine"]
+    st.caption(
+        f"Measured here: the shipped bench report of {report['config']['model']} (135M parameters, fp32) on "
+        f"{report['config']['n_prompts']} MT-bench questions, {report['config']['max_new_tokens']} new tokens, "
+        f"temperature {report['config']['temperature']}, on a {machine['cores']}-core {machine['cpu']} CPU "
+        f"({machine['date'][:10]}); speedup = median over prompts of tokens/s ÷ tokens/s of `none`. Command: "
+        f"`{report['config']['command']}`. The *Benchmarks* page shows the whole report. The published figures are "
+        "for 7B–70B targets on GPUs, where a forward pass is far more memory-bound than a 135M model's on a CPU, and "
+        "with heads trained on much more data: they are not comparable one to one."
+    )
+st.markdown(teaching.EAGLE3_NOTE)
+st.markdown(
+    "**What the names mean.** *Independent draft model*: any small model with the target's tokenizer "
+    f"({teaching.LEVIATHAN}; {teaching.CHEN}). *Medusa*: extra heads on the target's last hidden state, each "
+    f"guessing one position further ahead, verified as a fixed tree ({teaching.MEDUSA}). *EAGLE* stands for "
+    "Extrapolation Algorithm for Greater Language-model Efficiency: a one-layer head that extrapolates the target's "
+    "second-to-top-layer feature, reading the token one step ahead to remove the uncertainty of which token was "
+    f"sampled ({teaching.EAGLE}); *EAGLE-2* grows its tree dynamically, expanding the nodes whose path confidence "
+    f"(product of q along the path) is highest ({teaching.EAGLE2}). *Prompt lookup* copies from the context "
+    f"({teaching.PROMPT_LOOKUP})."
+)
+
+# ------------------------------------------------------------------------------------ the glossary
+st.header("2. What the acceptance numbers mean")
+st.markdown(
+    """
+One run, four numbers, all correct, and easily confused:
+
+| name | definition | where you see it |
+|---|---|---|
+| **acceptance rate** | accepted drafted tokens ÷ **drafted** tokens (every node of a tree counts) | specviz's `acceptance`, the race table |
+| **α, per tested token** | accepted ÷ **tested** tokens (a chain stops testing at its first rejection) | the α of E = (1 − α^(K+1)) ÷ (1 − α) on *Cost and scale* |
+| **τ, acceptance length** | tokens committed per target forward, **the replacement or bonus token included** (`none` has τ = 1) | the EAGLE papers' τ; vLLM's *mean acceptance length* |
+| **per-position acceptance** | of the steps whose draft reached depth d, the share that accepted a token at depth d | the race's per-position chart |
+
+A tree drafter drafts many tokens per step but can accept at most one path of them, so its acceptance rate is
+low by construction even when it is doing well. Papers that quote "80 %" mean a per-position or per-tested-token
+rate, or τ; compare τ with τ.
+"""
+)
+tree_run = (report or {}).get("drafters", {}).get("eagle2")
+if tree_run and tree_run["steps"]:
+    st.markdown(
+        f"In the shipped bench report `eagle2` drafted {tree_run['drafted'] / tree_run['steps']:.1f} tokens per step "
+        f"and accepted {tree_run['accepted'] / tree_run['steps']:.2f} of them: an acceptance rate of "
+        f"{tree_run['acceptance_rate']:.0%}, and yet τ = {tree_run['tau']:.2f} tokens per target forward "
+        "(the accepted ones plus the one token every step adds).")
+st.caption(f"Sources: τ as the EAGLE papers define it ({teaching.EAGLE}); {teaching.VLLM_METRICS}: vLLM counts the "
+           "bonus token in its mean acceptance length. The counts below come from the run's own events "
+           "(see docs/events.md: `stats.drafted`, `stats.accepted`, the steps' `tests`).")
+
+trace, source = state.get_trace()
+if trace and state.done_of(trace) and trace[0]["drafter"] != "none":
+    numbers = teaching.acceptance_numbers(trace)
+    st.subheader(f"Your run: the {source}, drafter `{trace[0]['drafter']}`")
+    c = st.columns(5)
+    c[0].metric("acceptance rate (÷ drafted)", "—" if numbers.per_drafted is None else f"{numbers.per_drafted:.1%}",
+                help=f"{numbers.accepted} accepted ÷ {numbers.drafted} drafted")
+    c[1].metric("α (÷ tested)", "—" if numbers.per_tested is None else f"{numbers.per_tested:.1%}",
+                help=f"{numbers.accepted} accepted ÷ {numbers.tested} tested")
+    c[2].metric("τ (mean acceptance length)", f"{numbers.tau:.2f}",
+                help=f"{numbers.new_tokens} tokens ÷ {numbers.steps} target forwards")
+    c[3].metric("accepted per step", f"{numbers.accepted_per_step:.2f}",
+                help="τ minus the one token every step adds itself (less at an end-of-sequence cut)")
+    c[4].metric("drafted per step", f"{numbers.drafted / max(numbers.steps, 1):.1f}")
+    if numbers.per_position:
+        st.dataframe([{"depth d": d + 1, "steps reaching d": numbers.reached[d] if d < len(numbers.reached) else None,
+                       "accepting at d ÷ reaching d": round(rate, 3)} for d, rate in enumerate(numbers.per_position)],
+                     hide_index=True)
+else:
+    st.info("Decode a run with a drafter on the *Live decoding* page (or pick one in the *Topology race*) to see "
+            "these numbers for it.")
+
+if measured:
+    st.subheader("The shipped bench report, the same way")
+    st.dataframe(
+        [{"drafter": name, "acceptance rate (÷ drafted)": None if m["acceptance"] is None else round(m["acceptance"], 3),
+          "τ": round(m["tau"], 2),
+          "per-position (depth 1, 2, …)": ", ".join(f"{r:.2f}" for r in m["per_position"]) or "—",
+          "speedup": f"{m['speedup']:.2f}×"} for name, m in measured.items()],
+        hide_index=True,
+    )
+    st.caption("Read `eagle2` against `ngram`: a lower acceptance rate, and yet a larger τ and speedup, because it "
+               "drafts a whole tree per step. Same report and command as above.")

@@ -1,0 +1,322 @@
+"""What the teaching pages compute from a run's events: how each test of a step was verified (with the other rule
+beside it), the acceptance numbers under every name they go by, the topologies compared, and the self-check
+questions of the lab. No streamlit here: the functions are tested on their own."""
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT_DIR = Path(__file__).resolve().parent.parent
+REFERENCE_REPORT = ROOT_DIR / "specviz" / "bench" / "data" / "reference-t0.json"
+ASSETS = ROOT_DIR / "assets"
+
+# ------------------------------------------------------------------------------------------ sources
+
+LEVIATHAN = "Leviathan, Kalman & Matias, 2023, *Fast Inference from Transformers via Speculative Decoding*"
+CHEN = "Chen et al., 2023, *Accelerating Large Language Model Decoding with Speculative Sampling*"
+SPECINFER = ("Miao et al., 2024, *SpecInfer: Accelerating Large Language Model Serving with Tree-based Speculative "
+             "Inference and Verification*")
+MEDUSA = "Cai et al., 2024, *Medusa: Simple LLM Inference Acceleration Framework with Multiple Decoding Heads*"
+EAGLE = "Li et al., 2024, *EAGLE: Speculative Sampling Requires Rethinking Feature Uncertainty*"
+EAGLE2 = "Li et al., 2024, *EAGLE-2: Faster Inference of Language Models with Dynamic Draft Trees*"
+EAGLE3 = "Li et al., 2025, *EAGLE-3: Scaling up Inference Acceleration of Large Language Models via Training-Time Test*"
+PROMPT_LOOKUP = "Saxena, 2023, *Prompt Lookup Decoding* (github.com/apoorvumang/prompt-lookup-decoding)"
+VLLM_METRICS = "vLLM documentation, *Speculative decoding* metrics (mean acceptance length)"
+
+# ------------------------------------------------------------------------------------ tree verification
+
+
+def _parent_text(step: dict, node: dict) -> str:
+    return "the root" if node["parent"] < 0 else repr(step["nodes"][node["parent"]]["text"])
+
+
+def verification_walkthrough(step: dict, greedy: bool) -> list[dict]:
+    """One row per acceptance test of a step, in the order they ran, with the rule applied and the other rule on
+    the same numbers.
+
+    For a picked token (a point mass, the test's q is null) α = p'(x), where p' is the target's p at the parent
+    with the siblings rejected before it removed and renormalised: p'(x) = p(x) ÷ (1 − Σ p(rejected siblings)).
+    `expected_p` is that value computed from the nodes' own p (the target's, before any update), so a row whose
+    `p_used` differs from it would expose a verification bug. For a sampled token α = min(1, p/q) and the
+    residual max(0, p − q) replaces p after a rejection. `chain_alpha` is what the sampled-chain rule would give
+    the same token with the draft's q (what the draft ranked it by), to set the two rules side by side."""
+    rows = []
+    rejected_at: dict[int, float] = {}  # parent id → Σ p of the point masses rejected there so far
+    for order, test in enumerate(step["tests"], 1):
+        node = step["nodes"][test["node"]]
+        parent = node["parent"]
+        before = rejected_at.get(parent, 0.0)
+        point_mass = test["q"] is None
+        if greedy:
+            rule = "greedy: accept iff x is the target's argmax"
+        elif point_mass:
+            rule = "point mass: α = p'(x)"
+        else:
+            rule = "sampled: α = min(1, p/q)"
+        q_draft = node["q"]
+        chain_alpha = None if greedy or not q_draft else min(1.0, node["p"] / q_draft)
+        rows.append({
+            "order": order,
+            "node": test["node"],
+            "depth": node["depth"],
+            "parent": _parent_text(step, node),
+            "token": node["text"],
+            "p (target, at the parent)": node["p"],
+            "p used by the test": test["p"],
+            "expected_p": node["p"] / (1.0 - before) if point_mass and not greedy and before < 1.0 else None,
+            "q (draft)": q_draft,
+            "rule": rule,
+            "α": test["alpha"],
+            "u": test["u"],
+            "accepted": test["accepted"],
+            "chain_alpha": chain_alpha,
+        })
+        if point_mass and not test["accepted"] and not greedy:
+            rejected_at[parent] = before + node["p"]
+    return rows
+
+
+def point_mass_samples(p, candidates: list[int], n: int, seed: int = 0, keep_rejected: bool = False) -> np.ndarray:
+    """n outputs of the multi-candidate point-mass rule: try each candidate x in turn with α = p'(x), p' = p with
+    the rejected candidates removed and renormalised; if every one is rejected, draw from what is left of p.
+    `keep_rejected=True` plants a bug: rejected candidates stay in p' (no removal), which is no longer lossless."""
+    rng = np.random.default_rng(seed)
+    p = np.asarray(p, dtype=float)
+    p = p / p.sum()
+    out = np.empty(n, dtype=int)
+    for i in range(n):
+        left = p.copy()
+        chosen = -1
+        for x in candidates:
+            mass = left.sum()
+            if rng.random() < left[x] / mass:
+                chosen = x
+                break
+            if not keep_rejected:
+                left[x] = 0.0
+        if chosen < 0:
+            chosen = int(rng.choice(len(p), p=left / left.sum()))
+        out[i] = chosen
+    return out
+
+
+# ---------------------------------------------------------------------------------- acceptance numbers
+
+
+@dataclass(frozen=True)
+class AcceptanceNumbers:
+    """The same run's acceptance, under each definition in use."""
+
+    steps: int
+    new_tokens: int
+    drafted: int  # every drafted token (every node of a tree)
+    tested: int  # drafted tokens the acceptance test ran on
+    accepted: int  # drafted tokens accepted and committed
+    tau: float  # tokens committed per target forward, the replacement/bonus token included
+    per_position: list[float]  # of the steps whose draft reached depth d, the share accepting a token at depth d
+    reached: list[int]
+
+    @property
+    def per_drafted(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def per_tested(self) -> float | None:
+        return self.accepted / self.tested if self.tested else None
+
+    @property
+    def accepted_per_step(self) -> float:
+        return self.accepted / self.steps if self.steps else 0.0
+
+
+def acceptance_numbers(events: list[dict]) -> AcceptanceNumbers:
+    """From a run's done event (the engine's own counts) and its steps' tests."""
+    stats = events[-1]["stats"]
+    steps = [e for e in events if e["type"] == "step"]
+    tests = [t for s in steps for t in s["tests"]]
+    # a test accepted past an end-of-sequence cut is not committed: count accepted as the engine does
+    return AcceptanceNumbers(
+        steps=stats["steps"], new_tokens=stats["new_tokens"], drafted=stats["drafted"], tested=len(tests),
+        accepted=stats["accepted"], tau=stats["tau"], per_position=list(stats["per_position_acceptance"]),
+        reached=list(stats.get("reached") or []),
+    )
+
+
+# ------------------------------------------------------------------------------------------- topologies
+
+
+@dataclass(frozen=True)
+class Topology:
+    drafter: str
+    name: str
+    reads: str
+    training: str
+    overhead: str  # what it adds to memory besides the target
+    lossless: str
+    published: str  # the paper's headline speedup, with model and hardware
+    source: str
+    weights: str | None = None  # the shipped folder under assets/, if any
+
+
+TOPOLOGIES = (
+    Topology(
+        "draft", "Independent draft model",
+        "tokens only: a small language model with the target's tokenizer runs autoregressively, K steps per round",
+        "none if a small model of the same family exists; here a 3-layer model distilled from the target's answers",
+        "a whole second model and its own KV cache",
+        "yes: a sampled chain, α = min(1, p/q) and the residual max(0, p − q)",
+        "T5-XXL (11B) with a T5-small draft: 2×–3× on TPU-v4; Chinchilla 70B with a 4B draft: 2–2.5× "
+        "on TPU-v4 (distributed)",
+        f"{LEVIATHAN}; {CHEN}", "draft-smollm2-135m"),
+    Topology(
+        "medusa", "Medusa heads",
+        "the target's last hidden state at the last committed token: head i predicts the token i + 1 ahead, all "
+        "heads at once, combined into a fixed tree of their top-k picks",
+        "heads trained on the frozen target's features (Medusa-1), or jointly with it (Medusa-2, which changes the "
+        "target)",
+        "a few residual blocks on top of the target (no KV cache of their own)",
+        "with the rejection rule (its tree children are point masses), yes; with Medusa's *typical acceptance* "
+        "(its paper's default at temperature > 0), **no**: the output no longer follows p",
+        "Vicuna-7B/13B/33B and Zephyr-7B: Medusa-1 over 2.2×, Medusa-2 2.3×–3.6× (one NVIDIA A100)",
+        MEDUSA, "medusa-smollm2-135m"),
+    Topology(
+        "eagle2", "EAGLE-2 (Extrapolation Algorithm for Greater Language-model Efficiency)",
+        "the target's second-to-top-layer features plus the token sampled one step ahead (the next token), "
+        "predicting the next feature; a dynamic tree grown by the draft's own path confidence",
+        "one decoder layer trained to regress the target's features and predict its tokens (self-distilled here)",
+        "one decoder layer and a small KV cache; reuses the target's embedding and LM head",
+        "yes: tree children are point masses, α = p'(x)",
+        "EAGLE: LLaMA2-Chat 70B 2.7×–3.5× on MT-bench (4× A100 40 GB); EAGLE-2: 3.05×–4.26×, 20–40 % faster than "
+        "EAGLE",
+        f"{EAGLE}; {EAGLE2}", "eagle-smollm2-135m"),
+    Topology(
+        "ngram", "Prompt lookup (n-gram)",
+        "tokens only: finds the last n-gram of the context earlier in the context and proposes what followed it",
+        "none",
+        "none",
+        "yes: a copied token is a point mass, α = p(x)",
+        "2×–4× on input-grounded tasks (summarisation, question answering over a document)",
+        PROMPT_LOOKUP),
+)
+
+EAGLE3_NOTE = (
+    "**EAGLE-3** (the version the heads published today are trained as) drops EAGLE's feature-regression loss, "
+    "fuses the target's low-, middle- and top-layer hidden states instead of the second-to-top layer alone, and "
+    "trains with the draft's own predictions fed back (*training-time test*); it reports speedups up to 6.5× and "
+    "about 1.4× over EAGLE-2 (" + EAGLE3 + "). specviz's `eagle2` drafter is an EAGLE-1/2 head.")
+
+
+def reference_report() -> dict | None:
+    """The bench report the app ships (the embedded model on MT-bench at temperature 0), or None if absent."""
+    try:
+        return json.loads(REFERENCE_REPORT.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def shipped_weights_mb(folder: str | None) -> float | None:
+    """Size on disk of a shipped drafter's weights (fp16 safetensors), in MB."""
+    if folder is None:
+        return None
+    files = list((ASSETS / folder).glob("*.safetensors"))
+    return sum(f.stat().st_size for f in files) / 1e6 if files else None
+
+
+def measured_rows(report: dict | None) -> dict[str, dict]:
+    """drafter → {τ, acceptance, speedup} from the shipped bench report."""
+    if not report:
+        return {}
+    rows = {}
+    for name, d in report["drafters"].items():
+        rows[name] = {"tau": d["tau"], "acceptance": d["acceptance_rate"],
+                      "speedup": d["speedup_vs_none"]["median"], "per_position": d["per_position_acceptance"]}
+    return rows
+
+
+# ------------------------------------------------------------------------------------------- self-check
+
+
+@dataclass(frozen=True)
+class Question:
+    """One question on one real acceptance test of the learner's run."""
+
+    kind: str  # "accept": will it be accepted?  "alpha": what is α?
+    step: int
+    test_index: int
+    token: str
+    p: float  # the p(x) the test used
+    q: float | None  # the q(x) the test used (None: a point mass)
+    u: float | None  # None when greedy
+    greedy: bool
+    argmax_token: str | None  # greedy: the target's most likely token here
+    alpha: float
+    accepted: bool
+    after_rejection: bool = False  # a sibling was rejected before it at the same parent: p is the updated p'
+
+    def reason(self) -> str:
+        if self.greedy:
+            verdict = "is" if self.accepted else "is not"
+            return (f"At temperature 0 a drafted token is accepted exactly when it is the target's argmax: "
+                    f"{self.token!r} {verdict} the target's most likely token here"
+                    + ("." if self.accepted else f" ({self.argmax_token!r} is)."))
+        if self.q is None:
+            p = "p'(x)" if self.after_rejection else "p(x)"
+            formula = f"x was picked, not sampled (a point mass, q = 1 on x), so α = {p} = {self.p:.4g}"
+            if self.after_rejection:
+                formula += " (p' = p with the siblings rejected before it removed, renormalised)"
+        else:
+            formula = f"α = min(1, p/q) = min(1, {self.p:.4g} / {self.q:.4g}) = {self.alpha:.4g}"
+        if self.kind == "alpha":
+            return formula + "."
+        relation = "<" if self.u < self.alpha else "≥"
+        return f"{formula}; u = {self.u:.4f} {relation} α, so it was {'accepted' if self.accepted else 'rejected'}."
+
+
+def questions(events: list[dict], seed: int = 0, n: int = 6) -> list[Question]:
+    """Up to n questions drawn from the run's tests: "accept?" questions with accepted and rejected tests mixed
+    when both occur, and (when not greedy, where α is only 0 or 1) every second one an "α?" question on a test
+    whose α is neither about 0 nor about 1, when the run has such tests."""
+    greedy = events[0]["sampling"]["temperature"] == 0
+    pool = []
+    for step in (e for e in events if e["type"] == "step"):
+        targets = {r["node"]: r["p_top"] for r in step["target"]}
+        for i, test in enumerate(step["tests"]):
+            node = step["nodes"][test["node"]]
+            top = targets.get(node["parent"])
+            after = any(step["nodes"][t["node"]]["parent"] == node["parent"] for t in step["tests"][:i])
+            pool.append(Question(
+                kind="accept", step=step["step"], test_index=i, token=test["text"], p=test["p"], q=test["q"],
+                u=test["u"], greedy=greedy, argmax_token=top[0][1] if top else None, alpha=test["alpha"],
+                accepted=test["accepted"], after_rejection=after))
+    rng = random.Random(seed)
+    accepted = [q for q in pool if q.accepted]
+    rejected = [q for q in pool if not q.accepted]
+    rng.shuffle(accepted)
+    rng.shuffle(rejected)
+    mixed = [q for pair in zip(accepted, rejected) for q in pair] + accepted[len(rejected):] + rejected[len(accepted):]
+    if greedy:
+        return mixed[:n]
+    middling = [q for q in pool if 0.02 < q.alpha < 0.98]
+    rng.shuffle(middling)
+    alphas = [Question(**{**q.__dict__, "kind": "alpha"}) for q in middling]
+    chosen, used = [], set()
+    while len(chosen) < n and (mixed or alphas):
+        source = alphas if (len(chosen) % 2 and alphas) or not mixed else mixed
+        question = source.pop(0)
+        if (question.step, question.test_index) not in used:  # one question per test
+            used.add((question.step, question.test_index))
+            chosen.append(question)
+    return chosen
+
+
+def check_answer(question: Question, guess) -> tuple[bool, str]:
+    """(right?, the true value as text). `guess`: True/False for "accept", a number for "alpha" (right within
+    0.005, or 2 % of α, whichever is larger: the page shows p and q to four decimals)."""
+    if question.kind == "accept":
+        return bool(guess) == question.accepted, "accepted" if question.accepted else "rejected"
+    tolerance = max(0.005, 0.02 * question.alpha)
+    return abs(float(guess) - question.alpha) <= tolerance, f"{question.alpha:.4g}"

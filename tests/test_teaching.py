@@ -1,0 +1,186 @@
+"""The teaching pages: tree verification shown as it ran (point masses beside the chain rule), the acceptance
+numbers under each name, the topology comparison, the guided path and the lab's self-check on real tests."""
+import numpy as np
+import pytest
+import torch
+from streamlit.testing.v1 import AppTest
+from test_app import APP, TIMEOUT, ok, open_page
+
+from app import teaching
+from specviz import analysis
+from specviz.decoding import engine
+from specviz.decoding import events as ev
+
+from tiny import TinyTokenizer, decode_settings, tiny_llama
+from tree_drafters import TopBTree
+
+PROMPT = [5, 6, 7, 8, 5, 6, 7, 9, 10, 5, 6]
+
+
+@pytest.fixture(scope="module")
+def tree_run() -> list[dict]:
+    """A sampled run (T = 1) of a top-3 tree drafter on tiny models: every child a point mass, many rejections."""
+    target = tiny_llama(scale=3.0)
+    draft = tiny_llama(seed=1, layers=1, scale=3.0)
+    with torch.no_grad():
+        events = engine.decode(target, TinyTokenizer(64), TopBTree(draft, b=3, depth=3), PROMPT,
+                               decode_settings(max_new_tokens=48, temperature=1.0, seed=3))
+        return [ev.to_dict(e) for e in events]
+
+
+def test_the_walkthrough_recomputes_every_point_mass_test_from_the_nodes(tree_run):
+    """p used by a sibling's test = p(x) ÷ (1 − Σ p of the siblings rejected before it): the engine's residual
+    for point masses, recomputed from the nodes' own (un-updated) p."""
+    checked = 0
+    for step in (e for e in tree_run if e["type"] == "step"):
+        for row in teaching.verification_walkthrough(step, greedy=False):
+            assert row["rule"] == "point mass: α = p'(x)"
+            assert row["α"] == pytest.approx(row["p used by the test"])
+            assert row["p used by the test"] == pytest.approx(row["expected_p"], rel=1e-4)
+            assert row["chain_alpha"] == pytest.approx(min(1.0, row["p (target, at the parent)"] / row["q (draft)"]))
+            checked += row["expected_p"] != row["p (target, at the parent)"]
+    assert checked > 5  # siblings tested after a rejection, where the renormalisation shows
+
+
+def test_the_walkthrough_catches_a_verifier_that_forgets_the_removal(tree_run):
+    """The check has the power to fail: tests rewritten as if rejected siblings stayed in p are flagged."""
+    flagged = 0
+    for step in (e for e in tree_run if e["type"] == "step"):
+        broken = {**step, "tests": [{**t, "p": step["nodes"][t["node"]]["p"]} for t in step["tests"]]}
+        for row in teaching.verification_walkthrough(broken, greedy=False):
+            flagged += row["p used by the test"] != pytest.approx(row["expected_p"], rel=1e-4)
+    assert flagged > 5
+
+
+def test_greedy_steps_are_explained_by_the_argmax_rule():
+    target = tiny_llama(scale=3.0)
+    draft = tiny_llama(seed=1, layers=1, scale=3.0)
+    with torch.no_grad():
+        trace = [ev.to_dict(e) for e in engine.decode(target, TinyTokenizer(64), TopBTree(draft, b=2, depth=2),
+                                                      PROMPT, decode_settings(max_new_tokens=16))]
+    rows = [r for s in trace if s["type"] == "step" for r in teaching.verification_walkthrough(s, greedy=True)]
+    assert rows and all(r["rule"].startswith("greedy") and r["chain_alpha"] is None for r in rows)
+    assert all(r["α"] == (1.0 if r["accepted"] else 0.0) for r in rows)
+
+
+def test_point_mass_siblings_are_lossless_and_the_planted_bug_is_caught():
+    p = np.array([0.40, 0.25, 0.15, 0.15, 0.05])
+    candidates = [1, 4]  # the top-2 of q = (0.1, 0.5, 0.1, 0.1, 0.2), the lab's default
+    right = np.bincount(teaching.point_mass_samples(p, candidates, 20_000, seed=0), minlength=5)
+    wrong = np.bincount(teaching.point_mass_samples(p, candidates, 20_000, seed=0, keep_rejected=True), minlength=5)
+    assert analysis.goodness_of_fit(right, p)["p_value"] > 1e-3
+    assert analysis.goodness_of_fit(wrong, p)["p_value"] < 1e-9
+
+
+def test_acceptance_numbers_under_each_name(tree_run):
+    numbers = teaching.acceptance_numbers(tree_run)
+    stats = tree_run[-1]["stats"]
+    assert numbers.per_drafted == pytest.approx(stats["acceptance_rate"])
+    assert numbers.per_tested == pytest.approx(analysis.summarise(tree_run).alpha)
+    assert numbers.tau == pytest.approx(numbers.new_tokens / numbers.steps)
+    assert numbers.drafted > numbers.tested >= numbers.accepted  # a tree tests only some of what it drafts
+    assert numbers.per_drafted < numbers.per_tested
+    assert numbers.accepted_per_step <= numbers.tau - 1 + 1e-9  # every step adds one token of its own
+
+
+def test_self_check_questions_are_answered_by_the_engine_values(tree_run):
+    qs = teaching.questions(tree_run, seed=1)
+    assert len(qs) == 6 and {q.kind for q in qs} == {"accept", "alpha"}
+    assert len({(q.step, q.test_index) for q in qs}) == len(qs)  # one question per test
+    assert any(q.accepted for q in qs if q.kind == "accept") and any(not q.accepted for q in qs if q.kind == "accept")
+    for q in qs:
+        if q.kind == "accept":
+            assert teaching.check_answer(q, q.accepted)[0] and not teaching.check_answer(q, not q.accepted)[0]
+            assert ("<" if q.accepted else "≥") in q.reason()  # u against α decides it
+        else:
+            assert 0.02 < q.alpha < 0.98
+            assert teaching.check_answer(q, q.alpha + 0.004)[0]
+            assert not teaching.check_answer(q, min(q.alpha + 0.1, 1.0) if q.alpha < 0.9 else q.alpha - 0.1)[0]
+            assert "α = p" in q.reason()  # point masses: α is p(x) (or p'(x))
+
+
+def test_published_figures_carry_their_sources_and_the_eagle_name_is_the_papers():
+    assert {t.drafter for t in teaching.TOPOLOGIES} == {"draft", "medusa", "eagle2", "ngram"}
+    for t in teaching.TOPOLOGIES:
+        assert t.published and t.source and "20" in t.source  # an author and a year at least
+    eagle = next(t for t in teaching.TOPOLOGIES if t.drafter == "eagle2")
+    assert "Extrapolation Algorithm for Greater Language-model Efficiency" in eagle.name
+    medusa = next(t for t in teaching.TOPOLOGIES if t.drafter == "medusa")
+    assert "**no**" in medusa.lossless  # typical acceptance is not lossless
+    assert "EAGLE-3" in teaching.EAGLE3_NOTE and "training-time test" in teaching.EAGLE3_NOTE
+    for t in teaching.TOPOLOGIES:
+        if t.weights:
+            assert teaching.shipped_weights_mb(t.weights) > 0.5
+
+
+# ---------------------------------------------------------------------------------------------- pages
+
+
+@pytest.fixture
+def app(tiny_model_dir, monkeypatch):
+    from app.state import ENV_MODEL
+
+    monkeypatch.setenv(ENV_MODEL, str(tiny_model_dir))
+    return ok(AppTest.from_file(APP, default_timeout=TIMEOUT).run())
+
+
+def test_the_app_opens_on_the_guided_path_with_a_link_to_every_step(app):
+    assert [t.value for t in app.title] == ["Start here"]
+    links = [e for e in app.get("page_link")]
+    assert len(links) == 8
+    text = " ".join(m.value for m in app.markdown)
+    assert text.count("*Try this:*") == 8
+
+
+def test_the_topologies_page_compares_and_explains_the_numbers_of_the_run(app, tree_run):
+    app.session_state["trace"], app.session_state["trace_source"] = tree_run, "test run"
+    at = open_page(app, "app/pages/topologies.py")
+    assert [t.value for t in at.title] == ["Topologies compared"]
+    labels = {m.label: m.value for m in at.metric}
+    numbers = teaching.acceptance_numbers(tree_run)
+    assert labels["α (÷ tested)"] == f"{numbers.per_tested:.1%}"
+    assert labels["acceptance rate (÷ drafted)"] == f"{numbers.per_drafted:.1%}"
+    text = " ".join(m.value for m in at.markdown)
+    assert "mean acceptance length" in text and "Extrapolation Algorithm for Greater Language-model Efficiency" in text
+    assert "EAGLE-3" in text
+
+
+def test_the_tree_page_shows_the_rule_applied_beside_the_chain_rule(app, tree_run):
+    app.session_state["trace"], app.session_state["trace_source"] = tree_run, "test run"
+    at = open_page(app, "app/pages/tree.py")
+    assert any(h.value == "How this step was verified" for h in at.header)
+    walk = at.dataframe[-1].value
+    assert "chain rule on the same x: min(1, p/q)" in walk.columns and "rule applied" in walk.columns
+    text = " ".join(m.value for m in at.markdown)
+    assert "Why it is lossless" in text and "p′(y) ← p′(y) ÷ (1 − p′(x))" in text
+    assert any("largest relative difference" in c.value for c in at.caption)
+
+
+def test_the_lab_self_check_scores_the_learners_answers(app, tree_run):
+    app.session_state["trace"], app.session_state["trace_source"] = tree_run, "test run"
+    at = open_page(app, "app/pages/lab.py")
+    first = teaching.questions(tree_run, seed=0)[0]
+    assert first.kind == "accept"
+    wrong = "rejected" if first.accepted else "accepted"
+    at.radio(key="quiz_0_0_guess").set_value(wrong)
+    ok(at.run())
+    at.button(key="quiz_0_0_check").click()
+    ok(at.run())
+    assert any(e.value.startswith("Not quite") and first.reason() in e.value for e in at.error)
+    at.radio(key="quiz_0_0_guess").set_value("accepted" if first.accepted else "rejected")
+    ok(at.run())
+    at.button(key="quiz_0_0_check").click()
+    ok(at.run())
+    assert any(s.value.startswith("Right") for s in at.success)
+    assert next(m.value for m in at.metric if m.label == "Score") == "1 of 1 answered"
+
+
+def test_the_lab_sandbox_samples_picked_siblings_and_catches_their_bug(app):
+    at = open_page(app, "app/pages/lab.py")
+    at.radio(key="lab_mode").set_value("picked siblings (top-k of q, point masses)")
+    at.select_slider(key="lab_n").set_value(10_000)
+    ok(at.run())
+    assert float(next(m.value for m in at.metric if m.label == "p-value")) > 0.001
+    at.checkbox(key="lab_bug_siblings").check()
+    ok(at.run())
+    assert float(next(m.value for m in at.metric if m.label == "p-value")) < 0.001
