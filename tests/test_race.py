@@ -243,6 +243,12 @@ def test_the_url_prefills_the_race_and_the_page_keeps_it_in_the_url(race_app):
     assert any("each lane is a different sample of the same distribution" in i.value for i in at.info)
 
 
+def test_an_empty_prompt_says_so_and_cannot_start_the_race(race_app):
+    at = race_page(prompt="   ")
+    assert "Enter a prompt to run the race." in [w.value for w in at.warning]
+    assert at.button(key="race_run").disabled
+
+
 def test_a_bad_url_value_is_named_and_the_rest_still_applies(race_app):
     at = race_page(temperature="hot", max_tokens="9999", seed="[x](http://e)", drafters="none")
     assert at.number_input(key="race_temperature").value == 0.0  # the sidebar's

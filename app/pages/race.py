@@ -267,6 +267,8 @@ with box:
                + (f"{len(chosen) - len(todo)} of {len(chosen)} runs are already decoded for these settings. "
                   if chosen else "")
                + "The address bar holds this race's settings: bookmark it to open the race prefilled.")
+if not prompt.strip():
+    box.warning("Enter a prompt to run the race.")
 buttons = top if presenter else st.container(horizontal=True, vertical_alignment="center")
 go_clicked = buttons.button(f"Run the race ({len(todo)} to decode)" if todo else "Run the race (replay)",
                             type="primary", key="race_run", disabled=not chosen or not prompt.strip())
