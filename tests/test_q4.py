@@ -8,6 +8,8 @@ import pytest
 import torch
 from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 
+import specviz
+from specviz import drafters, models
 from specviz.decoding import engine
 from specviz.drafters import NoDraft
 from specviz.drafters.ngram import NgramDrafter
@@ -219,3 +221,27 @@ def test_unknown_weights_are_a_clear_error():
         quantized.apply_weights(tiny_llama(), "int3", None)
     with pytest.raises(SpecvizError, match="needs a preset"):
         quantized.apply_weights(tiny_llama(), "q4", None)
+
+
+
+fetched = pytest.mark.skipif(not models.is_fetched("smollm2-135m"), reason="smollm2-135m is not fetched (make fetch)")
+REAL_PROMPT = "Write a Python function that checks whether a number is prime."
+
+
+@pytest.fixture(scope="module")
+def smol_q4():
+    return models.load("smollm2-135m", device="cpu", weights="q4")
+
+
+@fetched
+@needs_op
+@pytest.mark.slow
+@pytest.mark.parametrize("drafter", ["ngram", "eagle2", "medusa", "draft"])
+def test_every_drafter_greedy_equals_none_with_q4_weights(smol_q4, drafter):
+    assert smol_q4.weights == "q4" and quant.is_quantized(smol_q4.target)
+    assert not any(type(m) is torch.nn.Linear for m in smol_q4.target.model.layers.modules())  # all 210 are 4-bit
+    if drafter not in drafters.available(smol_q4):
+        pytest.skip(f"no shipped {drafter} weights in assets/")
+    alone = specviz.generate(REAL_PROMPT, models=smol_q4, drafter="none", max_new_tokens=48)
+    drafted = specviz.generate(REAL_PROMPT, models=smol_q4, drafter=drafter, max_new_tokens=48)
+    assert drafted.token_ids == alone.token_ids and len(alone.token_ids) > 0

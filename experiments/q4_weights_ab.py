@@ -1,0 +1,158 @@
+"""fp32 weights (oneDNN-packed, today's default) against the GGUF's 4-bit blocks kept 4-bit (`--weights q4`,
+specviz.kernels.quant), side by side in one process, alternated within each round; medians after a warm-up round.
+
+1. the 4-bit op alone against oneDNN's packed fp32 product, one row: 576 → 1536 (gate / up) and 576 → 49152 (the LM
+   head's shape; the embedded model's LM head is its Q8_0 embedding and stays fp32, so this one is what a 4-bit
+   head would cost);
+2. one target forward (LM head included) over 1, 4, 8 new tokens after 256 cached;
+3. a greedy decode (`none`) of one prompt, tokens per second;
+4. greedy outputs of both at 64 tokens on the first prompts of specviz/bench/data/prompts.jsonl: equal, or the fp32
+   target's logit margin (top-1 minus top-2) at the first token where they part.
+
+    .venv/bin/python experiments/q4_weights_ab.py [--rounds 7] [--prompts 5] [--threads 2]
+"""
+import argparse
+import json
+import statistics
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from specviz import api, models
+from specviz.decoding import engine
+from specviz.decoding.target import Target
+from specviz.drafters import NoDraft
+from specviz.kernels import fastlinear, quant
+from specviz.kernels.kvcache import crop_cache
+from specviz.settings import DecodeSettings
+
+PROMPTS = Path(__file__).resolve().parents[1] / "specviz" / "bench" / "data" / "prompts.jsonl"
+WAYS = ("fp32", "q4")
+
+
+def alternated(calls: dict, rounds: int) -> dict:
+    """name → median seconds of calls[name](), the names alternated (order flipped every round), round 0 dropped."""
+    times = {name: [] for name in calls}
+    for round_ in range(rounds + 1):
+        for name in (list(calls) if round_ % 2 else list(calls)[::-1]):
+            started = time.perf_counter()
+            calls[name]()
+            if round_:
+                times[name].append(time.perf_counter() - started)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def spread(calls: dict, rounds: int, repeats: int = 3) -> dict:
+    """The medians of `repeats` separate alternated runs: how much a ratio moves on a shared machine."""
+    return [alternated(calls, rounds) for _ in range(repeats)]
+
+
+def op_alone(rounds: int) -> list[str]:
+    lines = ["| product, 1 row | oneDNN fp32 (ms) | q4 op (ms) | fp32 ÷ q4 |", "|---|---|---|---|"]
+    for out in (1536, 49152):
+        generator = torch.Generator().manual_seed(out)
+        codes = torch.randint(0, 256, (out, 288), generator=generator, dtype=torch.uint8)
+        scales = (torch.rand(out, 18, generator=generator) * 0.02).half().float()
+        mins = (-torch.rand(out, 18, generator=generator) * 0.15).half().float()
+        packed = fastlinear.reorder(quant.dequantize(codes, scales, mins))
+        x = torch.randn(1, 576, generator=generator)
+        calls = {"fp32": partial(fastlinear.packed_product, x, packed, None),
+                 "q4": partial(quant.q4_product, x, codes, scales, mins)}
+        runs = spread(calls, rounds * 4)
+        ratios = [r["fp32"] / r["q4"] for r in runs]
+        best = runs[1]
+        lines.append(f"| 576 → {out} | {1e3 * best['fp32']:.3f} | {1e3 * best['q4']:.3f} | "
+                     f"{ratios[1]:.2f}× (runs: {', '.join(f'{r:.2f}' for r in ratios)}) |")
+    return lines
+
+
+def forwards(targets: dict, rounds: int, context_len: int) -> list[str]:
+    vocab = targets["fp32"].model.config.vocab_size
+    generator = torch.Generator().manual_seed(0)
+    context = torch.randint(vocab, (context_len,), generator=generator).tolist()
+    caches = {}
+    for way, target in targets.items():
+        caches[way] = target.new_cache()
+        target.forward(context, caches[way], logits=False)
+    lines = [f"| forward after {context_len} cached | fp32 (ms) | q4 (ms) | fp32 ÷ q4 |", "|---|---|---|---|"]
+    for n in (1, 4, 8):
+        ids = torch.randint(vocab, (n,), generator=generator).tolist()
+
+        def call(way, ids=ids):
+            targets[way].forward(ids, caches[way])
+            crop_cache(caches[way], context_len)
+
+        runs = spread({way: (lambda way=way: call(way)) for way in WAYS}, rounds)
+        ratios = [r["fp32"] / r["q4"] for r in runs]
+        lines.append(f"| {n} new tokens | {1e3 * runs[1]['fp32']:.1f} | {1e3 * runs[1]['q4']:.1f} | "
+                     f"{ratios[1]:.2f}× (runs: {', '.join(f'{r:.2f}' for r in ratios)}) |")
+    return lines
+
+
+def greedy(loaded, ids, tokens):
+    settings = DecodeSettings(max_new_tokens=tokens, temperature=0.0)
+    return list(engine.decode(loaded.target, loaded.tokenizer, NoDraft(), ids, settings))[-1]
+
+
+def decode_speed(loaded: dict, prompt_ids, rounds: int, tokens: int) -> list[str]:
+    done = {}
+
+    def call(way):
+        done[way] = greedy(loaded[way], prompt_ids, tokens)
+
+    runs = spread({way: (lambda way=way: call(way)) for way in WAYS}, rounds, repeats=1)[0]
+    return ["| greedy `none`, one prompt | fp32 | q4 | fp32 ÷ q4 (time) |", "|---|---|---|---|",
+            f"| {tokens} tokens, s | {runs['fp32']:.2f} | {runs['q4']:.2f} | {runs['fp32'] / runs['q4']:.2f}× |",
+            f"| tokens equal | {done['fp32'].token_ids == done['q4'].token_ids} | | |"]
+
+
+def margin_at(target: Target, ids: list[int]) -> float:
+    """The fp32 target's top-1 minus top-2 logit for the token after `ids`."""
+    _, logits = target.forward(ids, target.new_cache())
+    top = logits[-1].topk(2).values
+    return float(top[0] - top[1])
+
+
+def outputs(loaded: dict, targets: dict, prompts: list[str], tokens: int) -> list[str]:
+    lines = [f"| prompt | greedy {tokens} tokens, q4 against fp32 |", "|---|---|"]
+    for prompt in prompts:
+        ids = api.encode_prompt(loaded["fp32"].tokenizer, prompt)
+        got = {way: greedy(loaded[way], ids, tokens).token_ids for way in WAYS}
+        if got["fp32"] == got["q4"]:
+            lines.append(f"| {prompt[:48]}… | equal ({len(got['fp32'])} tokens) |")
+            continue
+        first = next(i for i, (a, b) in enumerate(zip(got["fp32"], got["q4"])) if a != b)
+        margin = margin_at(targets["fp32"], ids + got["fp32"][:first])
+        lines.append(f"| {prompt[:48]}… | part at token {first}: fp32 margin there {margin:.4f} |")
+    return lines
+
+
+def main(argv):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--prompts", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--context-len", type=int, default=256)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    assert quant.available(), "specviz's C++ ops are not built here"
+    loaded = {way: models.load("smollm2-135m", device="cpu", weights=way) for way in WAYS}
+    assert loaded["q4"].weights == "q4"
+    targets = {way: Target(loaded[way].target) for way in WAYS}
+    path = {0: "portable", 1: "AVX2", 2: "AVX-512"}[torch.ops.specviz.q4_path(-1)]
+    prompts = [json.loads(line)["instruction"] for line in PROMPTS.read_text().splitlines()[: args.prompts]]
+    print(f"smollm2-135m, torch {torch.__version__}, {torch.get_num_threads()} threads, q4 path {path}; medians of "
+          f"{args.rounds} alternated rounds after a warm-up (op alone: {4 * args.rounds}); each ratio from 3 separate "
+          "runs, the middle run's times shown")
+    for lines in (op_alone(args.rounds), forwards(targets, args.rounds, args.context_len),
+                  decode_speed(loaded, api.encode_prompt(loaded["fp32"].tokenizer, prompts[0]), 5, 32),
+                  outputs(loaded, targets, prompts, 64)):
+        print("\n".join(lines) + "\n", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
