@@ -3,7 +3,9 @@ import streamlit as st
 
 from app import state
 from specviz import analysis
+from specviz.bench import batch as batch_surface
 from specviz.drafters import parse_spec
+from specviz.errors import SpecvizError
 
 state.intro(
     "Cost and scale",
@@ -137,35 +139,146 @@ with st.expander("Explore the formula"):
     st.plotly_chart(fig, key="cost_formula")
 
 # ------------------------------------------------------------------------------------------ batching
-st.header("4. Why the gain falls as the batch grows (a model, not a measurement)")
+st.header("4. Why the gain falls as the batch grows (measured, and modelled)")
 st.markdown(
     "At batch 1 a forward pass is **memory-bound**: reading the weights takes longer than the arithmetic, so "
     "scoring K + 1 tokens costs about as much as scoring 1. With B sequences in the batch the target already does "
-    "B tokens of work per weight read; once 2 × params × tokens exceeds what the GPU computes in the time it reads "
-    "the weights, the forward becomes **compute-bound**, and verifying K extra tokens per sequence costs real time. "
-    "Below: forward time = max(weights ÷ bandwidth, 2 × params × tokens ÷ FLOP/s), KV-cache reads ignored."
+    "B tokens of work per weight read; once 2 × params × tokens exceeds what the hardware computes in the time it "
+    "reads the weights, the forward becomes **compute-bound**, and verifying K extra tokens per sequence costs real "
+    "time. Below, first what that costs as **measured**: one target forward over B sequences × n new tokens each, "
+    "c(B, n); then the gain it predicts beside a **roofline model** for a GPU node."
 )
+
+
+def chosen_surface() -> dict | None:
+    """An uploaded surface when it is one (a clear error otherwise), else the one shipped with specviz."""
+    upload = st.file_uploader("Your own surface (JSON from `python -m specviz batch-cost --out FILE.json`); "
+                              "without one, the surface shipped with specviz", type=["json"], key="cost_b_upload")
+    if upload is not None:
+        try:
+            surface = batch_surface.parse_surface(upload.getvalue(), upload.name)
+            st.caption(f"Showing the uploaded surface {upload.name}.")
+            return surface
+        except SpecvizError as err:
+            st.error(f"{err}. Showing the shipped surface instead.")
+    try:
+        surface = batch_surface.load_surface()
+    except SpecvizError as err:
+        st.error(str(err))
+        return None
+    st.caption("Showing the shipped surface, specviz/bench/data/batch-surface-cpu.json.")
+    return surface
+
+
+def machine_label(surface: dict) -> str:
+    m = surface["machine"]
+    where = m.get("gpu") or f"{m['cpu']} CPU, {m['torch_threads']} threads"
+    return f"{surface['model']} ({m['dtype']}) on {where}"
+
+
+def surface_heatmap(grid: dict, title: str, fmt: str, key: str) -> None:
+    bs, ns = list(grid), list(next(iter(grid.values())))
+    fig = go.Figure(go.Heatmap(z=[[grid[b][n] for n in ns] for b in bs], x=[str(n) for n in ns], y=[str(b) for b in bs],
+                               texttemplate=f"%{{z:{fmt}}}", colorscale="Viridis"))
+    fig.update_layout(title=title, height=340, xaxis={"title": "n new tokens per sequence", "type": "category"},
+                      yaxis={"title": "B sequences", "type": "category"}, margin={"l": 10, "r": 10, "t": 40, "b": 10})
+    st.plotly_chart(fig, key=key)
+
+
+CELL_STATISTICS = {"median of the rounds": "ms", "fastest round (the least disturbed)": "ms_min"}
+surface = chosen_surface()
+cell_ms = {}  # {"B": {"n": ms}}: the cell statistic chosen below, which every figure of this section uses
+if surface is not None:
+    m, config, noise = surface["machine"], surface["config"], surface["noise"]
+    st.markdown(f"**Measured:** {machine_label(surface)}, {config['context_len']} tokens already cached per sequence, "
+                f"logits for every new token (as the engine verifies), {surface['forward']}.")
+    statistic = st.radio("Each cell is the", [s for s, field in CELL_STATISTICS.items() if field in surface],
+                         horizontal=True, key="cost_b_stat")
+    cell_ms = surface[CELL_STATISTICS[statistic]]
+    c1, c2 = st.columns(2)
+    with c1:
+        surface_heatmap(analysis.surface_grid(cell_ms), "c(B, n): ms per forward (measured)", ".0f", "cost_b_ms")
+    with c2:
+        surface_heatmap(analysis.surface_ratios(cell_ms), "c(B, n) ÷ c(B, 1) (measured)", ".2f", "cost_b_ratio")
+    st.caption(f"Measured {m['date']} by `{surface['command']}`: {config['rounds']} rounds, every round over all cells "
+               "in a new shuffled order after an untimed warm-up round; each cell the median of its rounds or its "
+               "fastest. Spread of a cell (interquartile range ÷ median): median "
+               f"{noise['median_relative_iqr']:.1%}, largest {noise['max_relative_iqr']:.1%}; memory bandwidth "
+               f"{m['bandwidth_gb_s']:.1f} GB/s.")
+    if noise["median_relative_iqr"] > 0.25:
+        st.warning(f"This surface was measured on a busy machine: half its cells vary by more than "
+                   f"{noise['median_relative_iqr']:.0%} of their median between rounds. Single cells are uncertain; "
+                   "read the trend across B and n, and compare the median with the fastest round.")
+    lean = surface.get("lean_b1_ms")
+    if lean:
+        ms1 = surface["ms"].get("1", {})
+        pairs = ", ".join(f"n = {n}: {lean[n]:.0f} vs {ms1[n]:.0f} ms" for n in lean if n in ms1)
+        st.caption(f"B = 1 both ways, in the same rounds (medians): {surface['lean_b1_forward']} (what the engine runs at "
+                   f"batch 1, one sequence only) vs the batched transformers forward: {pairs}. The surface uses the "
+                   "batched forward throughout, so its B = 1 row is that path's, not the engine's.")
+
+st.subheader("The predicted gain at each batch size")
+st.latex(r"\text{gain}(B) = \frac{E(\alpha, K)}{c(B, K{+}1) / c(B, 1) + K \cdot d}, \qquad "
+         r"E(\alpha, K) = \frac{1 - \alpha^{K+1}}{1 - \alpha}")
+st.caption("E(α, K): Leviathan et al., 2023, *Fast Inference from Transformers via Speculative Decoding*. c(B, n): "
+           "the measured surface above. d: the draft's cost per drafted token in plain forwards c(B, 1), charged as "
+           "the roofline model charges it. The model's forward time is max(weights ÷ bandwidth, 2 × params × tokens "
+           "÷ FLOP/s), KV-cache reads ignored.")
+chain_runs = {name: analysis.summarise(e) for name, e in runs.items() if parse_spec(e[0]["drafter"])[0] in CHAIN_DRAFTERS}
+chain_runs = {name: s for name, s in chain_runs.items() if s.alpha is not None}
+c = st.columns(3)
+alpha_source = c[0].selectbox("α from", [*chain_runs, "slider"], key="cost_b_alpha_source") if chain_runs else "slider"
+if alpha_source == "slider":
+    alpha = c[0].slider("α", 0.0, 0.99, 0.7, key="cost_b_alpha")
+else:
+    alpha = min(chain_runs[alpha_source].alpha, 0.99)
+    c[0].caption(f"α = {alpha:.3f}: accepted ÷ tested ({chain_runs[alpha_source].accepted_tested} of "
+                 f"{chain_runs[alpha_source].tested}), measured in this session.")
+k = c[1].slider("K", 1, 10, 4, key="cost_b_k")
+draft_cost = c[2].slider("draft cost per token (in target forwards)", 0.0, 0.5, 0.05, 0.01, key="cost_b_draft")
 c = st.columns(4)
 params_b = c[0].number_input("Parameters (billions)", 0.1, 2000.0, 70.0, key="cost_b_params")
 bw = c[1].number_input("Bandwidth (TB/s)", 0.1, 50.0, analysis.GPU_DATASHEET["H100 SXM"]["bandwidth_tb_s"], key="cost_b_bw")
 tflops = c[2].number_input("Dense 16-bit TFLOP/s", 1.0, 10000.0, analysis.GPU_DATASHEET["H100 SXM"]["bf16_tflops"],
                            key="cost_b_flops")
 gpus_b = c[3].number_input("GPUs (tensor parallel)", 1, 64, 8, key="cost_b_gpus")
-c = st.columns(3)
-alpha = c[0].slider("α", 0.0, 0.99, 0.7, key="cost_b_alpha")
-k = c[1].slider("K", 1, 10, 4, key="cost_b_k")
-draft_cost = c[2].slider("draft cost per token (in target forwards)", 0.0, 0.5, 0.05, 0.01, key="cost_b_draft")
 batches = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
 speedups = analysis.batch_speedup_model(batches, params_b * 1e9, 2.0, bw * 1e12 * gpus_b, tflops * 1e12 * gpus_b,
                                         alpha, k, draft_cost)
-fig = go.Figure(go.Scatter(x=batches, y=speedups, mode="lines+markers", name="modelled speedup"))
+fig = go.Figure(go.Scatter(x=batches, y=speedups, mode="lines+markers", line={"dash": "dash"},
+                           name=f"MODELLED: {params_b:g}B, 16-bit, {gpus_b} GPUs of {bw:g} TB/s and {tflops:g} TFLOP/s (roofline)"))
+gains = {}
+if surface is not None and all(str(k + 1) in row for row in cell_ms.values()):
+    gains = analysis.measured_batch_gain(cell_ms, alpha, k, draft_cost)
+    fig.add_trace(go.Scatter(x=list(gains), y=list(gains.values()), mode="lines+markers",
+                             name=f"MEASURED surface: {machine_label(surface)}"))
+elif surface is not None:
+    st.info(f"The surface measures n = {', '.join(map(str, surface['config']['new_tokens']))} new "
+            f"tokens per sequence; the measured curve needs n = K + 1 = {k + 1}, so the chart shows the model only.")
 fig.add_hline(y=1.0, line_dash="dot", annotation_text="no gain")
-fig.update_layout(title="MODELLED speedup of speculative decoding vs batch size (not measured)", height=340,
-                  xaxis={"type": "log", "title": "batch size (sequences)"}, yaxis={"title": "speedup"},
-                  margin={"l": 10, "r": 10, "t": 40, "b": 10})
+fig.update_layout(title=f"Speedup vs batch size, α = {alpha:.2f}, K = {k}, d = {draft_cost:.2f}", height=380,
+                  xaxis={"type": "log", "title": "batch size B (sequences)"}, yaxis={"title": "speedup"},
+                  legend={"orientation": "h", "y": -0.25}, margin={"l": 10, "r": 10, "t": 40, "b": 10})
 st.plotly_chart(fig, key="cost_batch")
 crossover = tflops * 1e12 * 2.0 / (2 * bw * 1e12)  # tokens per forward where weights/bandwidth = 2·P·n/FLOPS
-st.caption(f"Defaults: H100 SXM datasheet figures (3.35 TB/s, 989 dense BF16 TFLOP/s per GPU; NVIDIA H100 datasheet), "
-           f"16-bit weights, {gpus_b} GPUs with perfect scaling. The forward turns compute-bound at about "
-           f"{crossover:.0f} tokens (batch × (K + 1) for the speculative step, batch for the plain one). Real servers "
-           "also pay for KV-cache reads and scheduling, so treat the curve as the shape of the effect, not a prediction.")
+st.caption(f"The model's defaults: H100 SXM datasheet figures (3.35 TB/s, 989 dense BF16 TFLOP/s per GPU; NVIDIA H100 "
+           f"datasheet), 16-bit weights, {gpus_b} GPUs with perfect scaling. The modelled forward turns compute-bound "
+           f"at about {crossover:.0f} tokens (batch × (K + 1) for the speculative step, batch for the plain one). Real "
+           "servers also pay for KV-cache reads and scheduling, so treat the model as the shape of the effect. The "
+           "measured curve is a prediction from measured forward costs (same α, K and d), not a measured batched "
+           "decode, and it holds for the machine and model that measured the surface.")
+
+if gains:
+    st.subheader("What it does to the cost per token at that machine")
+    usd_hour = st.number_input("$ per hour of the machine that measured the surface", 0.0, 1000.0, 0.10, 0.01,
+                               key="cost_b_price", help="Enter your own price; the default is an example, not a quote.")
+    rows = analysis.batch_node_rows(cell_ms, alpha, k, draft_cost, usd_hour)
+    st.dataframe([{"B": r["batch"], "plain tokens/s (all B)": round(r["plain_tokens_per_s"], 1),
+                   "speculative tokens/s (all B, predicted)": round(r["spec_tokens_per_s"], 1),
+                   "$/M plain": round(r["plain_usd_per_million"], 4), "$/M speculative": round(r["spec_usd_per_million"], 4),
+                   "gain": round(gains[r["batch"]], 2)} for r in rows], hide_index=True)
+    st.caption("A node is paid for by its total throughput: $/M tokens = price ÷ (tokens/s of the whole node over all "
+               "B sequences × 3600) × 10⁶ (section 1's formula). Plain: B tokens per c(B, 1). Speculative: B · E(α, K) "
+               "tokens per step of c(B, K + 1) + K · d · c(B, 1), from the measured surface. Batching lowers the cost "
+               "per token far more than speculation does once B is large, and speculation's share of the saving "
+               "shrinks as the gain falls.")

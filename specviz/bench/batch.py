@@ -240,8 +240,8 @@ SURFACE_SCHEMA = {
 
 
 def parse_surface(text: str | bytes, source: str = "the file") -> dict:
-    """A batch surface from its JSON text, checked against SURFACE_SCHEMA and for a full grid: every batch size
-    of its config with every token count (SpecvizError saying what is wrong when it is not one)."""
+    """A batch surface from its JSON text, checked against SURFACE_SCHEMA and for a full grid (in ms and, where
+    present, ms_min and ms_max): every batch size of its config with every token count (SpecvizError saying what is wrong when it is not one)."""
     import jsonschema
 
     try:
@@ -256,11 +256,12 @@ def parse_surface(text: str | bytes, source: str = "the file") -> dict:
         raise SpecvizError(f"{source} is not a specviz batch surface (at {where}: {err.message})") from err
     config = surface["config"]
     want = {str(n) for n in config["new_tokens"]}
-    for batch in map(str, config["batch_sizes"]):
-        have = set(surface["ms"].get(batch, {}))
-        if have != want:
-            raise SpecvizError(f"{source} is not a full batch surface: B = {batch} has n = {sorted(have, key=int)}, "
-                               f"its config says {sorted(want, key=int)}")
+    for field in ("ms", "ms_min", "ms_max"):
+        for batch in map(str, config["batch_sizes"]) if field in surface else ():
+            have = set(surface[field].get(batch, {}))
+            if have != want:
+                raise SpecvizError(f"{source} is not a full batch surface: {field} at B = {batch} has n = "
+                                   f"{sorted(have, key=int)}, its config says {sorted(want, key=int)}")
     return surface
 
 
