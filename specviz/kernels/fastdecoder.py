@@ -97,7 +97,12 @@ class KVCache:
 
 
 def _fused(*modules) -> fastlinear.PackedProjection:
-    """One product for several linear modules that read the same input: weights (and biases) stacked in order."""
+    """One product for several linear modules that read the same input: weights (and biases) stacked in order.
+    Modules of a type with its own stacked product (`stacked`, as specviz.kernels.quant.Q4Linear keeps its weights
+    4-bit) give that instead of a concatenated fp32 copy."""
+    own = getattr(type(modules[0]), "stacked", None)
+    if own is not None and all(type(m) is type(modules[0]) for m in modules):
+        return own(*modules)
     weight = torch.cat([m.weight for m in modules]).contiguous()
     bias = None
     if any(m.bias is not None for m in modules):  # a missing bias among present ones is a zero bias

@@ -17,8 +17,6 @@ fp32 (the file's fp16, widened). Where the op is not built, `available()` is Fal
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import torch
 from torch import nn
@@ -116,6 +114,11 @@ class Q4Linear(nn.Module):
     def weight(self) -> torch.Tensor:
         return dequantize(self.codes, self.scales, self.mins)
 
+    @classmethod
+    def stacked(cls, *modules: "Q4Linear") -> Q4Projection:
+        """One 4-bit product for several modules reading the same input (the lean decoder's q/k/v, gate/up)."""
+        return Q4Projection.stacked(*(m.projection() for m in modules))
+
     def projection(self) -> Q4Projection:
         return Q4Projection(self.codes, self.scales, self.mins, None if self.bias is None else self.bias.detach())
 
@@ -132,29 +135,10 @@ def is_quantized(model: nn.Module) -> bool:
     return any(isinstance(m, Q4Linear) for m in model.modules())
 
 
-_prime_lock = threading.Lock()
-
-
 def prime_lean_decoder(model) -> bool:
-    """Give a model whose projections are Q4Linear its lean decoder (specviz.kernels.fastdecoder) with q/k/v and
-    gate/up each stacked into one 4-bit product, as the fp32 path fuses them; returns whether it applies.
-
-    The lean decoder fuses by concatenating fp32 weights; here it is built unfused and its fused products are then
-    replaced by 4-bit ones, and kept as `for_model`'s entry for this model (rebuilt unprimed, the lean decoder
-    would fuse dequantized fp32 copies: the same numbers, without the memory saving)."""
+    """Build the lean decoder (specviz.kernels.fastdecoder) of a model whose projections are Q4Linear now, so the
+    first forward does not pay for it; its q/k/v and gate/up products come out 4-bit (`Q4Linear.stacked`), as the
+    fp32 path fuses them. Returns whether the lean decoder covers the model."""
     from specviz.kernels import fastdecoder
 
-    if fastdecoder.unsupported_reason(model) is not None:
-        return False
-    decoder = model.get_decoder()
-    with _prime_lock:
-        fast = fastdecoder.FastDecoder(model, fuse=False)
-        for layer, module in zip(fast.stack.layers, decoder.layers):
-            attn, mlp = module.self_attn, module.mlp
-            if all(isinstance(m, Q4Linear) for m in (attn.q_proj, attn.k_proj, attn.v_proj)):
-                layer.qkv = Q4Projection.stacked(*(m.projection() for m in (attn.q_proj, attn.k_proj, attn.v_proj)))
-            if all(isinstance(m, Q4Linear) for m in (mlp.gate_proj, mlp.up_proj)):
-                layer.gate_up = Q4Projection.stacked(mlp.gate_proj.projection(), mlp.up_proj.projection())
-        with fastdecoder._built_lock:
-            fastdecoder._built[model] = (fastdecoder._signature(decoder), fast)
-    return True
+    return fastdecoder.for_model(model) is not None
