@@ -1,12 +1,9 @@
 import json
-import tempfile
 import time
-from pathlib import Path
 
 import streamlit as st
 
-from app import figures, state
-from specviz.decoding import events as ev
+from app import figures, lanes, state
 from specviz.errors import SpecvizError
 
 state.intro(
@@ -20,19 +17,7 @@ shared, settings = state.current()
 
 def parse_trace(data: bytes, name: str) -> list[dict]:
     """An uploaded JSONL trace, checked like events.read_trace does, and every event against the schema."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / (Path(name).name or "trace.jsonl")
-        path.write_bytes(data)
-        try:
-            events = ev.read_trace(path)
-        except UnicodeDecodeError:
-            raise SpecvizError(f"{name}: not a text file") from None
-    for n, event in enumerate(events, 1):
-        try:
-            ev.validate(event)
-        except Exception as err:  # jsonschema.ValidationError: say where, briefly
-            raise SpecvizError(f"{name}: event {n} does not follow the specviz event schema: "
-                               f"{getattr(err, 'message', err)}") from None
+    events = lanes.parse_trace(data, name)
     if events[-1]["type"] != "done":
         st.warning(f"{name} ends before its done event (a stopped run); showing the steps it has.")
     return events
