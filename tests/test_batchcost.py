@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from streamlit.testing.v1 import AppTest
+from test_bench import one_thread  # noqa: F401  (autouse: one torch thread, as the bench's tests run tiny models)
 
 from app.state import ENV_MODEL
 from specviz import analysis
@@ -28,15 +29,6 @@ SMALL = batch.SurfaceSettings(batch_sizes=(1, 2, 4), new_tokens=(1, 2, 3), conte
                               bandwidth_mb=8, bandwidth_repeats=1)
 # c(B, n) in ms for the hand computations: B = 1 nearly flat in n, B = 4 steep
 HAND = {"1": {"1": 10.0, "2": 11.0, "3": 12.0}, "4": {"1": 20.0, "2": 30.0, "3": 40.0}}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matrices gain nothing from threads, and on a busy machine threads wait on each other."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

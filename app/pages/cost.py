@@ -185,6 +185,17 @@ def surface_heatmap(grid: dict, title: str, fmt: str, key: str) -> None:
     st.plotly_chart(fig, key=key)
 
 
+def batching_note(rows: list[dict]) -> str:
+    """What batching and speculation each do to the plain cost per token, from the table's own rows."""
+    first, last = rows[0], rows[-1]
+    if len(rows) < 2:
+        return ""
+    return (f"Here batching alone, B = {first['batch']} → {last['batch']}, divides the plain cost per token by "
+            f"{first['plain_usd_per_million'] / last['plain_usd_per_million']:.1f}; speculation divides it by "
+            f"{first['plain_usd_per_million'] / first['spec_usd_per_million']:.2f} at B = {first['batch']} and by "
+            f"{last['plain_usd_per_million'] / last['spec_usd_per_million']:.2f} at B = {last['batch']}.")
+
+
 CELL_STATISTICS = {"median of the rounds": "ms", "fastest round (the least disturbed)": "ms_min"}
 surface = chosen_surface()
 cell_ms = {}  # {"B": {"n": ms}}: the cell statistic chosen below, which every figure of this section uses
@@ -206,8 +217,8 @@ if surface is not None:
                f"{noise['median_relative_iqr']:.1%}, largest {noise['max_relative_iqr']:.1%}; memory bandwidth "
                f"{m['bandwidth_gb_s']:.1f} GB/s.")
     if noise["median_relative_iqr"] > 0.25:
-        st.warning(f"This surface was measured on a busy machine: half its cells vary by more than "
-                   f"{noise['median_relative_iqr']:.0%} of their median between rounds. Single cells are uncertain; "
+        st.warning(f"This surface was measured on a busy machine: in half its cells the middle half of the rounds "
+                   f"spans more than {noise['median_relative_iqr']:.0%} of the median. Single cells are uncertain; "
                    "read the trend across B and n, and compare the median with the fastest round.")
     lean = surface.get("lean_b1_ms")
     if lean:
@@ -279,6 +290,5 @@ if gains:
                    "gain": round(gains[r["batch"]], 2)} for r in rows], hide_index=True)
     st.caption("A node is paid for by its total throughput: $/M tokens = price ÷ (tokens/s of the whole node over all "
                "B sequences × 3600) × 10⁶ (section 1's formula). Plain: B tokens per c(B, 1). Speculative: B · E(α, K) "
-               "tokens per step of c(B, K + 1) + K · d · c(B, 1), from the measured surface. Batching lowers the cost "
-               "per token far more than speculation does once B is large, and speculation's share of the saving "
-               "shrinks as the gain falls.")
+               "tokens per step of c(B, K + 1) + K · d · c(B, 1), from the measured surface. "
+               f"{batching_note(rows)}")
