@@ -227,6 +227,11 @@ def test_the_cost_page_takes_an_uploaded_surface_and_rejects_a_malformed_one(cos
     at.run()
     assert any(n.startswith("MEASURED surface: tiny") for n in chart_names(at, "cost_batch"))
 
+    busy = (ROOT / "docs" / "results" / "batch-surface-cpu-busy.json").read_bytes()  # cell spread 343 % of the median
+    at.get("file_uploader")[0].upload("busy.json", busy, "application/json")
+    at.run()
+    assert any("measured on a busy machine" in w.value for w in at.warning)
+
     at.get("file_uploader")[0].upload("bad.json", b'{"kind": "something else"}', "application/json")
     at.run()
     assert not at.exception
