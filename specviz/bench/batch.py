@@ -11,7 +11,6 @@ the surface instead of biasing one corner; each cell keeps the median over round
 """
 from __future__ import annotations
 
-import json
 import os
 import random
 import statistics
@@ -24,6 +23,7 @@ import torch
 from transformers import DynamicCache
 
 from specviz.bench.probes import BandwidthProbe, machine_info, target_forward
+from specviz.bench.schema import parse_json
 from specviz.decoding.costs import fitting_context, synchronize
 from specviz.decoding.target import Target
 from specviz.errors import SpecvizError
@@ -242,18 +242,7 @@ SURFACE_SCHEMA = {
 def parse_surface(text: str | bytes, source: str = "the file") -> dict:
     """A batch surface from its JSON text, checked against SURFACE_SCHEMA and for a full grid (in ms and, where
     present, ms_min and ms_max): every batch size of its config with every token count (SpecvizError saying what is wrong when it is not one)."""
-    import jsonschema
-
-    try:
-        surface = json.loads(text)
-        jsonschema.validate(surface, SURFACE_SCHEMA)
-    except UnicodeDecodeError:
-        raise SpecvizError(f"{source} is not a text file") from None
-    except json.JSONDecodeError as err:
-        raise SpecvizError(f"{source} is not JSON: {err}") from err
-    except jsonschema.ValidationError as err:
-        where = "/".join(map(str, err.absolute_path)) or "the top level"
-        raise SpecvizError(f"{source} is not a specviz batch surface (at {where}: {err.message})") from err
+    surface = parse_json(text, SURFACE_SCHEMA, source, "specviz batch surface")
     config = surface["config"]
     want = {str(n) for n in config["new_tokens"]}
     for field in ("ms", "ms_min", "ms_max"):

@@ -144,21 +144,27 @@ def validate(report: dict) -> None:
     jsonschema.validate(report, BENCH_SCHEMA)
 
 
-def parse_report(text: str | bytes, source: str = "the report") -> dict:
-    """A report from its JSON text, checked against the schema (SpecvizError when it is not one)."""
+def parse_json(text: str | bytes, schema: dict, source: str, kind: str) -> dict:
+    """JSON text checked against a JSON Schema; SpecvizError naming `source`, the `kind` of file expected and where
+    it departs from it when it is not one."""
     import jsonschema
 
     try:
-        report = json.loads(text)
-        validate(report)
+        document = json.loads(text)
+        jsonschema.validate(document, schema)
     except UnicodeDecodeError:
         raise SpecvizError(f"{source} is not a text file") from None
     except json.JSONDecodeError as err:
         raise SpecvizError(f"{source} is not JSON: {err}") from err
     except jsonschema.ValidationError as err:
         where = "/".join(map(str, err.absolute_path)) or "the top level"
-        raise SpecvizError(f"{source} is not a specviz bench report (at {where}: {err.message})") from err
-    return report
+        raise SpecvizError(f"{source} is not a {kind} (at {where}: {err.message})") from err
+    return document
+
+
+def parse_report(text: str | bytes, source: str = "the report") -> dict:
+    """A report from its JSON text, checked against the schema (SpecvizError when it is not one)."""
+    return parse_json(text, BENCH_SCHEMA, source, "specviz bench report")
 
 
 def load_report(path: str | os.PathLike) -> dict:
