@@ -26,7 +26,8 @@ PATH = [
      "the chain and for picked siblings, and watch the chi-square p-value collapse."),
     ("app/pages/topologies.py", "Topologies compared", 2,
      "What each drafter reads, needs and gives; what accepted ÷ drafted, accepted ÷ tested and τ each mean.",
-     "Find why `eagle2` has a lower acceptance rate than `ngram` in the shipped report and yet a higher τ."),
+     "Find why `eagle2` has a lower acceptance rate than `draft:adaptive=true` in the shipped report and yet a "
+     "higher τ."),
     ("app/pages/race.py", "Topology race", 2,
      "Every drafter on the same prompt and settings: who finishes first, and whether the texts agree.",
      "Race `none`, `ngram` and `eagle2` over 24 tokens at temperature 0: do all lanes produce the same text?"),
@@ -49,7 +50,7 @@ st.info("**Notation:** **p** is the target model's distribution and **q** the dr
         "top-p); α = min(1, p(x)/q(x)) is the probability of accepting a drafted token x (α = p(x) for a token that "
         "was picked rather than sampled); u is the uniform draw it is compared with; τ is the number of tokens one "
         "target forward pass commits.")
-shared, settings = state.current()
+shared, _ = state.current()
 if shared is None:
     st.warning("Load a model in the sidebar first: the embedded SmolLM2-135M runs on any CPU.")
 

@@ -95,7 +95,8 @@ with tab_quiz:
                 "decoding* page first (a drafter other than `none`; a temperature above 0 adds α questions).")
     else:
         seed = st.session_state.setdefault("quiz_seed", 0)
-        quiz_id = (source, len(trace), seed)  # a new run or new questions start a fresh sheet
+        # a new run (another text, drafter or sampling) or new questions start a fresh sheet
+        quiz_id = (source, trace[0]["drafter"], str(trace[0]["sampling"]), tuple(trace[-1]["token_ids"]), seed)
         if st.session_state.get("quiz_id") != quiz_id:
             st.session_state["quiz_id"], st.session_state["quiz_answers"] = quiz_id, {}
         answers = st.session_state["quiz_answers"]

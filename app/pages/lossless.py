@@ -93,7 +93,7 @@ else:
                                       "the samples differ more than chance usually allows (or this is the 1% case)."))
 st.caption(f"Pearson's chi-square test of homogeneity on a 2 × {test['columns']} table (a standard two-sample "
            "test; the p-value is the probability of a chi-square this large when both samples come from one "
-           "distribution, so below 0.01 happens 1 % of the time by chance); {test['pooled']} rare outcomes (expected "
+           f"distribution, so below 0.01 happens 1 % of the time by chance); {test['pooled']} rare outcomes (expected "
            "count below 5) pooled into one column. Total variation = ½ Σ |share in sample A − share in sample B|; with "
            f"N = {test['n_a']} and {test['n_b']}, two samples of one distribution (these two pooled) differ by a TV of "
            f"about {test['noise_tv']:.2f} from sampling noise alone (normal approximation; it shrinks as 1/√N).")
