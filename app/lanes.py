@@ -99,8 +99,9 @@ def read_race_data(document: str) -> dict:
 
 def race_document(data: dict) -> str:
     """One HTML file that replays the lanes of `data` (race_data's) on one clock; it starts playing on load."""
+    # the data last: no marker inside a prompt or a token can be filled in after it
     return (_DOCUMENT.replace("/*CSS*/", _CSS).replace("/*JS*/", _JS)
-            .replace("/*DATA*/", _script_json(data)).replace("/*PRESENTER*/", " presenter" if data["presenter"] else ""))
+            .replace("/*PRESENTER*/", " presenter" if data["presenter"] else "").replace("/*DATA*/", _script_json(data)))
 
 
 _DOCUMENT = """<!DOCTYPE html>
@@ -337,7 +338,22 @@ def read_bundle(data: bytes, name: str = "bundle") -> dict[str, list[dict]]:
             if runs[drafter][0]["drafter"] != drafter.split(":", 1)[0]:  # eagle2:lookup=4 runs eagle2
                 raise SpecvizError(f"{name}: {member} is a run of {runs[drafter][0]['drafter']!r}, "
                                    f"not of {drafter!r} as the manifest says")
+    _check_one_race(runs, name)
     return runs
+
+
+RACE_FIELDS = ("model", "prompt_text", "sampling", "seed", "max_new_tokens")  # what every lane of one race shares
+
+
+def _check_one_race(runs: dict[str, list[dict]], name: str) -> None:
+    """Every lane of a bundle ran the same prompt, model, sampling, seed and token budget (else the lanes are no
+    race, and "same text as none" would compare runs of different settings)."""
+    first, *others = runs.items()
+    for drafter, events in others:
+        for field in RACE_FIELDS:
+            if events[0][field] != first[1][0][field]:
+                raise SpecvizError(f"{name}: the {drafter} lane ran with another {field.replace('_', ' ')} than "
+                                   f"the {first[0]} lane: a race's lanes share one prompt, model and settings")
 
 
 def _manifest(zf: zipfile.ZipFile, name: str) -> dict:

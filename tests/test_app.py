@@ -10,7 +10,7 @@ from streamlit.testing.v1 import AppTest
 from app.state import ENV_MODEL
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
-TIMEOUT = 120  # AppTest's default (3 s) is for scripts without a model; this machine is slow and shared
+TIMEOUT = 120  # AppTest's default (3 s) is for scripts without a model; a 2-core CPU under load needs far more
 PAGES = {
     "app/pages/guide.py": "Start here",
     "app/pages/overview.py": "Why speculative decoding works",

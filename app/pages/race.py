@@ -216,7 +216,7 @@ if loaded is not None:
     start = next(iter(runs.values()))[0]
     st.caption(f"Replaying the bundle {name}: model {figures.md_code(start['model'])}, "
                f"{len(runs)} lanes. Remove the file above to return to this server's race.")
-    show_race(runs, f"on {figures.md_code(start['device'])} ({start['dtype']}) when the bundle was recorded",
+    show_race(runs, f"on {figures.md_code(start['device'])} ({figures.md_code(start['dtype'])}) when the bundle was recorded",
               presenter)
     st.stop()
 
