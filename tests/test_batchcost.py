@@ -128,6 +128,7 @@ def test_the_shipped_surface_validates_and_covers_the_grid():
     (lambda s: {**s, "ms_min": {**s["ms_min"], "4": {"1": 5.0}}}, "ms_min at B = 4"),
     (lambda s: {**s, "ms": {**s["ms"], "1": {**s["ms"]["1"], "2": -1.0}}}, "at ms/1/2"),
     (lambda s: {**s, "config": {**s["config"], "new_tokens": [2, 3]}}, "at config/new_tokens"),
+    (lambda s: {**s, "lean_b1_ms": {"1": 5.0}, "lean_b1_forward": None}, "at lean_b1_forward"),
 ])
 def test_a_malformed_surface_is_a_clear_error(tiny_surface, edit, message):
     edited = edit(copy.deepcopy(tiny_surface[1]))

@@ -22,7 +22,7 @@ def measured_runs() -> dict[str, list[dict]]:
     """Finished runs of this session: the race's (for the current settings or any) and the last live run."""
     runs = {}
     for (key, drafter), events in st.session_state.get("race_cache", {}).items():
-        prompt, s = key  # app/pages/race.py's key: the prompt and the sidebar's state.Settings of the run
+        prompt, s = key  # app/pages/race.py's key: the prompt and the race's state.Settings of the run
         label = f"race: {drafter} on “{prompt[:24]}…”, T {s.temperature}, K {s.k}, {s.max_new_tokens} tokens, seed {s.seed}"
         runs[label if label not in runs else f"{label} ({len(runs)})"] = events  # top-p, top-k or tree differ
     trace, source = state.get_trace()
@@ -187,13 +187,13 @@ def surface_heatmap(grid: dict, title: str, fmt: str, key: str) -> None:
 
 def batching_note(rows: list[dict]) -> str:
     """What batching and speculation each do to the plain cost per token, from the table's own rows."""
-    first, last = rows[0], rows[-1]
     if len(rows) < 2:
         return ""
+    first, last = rows[0], rows[-1]  # cost per token ∝ 1 / node tokens/s, whatever the price
     return (f"Here batching alone, B = {first['batch']} → {last['batch']}, divides the plain cost per token by "
-            f"{first['plain_usd_per_million'] / last['plain_usd_per_million']:.1f}; speculation divides it by "
-            f"{first['plain_usd_per_million'] / first['spec_usd_per_million']:.2f} at B = {first['batch']} and by "
-            f"{last['plain_usd_per_million'] / last['spec_usd_per_million']:.2f} at B = {last['batch']}.")
+            f"{last['plain_tokens_per_s'] / first['plain_tokens_per_s']:.1f}; speculation divides it by "
+            f"{first['spec_tokens_per_s'] / first['plain_tokens_per_s']:.2f} at B = {first['batch']} and by "
+            f"{last['spec_tokens_per_s'] / last['plain_tokens_per_s']:.2f} at B = {last['batch']}.")
 
 
 CELL_STATISTICS = {"median of the rounds": "ms", "fastest round (the least disturbed)": "ms_min"}

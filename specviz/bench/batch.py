@@ -1,6 +1,7 @@
 """The batch surface: the target's measured forward cost over B sequences × n new tokens each, every sequence
-with `context_len` tokens already in its KV cache. Its B = 1 row is the verify-cost curve
-(specviz.decoding.costs); the other rows say what verifying K + 1 tokens per sequence costs once the target
+with `context_len` tokens already in its KV cache. Its B = 1 row is keyed like the verify-cost curve
+(specviz.decoding.costs) but runs transformers' batched forward (the curve's own path, the lean decoder, is the
+`lean_b1_ms` row); the other rows say what verifying K + 1 tokens per sequence costs once the target
 already serves B sequences, the measured side of the cost page's batch section.
 
 specviz's lean decoder (specviz.kernels.fastdecoder) and its KV cache hold one sequence, so every cell runs
@@ -233,9 +234,13 @@ SURFACE_SCHEMA = {
         "ms_min": _GRID,
         "ms_max": _GRID,
         "lean_b1_ms": {"type": ["object", "null"], "additionalProperties": {"type": "number", "exclusiveMinimum": 0}},
+        "lean_b1_forward": {"type": ["string", "null"]},
         "noise": {"type": "object", "required": ["median_relative_iqr", "max_relative_iqr"],
                   "properties": {"median_relative_iqr": {"type": "number"}, "max_relative_iqr": {"type": "number"}}},
     },
+    # a lean B = 1 row names the forward that made it
+    "if": {"required": ["lean_b1_ms"], "properties": {"lean_b1_ms": {"type": "object"}}},
+    "then": {"required": ["lean_b1_forward"], "properties": {"lean_b1_forward": {"type": "string"}}},
 }
 
 
