@@ -179,6 +179,14 @@ def tiny_pair(hidden=64):
     return model, q4, tensors
 
 
+def test_the_bench_counts_the_bytes_a_q4_step_streams():
+    from specviz.bench.probes import streamed_weight_bytes
+
+    fp32, q4, tensors = tiny_pair()
+    saved = sum(4 * codes.numel() * 2 - (codes.numel() + scales.numel() * 8) for codes, scales, _ in tensors.values())
+    assert streamed_weight_bytes(q4) == streamed_weight_bytes(fp32) - saved  # codes + fp32 scale and minimum
+
+
 @needs_op
 def test_a_quantized_target_computes_what_its_fp32_twin_does():
     fp32, q4, _ = tiny_pair()

@@ -39,8 +39,13 @@ class BandwidthProbe:
 
 def streamed_weight_bytes(model) -> int:
     """Bytes of weights one decoding step must read: every parameter once (tied ones once), except the input
-    embedding, of which a step reads one row, unless the LM head shares it (then the head reads all of it)."""
+    embedding, of which a step reads one row, unless the LM head shares it (then the head reads all of it).
+    Projections kept 4-bit (specviz.kernels.quant.Q4Linear) count their codes, scales and minimums."""
+    from specviz.kernels.quant import Q4Linear
+
     total = sum(p.numel() * p.element_size() for p in model.parameters())
+    total += sum(b.numel() * b.element_size() for m in model.modules() if isinstance(m, Q4Linear)
+                 for b in m.buffers(recurse=False))
     embedding = model.get_input_embeddings().weight
     head = model.get_output_embeddings()
     if head is None or head.weight.data_ptr() != embedding.data_ptr():

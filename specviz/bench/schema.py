@@ -40,7 +40,7 @@ BENCH_SCHEMA = {
             "properties": {"cpu": {"type": "string"}, "cores": {"type": ["integer", "null"]}, "torch_threads": {"type": "integer"},
                            "gpu": {"type": ["string", "null"]}, "torch": {"type": "string"}, "transformers": {"type": "string"},
                            "device": {"type": "string"}, "dtype": {"type": "string"}, "bandwidth_gb_s": _NUMBER,
-                           "date": {"type": "string"},
+                           "date": {"type": "string"}, "weights": {"enum": ["fp32", "q4"]},
                            "draft_dtypes": {"type": "object", "additionalProperties": {"type": "string"}}},
         },
         "config": {

@@ -6,8 +6,8 @@ comes as a Q4_1 GGUF; dequantized to fp32 its projections are 425 MB a forward, 
 weight (half a byte of codes, an fp32 scale and minimum per 32 weights): 80 MB.
 
 The numbers are Q4_1's own: each group of 32 weights along the input dimension has a scale d and a minimum m and
-w = d q + m for its 4-bit codes q, exactly the fp32 values the dequantized checkpoint holds; the op unpacks them
-in registers and sums every output's dot product in one fixed order, so results differ from `F.linear` on the
+w = d q + m for its 4-bit codes q, exactly the fp32 values the dequantized checkpoint holds; the op unpacks each output's
+row into a small fp32 buffer (in L1) and sums every output's dot product in one fixed order, so results differ from `F.linear` on the
 dequantized weight by rounding only, and a row's result does not depend on how many rows are multiplied with it.
 
 The layout the op reads (repacked once from the GGUF blocks): codes (out, in / 2) uint8, 16 bytes per group, byte j
@@ -133,12 +133,3 @@ class Q4Linear(nn.Module):
 
 def is_quantized(model: nn.Module) -> bool:
     return any(isinstance(m, Q4Linear) for m in model.modules())
-
-
-def prime_lean_decoder(model) -> bool:
-    """Build the lean decoder (specviz.kernels.fastdecoder) of a model whose projections are Q4Linear now, so the
-    first forward does not pay for it; its q/k/v and gate/up products come out 4-bit (`Q4Linear.stacked`), as the
-    fp32 path fuses them. Returns whether the lean decoder covers the model."""
-    from specviz.kernels import fastdecoder
-
-    return fastdecoder.for_model(model) is not None

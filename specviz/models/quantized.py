@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from specviz.errors import SpecvizError
-from specviz.kernels import quant
+from specviz.kernels import fastdecoder, quant
 from specviz.models.cache import cache_lock, is_fetched, model_dir
 from specviz.models.presets import ModelFile
 
@@ -109,7 +109,7 @@ def replace_projections(model, tensors: dict) -> int:
             swaps.append((parent, name, replacement))
     for parent, name, replacement in swaps:
         setattr(parent, name, replacement)
-    quant.prime_lean_decoder(model)
+    fastdecoder.for_model(model)  # the lean decoder built now, its q/k/v and gate/up stacked 4-bit (Q4Linear.stacked)
     return len(swaps)
 
 
