@@ -135,6 +135,10 @@ def trace_text(events: list[dict]) -> str:
     (lambda r: zipped({"manifest.json": manifest(("none", "a.jsonl")),
                        "a.jsonl": trace_text([r["none"][0], {**r["none"][1], "committed": "x"}, r["none"][-1]])}),
      "does not follow the specviz event schema"),
+    (lambda r: zipped({"manifest.json": manifest(("none", "a.jsonl"), ("ngram", "b.jsonl")),
+                       "a.jsonl": trace_text(r["none"]),
+                       "b.jsonl": trace_text([{**r["ngram"][0], "seed": 99}] + r["ngram"][1:])}),
+     "the ngram lane ran with another seed than the none lane"),
 ])
 def test_a_malformed_bundle_is_a_clear_error(runs, make, message):
     with pytest.raises(SpecvizError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):

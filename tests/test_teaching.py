@@ -81,6 +81,11 @@ def test_acceptance_numbers_under_each_name(tree_run):
     assert numbers.drafted > numbers.tested >= numbers.accepted  # a tree tests only some of what it drafts
     assert numbers.per_drafted < numbers.per_tested
     assert numbers.accepted_per_step <= numbers.tau - 1 + 1e-9  # every step adds one token of its own
+    # at an end-of-sequence cut the engine commits fewer accepted tokens than the tests accepted: α (÷ tested)
+    # counts the tests, as the Cost page does, and the acceptance rate counts what was committed
+    cut = [*tree_run[:-1], {**tree_run[-1], "stats": {**stats, "accepted": stats["accepted"] - 1}}]
+    assert teaching.acceptance_numbers(cut).per_tested == numbers.per_tested
+    assert teaching.acceptance_numbers(cut).per_drafted < numbers.per_drafted
 
 
 def test_self_check_questions_are_answered_by_the_engine_values(tree_run):
