@@ -84,6 +84,31 @@ __attribute__((target("avx2,fma"))) inline float sum8(__m256 v) {
   return _mm_cvtss_f32(h);
 }
 
+// R rows' dot products with one unpacked column w: each row keeps its own four accumulators (lanes 0–7, 8–15,
+// 16–23, 24–31 of a group), so every row is summed in the one fixed order whatever R is; the weights are read
+// from L1 once for the R rows. R = 3: 12 accumulators and 4 weight registers, the 16 AVX2 registers.
+template <int R>
+__attribute__((target("avx2,fma"))) inline void dots_avx2(const float* w, const float* x, int64_t in, float* y,
+                                                          int64_t out) {
+  __m256 a[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 4; ++j) a[r][j] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < in; i += kLanes) {
+    const __m256 w0 = _mm256_load_ps(w + i), w1 = _mm256_load_ps(w + i + 8), w2 = _mm256_load_ps(w + i + 16),
+                 w3 = _mm256_load_ps(w + i + 24);
+    for (int r = 0; r < R; ++r) {
+      const float* xr = x + r * in + i;
+      a[r][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xr), a[r][0]);
+      a[r][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xr + 8), a[r][1]);
+      a[r][2] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xr + 16), a[r][2]);
+      a[r][3] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xr + 24), a[r][3]);
+    }
+  }
+  // the portable tree: (l, l + 16), (l, l + 8), then within 8 lanes
+  for (int r = 0; r < R; ++r)
+    y[r * out] = sum8(_mm256_add_ps(_mm256_add_ps(a[r][0], a[r][2]), _mm256_add_ps(a[r][1], a[r][3])));
+}
+
 __attribute__((target("avx2,fma"))) void columns_avx2(const float* x, int64_t rows, int64_t in, int64_t out,
                                                       const uint8_t* nibbles, const float* scales, const float* mins,
                                                       float* y, int64_t begin, int64_t end) {
@@ -103,18 +128,10 @@ __attribute__((target("avx2,fma"))) void columns_avx2(const float* x, int64_t ro
       _mm256_store_ps(wg + 16, _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), m));
       _mm256_store_ps(wg + 24, _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), m));
     }
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* xr = x + r * in;
-      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;  // lanes 0–7, 8–15, 16–23, 24–31 of a group
-      for (int64_t i = 0; i < in; i += kLanes) {
-        a0 = _mm256_fmadd_ps(_mm256_load_ps(w + i), _mm256_loadu_ps(xr + i), a0);
-        a1 = _mm256_fmadd_ps(_mm256_load_ps(w + i + 8), _mm256_loadu_ps(xr + i + 8), a1);
-        a2 = _mm256_fmadd_ps(_mm256_load_ps(w + i + 16), _mm256_loadu_ps(xr + i + 16), a2);
-        a3 = _mm256_fmadd_ps(_mm256_load_ps(w + i + 24), _mm256_loadu_ps(xr + i + 24), a3);
-      }
-      // the portable tree: (l, l + 16), (l, l + 8), then within 8 lanes
-      y[r * out + o] = sum8(_mm256_add_ps(_mm256_add_ps(a0, a2), _mm256_add_ps(a1, a3)));
-    }
+    int64_t r = 0;  // rows three at a time: the unpacked weights are loaded once for the three
+    for (; r + 3 <= rows; r += 3) dots_avx2<3>(w, x + r * in, in, y + r * out + o, out);
+    if (rows - r == 2) dots_avx2<2>(w, x + r * in, in, y + r * out + o, out);
+    if (rows - r == 1) dots_avx2<1>(w, x + r * in, in, y + r * out + o, out);
   }
 }
 
