@@ -103,11 +103,9 @@ def _fused(*modules) -> fastlinear.PackedProjection:
     own = getattr(type(modules[0]), "stacked", None)
     if own is not None and all(type(m) is type(modules[0]) for m in modules):
         return own(*modules)
-    weight = torch.cat([m.weight for m in modules]).contiguous()
-    bias = None
-    if any(m.bias is not None for m in modules):  # a missing bias among present ones is a zero bias
-        bias = torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.weight.shape[0]) for m in modules])
-    return fastlinear.PackedProjection(weight, bias)
+    weights = [m.weight for m in modules]
+    bias = fastlinear.stacked_bias([m.bias for m in modules], [w.shape[0] for w in weights], weights[0])
+    return fastlinear.PackedProjection(torch.cat(weights).contiguous(), bias)
 
 
 class _Separate:

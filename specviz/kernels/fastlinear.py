@@ -38,6 +38,14 @@ MIN_ROWS = 4
 ENV_SWITCH = "SPECVIZ_PACKED_LINEAR"  # "0" turns packing off (to compare, or where oneDNN misbehaves)
 
 
+def stacked_bias(biases: list, rows: list[int], like: torch.Tensor) -> torch.Tensor | None:
+    """The bias of several products stacked in order (their outputs side by side): None when none has a bias;
+    a missing one among present ones is a zero bias of its `rows` outputs."""
+    if all(b is None for b in biases):
+        return None
+    return torch.cat([b if b is not None else like.new_zeros(n) for b, n in zip(biases, rows)])
+
+
 def reorder(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), ROWS_HINT)
 

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from specviz.kernels import extension
+from specviz.kernels import extension, fastlinear
 
 GROUP = 32  # weights per (scale, minimum) pair in Q4_1
 BLOCK_BYTES = 20  # one Q4_1 block: fp16 d, fp16 m, 16 bytes of codes
@@ -85,9 +85,7 @@ class Q4Projection:
 
     @classmethod
     def stacked(cls, *parts) -> "Q4Projection":
-        bias = None
-        if any(p.bias is not None for p in parts):  # a missing bias among present ones is a zero bias
-            bias = torch.cat([p.bias if p.bias is not None else p.scales.new_zeros(p.codes.shape[0]) for p in parts])
+        bias = fastlinear.stacked_bias([p.bias for p in parts], [p.codes.shape[0] for p in parts], parts[0].scales)
         return cls(*(torch.cat([getattr(p, name) for p in parts]) for name in ("codes", "scales", "mins")), bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
