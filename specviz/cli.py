@@ -466,6 +466,9 @@ def build_train_parser() -> argparse.ArgumentParser:
     d.add_argument("--first-train-shard", type=int, default=0,
                    help="make train shards from this one on (a later run can fill in the earlier ones)")
     d.add_argument("--prompts", default=DataConfig.prompts_path)
+    d.add_argument("--aux-layers", default="",
+                   help="also cache the inputs of these decoder layers (comma-separated, or 'eagle3': layers 2, "
+                        "N/2 and N-3 of an N-layer target, the EAGLE-3 default), for `train eagle3`")
     for kind in ("eagle", "medusa", "draft"):
         t = sub.add_parser(kind, help=f"train the {kind} drafter from the cached data")
         add_train_common(t)
@@ -499,6 +502,22 @@ def build_train_parser() -> argparse.ArgumentParser:
     return p
 
 
+def aux_layer_ids(spec: str, model_path: str) -> tuple[int, ...]:
+    """'' -> (); '2,15,27' -> (2, 15, 27); 'eagle3' -> EAGLE-3's default layers for the target's depth."""
+    if not spec:
+        return ()
+    if spec == "eagle3":
+        from transformers import AutoConfig
+
+        from specviz.models.eagle3 import default_aux_layers
+
+        return default_aux_layers(AutoConfig.from_pretrained(model_path).num_hidden_layers)
+    try:
+        return tuple(int(x) for x in spec.split(","))
+    except ValueError:
+        raise SpecvizError(f"--aux-layers takes layer numbers like 2,15,27 or 'eagle3', got {spec!r}") from None
+
+
 def add_train_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-path", default=str(default_model_path()))
     p.add_argument("--data-dir", default=str(default_data_dir()))
@@ -526,7 +545,8 @@ def train_main(argv: list[str]) -> int:
                          n_prompts=args.n_prompts, n_val=args.n_val, seed=args.seed,
                          max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                          shard_size=args.shard_size, max_minutes=args.max_minutes,
-                         first_train_shard=args.first_train_shard)
+                         first_train_shard=args.first_train_shard,
+                         aux_layers=aux_layer_ids(args.aux_layers, args.model_path))
         build_dataset(cfg)
         return 0
     cfg = train_config(args, argv)

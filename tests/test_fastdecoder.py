@@ -5,6 +5,7 @@ from test_tree import PROMPT, random_tree
 from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
 
 from specviz import models
+from specviz.errors import SpecvizError
 from specviz.decoding import engine
 from specviz.drafters import NoDraft
 from specviz.kernels import fastdecoder
@@ -189,3 +190,35 @@ def test_bf16_matches_transformers_bit_for_bit():
     ids, positions = [9] + tree.tokens, tree.position_ids(past)
     mask = tree.attention_mask(past, dtype=torch.bfloat16)
     assert torch.equal(fast(torch.tensor(ids), ours, positions, mask), hf_hidden(model, ids, theirs, positions, mask))
+
+
+@pytest.mark.parametrize("arch", MODELS)
+def test_target_returns_chosen_layers_inputs_from_the_same_pass(arch, monkeypatch):
+    """Target.forward(layers=...) gives the inputs of those decoder layers side by side (what an EAGLE-3 head
+    fuses), on the lean path and on transformers', for a prompt and a tree step, and the same logits as without."""
+    model = MODELS[arch]()
+    layers = (1, 0)
+    prompt, tree = PROMPT[:-1], random_tree(n=6, seed=3)
+    past = len(prompt)
+    ids, positions, mask = [PROMPT[-1]] + tree.tokens, tree.position_ids(past), tree.attention_mask(past)
+    with torch.inference_mode():
+        states = model.model(input_ids=torch.tensor([prompt]), output_hidden_states=True).hidden_states
+    expected_prompt = torch.cat([states[n][0] for n in layers], dim=-1)
+    results = {}
+    for path in ("lean", "transformers"):
+        if path == "transformers":
+            monkeypatch.setenv(fastdecoder.ENV_SWITCH, "0")
+        target = engine.Target(model)
+        assert (target.fast is None) is (path == "transformers")
+        cache, plain_cache = target.new_cache(), target.new_cache()
+        features, _ = target.forward(prompt, cache, logits=False, layers=layers)
+        target.forward(prompt, plain_cache, logits=False)
+        torch.testing.assert_close(features, expected_prompt, atol=1e-5, rtol=1e-5)
+        step, logits = target.forward(ids, cache, positions, mask, layers=layers)
+        final, plain_logits = target.forward(ids, plain_cache, positions, mask)
+        assert step.shape == (len(ids), 2 * model.config.hidden_size)
+        torch.testing.assert_close(logits, plain_logits, atol=0, rtol=0)
+        results[path] = step
+        with pytest.raises(SpecvizError, match="not all layers"):
+            target.forward(prompt, target.new_cache(), layers=(model.config.num_hidden_layers,))
+    torch.testing.assert_close(results["lean"], results["transformers"], atol=1e-5, rtol=1e-5)

@@ -97,6 +97,34 @@ def test_later_train_shards_first_then_the_rest(dataset, tmp_path):
         assert torch.equal(ours.tokens, full.tokens) and torch.equal(ours.offsets, full.offsets)
 
 
+def test_auxiliary_layer_features_are_those_layers_inputs(dataset, tmp_path):
+    """--aux-layers caches the inputs of the named decoder layers side by side (EAGLE-3's fused features), equal
+    to a clean forward's to fp16 rounding, the final features unchanged; data made without them cannot be
+    extended with them (one dataset, one making)."""
+    target, cfg, _, _ = dataset
+    layers = (1, 0, 2)  # any order (2, the last entry of transformers' hidden_states, is the normed output)
+    aux = replace(cfg, out_dir=str(tmp_path / "aux"), n_prompts=8, aux_layers=layers)
+    build_dataset(aux, target, ByteTokenizer())
+    val, plain = load_split(aux.out_dir, "val"), load_split(cfg.out_dir, "val")
+    assert torch.equal(val.tokens, plain.tokens) and torch.equal(val.features, plain.features)
+    assert plain.aux_features is None and val.aux_features.shape == (len(val.tokens), 3 * 64)
+    for i in range(len(val)):
+        tokens, _, _ = val.sequence(i)
+        a, b = int(val.offsets[i]), int(val.offsets[i + 1])
+        with torch.no_grad():
+            states = target.model(input_ids=tokens[None], output_hidden_states=True).hidden_states
+        ref = torch.cat([states[j][0] for j in layers], dim=-1)
+        assert torch.allclose(val.aux_features[a:b].float(), ref, atol=2e-2, rtol=1e-2)
+    with pytest.raises(SpecvizError, match="aux_layers"):
+        build_dataset(replace(cfg, aux_layers=layers), target, ByteTokenizer())
+
+
+def test_eagle3_default_layers():
+    from specviz.models.eagle3 import default_aux_layers
+
+    assert default_aux_layers(30) == (2, 15, 27) and default_aux_layers(32) == (2, 16, 29)
+
+
 def test_benchmark_prompts_refused(tmp_path):
     bad = tmp_path / "mt_bench.jsonl"
     bad.write_text('{"instruction": "x"}\n')

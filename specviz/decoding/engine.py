@@ -203,7 +203,7 @@ class _Run:
         """Cache every prompt token but the last: the last is the root of the first step."""
         features = None
         if len(ids) > 1:
-            hidden = self.target.forward(ids[:-1], self.cache, logits=False)[0]
+            hidden = self.target.forward(ids[:-1], self.cache, logits=False, layers=self.drafter.feature_layers)[0]
             features = hidden if self.drafter.needs_features else None
         self.drafter.start(torch.tensor(ids), features)
 
@@ -214,7 +214,8 @@ class _Run:
             device = self.target.device
             position_ids = tree.position_ids(past_len, device=device)
             mask = tree.attention_mask(past_len, dtype=self.target.model.dtype, device=device)
-        hidden, logits = self.target.forward([root] + tree.tokens, self.cache, position_ids, mask)
+        hidden, logits = self.target.forward([root] + tree.tokens, self.cache, position_ids, mask,
+                                             layers=self.drafter.feature_layers)
         p = sampling.display_probs(logits, self.settings.sampling).cpu()  # (n + 1, V)
         sampling.check_probs(p, "target")
         verdict = self.drafter.acceptance(tree, p, self.settings.sampling.greedy, self.generator, self.settings.n_top)

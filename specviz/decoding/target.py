@@ -30,19 +30,29 @@ class Target:
         return new_cache(self.fast, self.model.config)
 
     @torch.inference_mode()
-    def forward(self, ids: list[int], cache, position_ids=None, mask=None, logits=True):
-        """ids of T new tokens → hidden (T, H) and logits (T, V) as float32 (None when logits=False).
-        cache: from `new_cache()`."""
+    def forward(self, ids: list[int], cache, position_ids=None, mask=None, logits=True, layers: tuple[int, ...] = ()):
+        """ids of T new tokens → features (T, H) and logits (T, V) as float32 (None when logits=False).
+        cache: from `new_cache()`. The features are the final hidden states (the LM head's input), or with
+        `layers` the inputs of those decoder layers side by side, (T, len(layers) * H), what an EAGLE-3 head
+        fuses; both from the one forward."""
+        depth = self.model.config.num_hidden_layers
+        if any(not 0 <= n < depth for n in layers):
+            raise SpecvizError(f"feature layers {tuple(layers)} are not all layers of this {depth}-layer target")
         if self.fast is not None:
-            hidden = self.fast(torch.tensor(ids, device=self.device), cache, position_ids, mask)
+            out = self.fast(torch.tensor(ids, device=self.device), cache, position_ids, mask, layers=tuple(layers))
+            hidden, features = out if layers else (out, out)
         else:
-            hidden = self.decoder(
+            out = self.decoder(
                 input_ids=torch.tensor([ids], device=self.device),
                 cache=cache,
                 position_ids=position_ids,
                 attention_mask=mask,
                 use_cache=True,
-            ).last_hidden_state[0]
+                output_hidden_states=bool(layers),
+            )
+            hidden = features = out.last_hidden_state[0]
+            if layers:  # transformers' hidden_states[n] is the input of layer n
+                features = torch.cat([out.hidden_states[n][0] for n in layers], dim=-1)
         if not logits:
-            return hidden, None
-        return hidden, self.head(hidden)[:, : self.vocab_size].float()
+            return features, None
+        return features, self.head(hidden)[:, : self.vocab_size].float()

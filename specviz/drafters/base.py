@@ -50,6 +50,7 @@ class Drafter:
 
     name = "base"
     needs_features = False  # wants the target's final hidden states (input to its LM head)
+    feature_layers: tuple[int, ...] = ()  # with needs_features: these decoder layers' inputs instead, side by side
     # how the target's verdict on this drafter's tree is reached: (tree, p, greedy, generator, n_top) -> Verdict;
     # every drafter verifies losslessly unless a lossy rule is explicitly asked for (Medusa's typical=true)
     acceptance = LOSSLESS

@@ -171,9 +171,10 @@ class _Layers:
         return cos[positions], sin[positions]
 
     def __call__(self, x: torch.Tensor, cache: KVCache, position_ids: torch.Tensor | None = None,
-                 mask: torch.Tensor | None = None) -> torch.Tensor:
+                 mask: torch.Tensor | None = None, capture: tuple[int, ...] = ()):
         """x (T, H) → (T, H). position_ids (1, T) or None (the next T positions); mask: None (causal) or an
-        additive (1, 1, T, past + T) tree mask."""
+        additive (1, 1, T, past + T) tree mask. capture: numbers of layers whose inputs are returned too, in that
+        order: then → ((T, H), [(T, H), ...])."""
         T, past = x.shape[0], cache.length
         end = past + T
         positions = position_ids.reshape(-1) if position_ids is not None else torch.arange(past, end, device=x.device)
@@ -187,13 +188,16 @@ class _Layers:
             if mask is None and T > 1:
                 mask = torch.ones(T, end, dtype=torch.bool, device=x.device).tril(past)  # row i sees up to past + i
         cache.reserve(T)
-        for layer, keys, values in zip(self.layers, cache.keys, cache.values):
+        inputs = {}
+        for number, (layer, keys, values) in enumerate(zip(self.layers, cache.keys, cache.values)):
+            if number in capture:
+                inputs[number] = x
             qkv = layer.qkv(x if layer.input_norm is None else _rms_norm(layer.input_norm, x))
             x = x + layer.o_proj(attend(layer, qkv, cos, sin, keys, values, past, mask))
             gate_up = layer.gate_up(_rms_norm(layer.post_attention_norm, x))
             x = x + layer.down_proj(F.silu(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate :])
         cache.length = end
-        return x
+        return (x, [inputs[number] for number in capture]) if capture else x
 
     def _attend(self, layer: _Layer, qkv, cos, sin, keys, values, past: int, mask) -> torch.Tensor:
         """The attention block in torch's ops: rotary, the cache writes, scaled_dot_product_attention.
@@ -301,10 +305,14 @@ class FastDecoder:
 
     @torch.inference_mode()
     def __call__(self, ids: torch.Tensor, cache: KVCache, position_ids: torch.Tensor | None = None,
-                 mask: torch.Tensor | None = None) -> torch.Tensor:
+                 mask: torch.Tensor | None = None, layers: tuple[int, ...] = ()):
         """ids (T,) → hidden (T, H). position_ids (1, T) or None (the next T positions); mask: None (causal) or
-        the engine's additive (1, 1, T, past + T) tree mask."""
-        return _rms_norm(self.norm, self.stack(self.embed(ids), cache, position_ids, mask))
+        the engine's additive (1, 1, T, past + T) tree mask. layers: decoder layers (each < the model's depth)
+        whose inputs come back too, side by side: then → (hidden, (T, len(layers) * H)), from the same pass."""
+        if not layers:
+            return _rms_norm(self.norm, self.stack(self.embed(ids), cache, position_ids, mask))
+        x, inputs = self.stack(self.embed(ids), cache, position_ids, mask, capture=tuple(layers))
+        return _rms_norm(self.norm, x), torch.cat(inputs, dim=-1)
 
 
 class FastEagleHead:

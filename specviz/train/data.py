@@ -8,6 +8,8 @@ Layout of the cache folder (default `<SPECVIZ_CACHE or ~/.cache/specviz>/train/s
                                     `offsets` (n+1,) int64 sequence starts in `tokens`
                                     `prompt_lens` (n,) int64
                                     `token_counts` (V,) int64 target token frequency over the responses
+                                    `aux_features` (N, 3H) fp16, with `--aux-layers`: the inputs of those
+                                    decoder layers side by side (what an EAGLE-3 head fuses)
 
 Features cover every position (prompt too), because an EAGLE head attends over the prompt's features at
 inference. Position t holds f_t, which the target's LM head maps to the distribution of token t+1.
@@ -53,6 +55,8 @@ class DataConfig:
     batch_size: int = 16
     max_minutes: float | None = None  # stop cleanly after the shard that crosses this; rerun to resume
     first_train_shard: int = 0  # train shards before this one are left for a later run (new prompts first)
+    # decoder layers whose inputs are cached too, side by side (EAGLE-3's low, middle and high features; () none)
+    aux_layers: tuple[int, ...] = ()
 
 
 @dataclass
@@ -63,6 +67,7 @@ class FeatureSet:
     features: torch.Tensor  # (N, H) fp16
     offsets: torch.Tensor  # (n+1,) int64
     prompt_lens: torch.Tensor  # (n,) int64
+    aux_features: torch.Tensor | None = None  # (N, len(aux_layers) * H) fp16, where the data has them
 
     def __len__(self) -> int:
         return len(self.prompt_lens)
@@ -145,12 +150,15 @@ def cut_at_eos(new_tokens: list[int], eos_id: int) -> list[int]:
 
 
 @torch.inference_mode()
-def greedy_with_features(target, prompts: list[list[int]], max_new_tokens: int, eos_id: int):
+def greedy_with_features(target, prompts: list[list[int]], max_new_tokens: int, eos_id: int,
+                         aux_layers: tuple[int, ...] = ()):
     """Greedy responses and the final hidden state of every prompt+response position, from one `generate`.
 
     The prefill yields the prompt's features and each decode step the feature of the token it was fed; one extra
     step feeds the last generated column so that every row's final token has its feature too. Rows that stopped
-    early are fed eos (= pad) afterwards, which is exactly their final token. Returns [(tokens, (n, H) fp16)].
+    early are fed eos (= pad) afterwards, which is exactly their final token. Returns [(tokens, (n, H) fp16)], or
+    with aux_layers [(tokens, (n, H) fp16, (n, len(aux_layers) * H) fp16)]: the inputs of those decoder layers
+    (transformers' hidden_states[i] is the input of layer i), side by side in that order.
     """
     ids, mask = left_pad(prompts, eos_id)  # (B, P)
     out = target.generate(
@@ -162,14 +170,19 @@ def greedy_with_features(target, prompts: list[list[int]], max_new_tokens: int, 
     full_mask = torch.cat([mask, torch.ones_like(seq[:, ids.shape[1] :])], dim=1)  # (B, P + new)
     last = target.model(
         input_ids=seq[:, -1:], attention_mask=full_mask, cache=out.past_key_values,
-        position_ids=full_mask.sum(1, keepdim=True) - 1,
-    ).last_hidden_state  # (B, 1, H)
-    hidden = torch.cat([*steps, last], dim=1)  # (B, P + new, H), aligned with seq
+        position_ids=full_mask.sum(1, keepdim=True) - 1, output_hidden_states=bool(aux_layers),
+    )
+    hidden = torch.cat([*steps, last.last_hidden_state], dim=1)  # (B, P + new, H), aligned with seq
+    aux = None
+    if aux_layers:
+        per_step = [torch.cat([h[i] for i in aux_layers], dim=-1) for h in (*out.hidden_states, last.hidden_states)]
+        aux = torch.cat(per_step, dim=1)  # (B, P + new, len(aux_layers) * H)
     results = []
     for row, prompt in enumerate(prompts):
         response = cut_at_eos(seq[row, ids.shape[1] :].tolist(), eos_id)
         start, end = ids.shape[1] - len(prompt), ids.shape[1] + len(response)
-        results.append((prompt + response, hidden[row, start:end].to(torch.float16)))
+        item = (prompt + response, hidden[row, start:end].to(torch.float16))
+        results.append(item if aux is None else (*item, aux[row, start:end].to(torch.float16)))
     return results
 
 
@@ -183,23 +196,28 @@ def final_hidden_states(target, seqs: list[list[int]], eos_id: int) -> list[torc
 
 def build_shard(target, prompts: list[list[int]], cfg: DataConfig, eos_id: int, vocab_size: int) -> dict:
     order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))  # similar lengths share a batch
-    seqs, prompt_lens, feats = [], [], []
+    seqs, prompt_lens, feats, aux = [], [], [], []
     counts = torch.zeros(vocab_size, dtype=torch.int64)
     for k in range(0, len(order), cfg.batch_size):
         batch = [prompts[i] for i in order[k : k + cfg.batch_size]]
-        for prompt, (tokens, feat) in zip(batch, greedy_with_features(target, batch, cfg.max_new_tokens, eos_id)):
+        answers = greedy_with_features(target, batch, cfg.max_new_tokens, eos_id, tuple(cfg.aux_layers))
+        for prompt, (tokens, feat, *more) in zip(batch, answers):
             seqs.append(tokens)
             feats.append(feat)
+            aux.extend(more)
             prompt_lens.append(len(prompt))
             counts += torch.bincount(torch.tensor(tokens[len(prompt) :], dtype=torch.long), minlength=vocab_size)
     lengths = torch.tensor([len(s) for s in seqs])
-    return {
+    shard = {
         "tokens": torch.tensor([t for s in seqs for t in s], dtype=torch.int32),
         "features": torch.cat(feats),
         "offsets": torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]),
         "prompt_lens": torch.tensor(prompt_lens, dtype=torch.int64),
         "token_counts": counts,
     }
+    if aux:
+        shard["aux_features"] = torch.cat(aux)
+    return shard
 
 
 # ---------------------------------------------------------------------------------------------- the job
@@ -213,12 +231,15 @@ def read_index(out_dir: str | Path) -> dict:
 # What decides the contents of the shards already on disk: a rerun that changes one of these would mix two
 # datasets (with another n_val, held-out prompts would become training ones). n_prompts may grow: that resumes.
 # (The model and prompts paths are left out: the same files may sit elsewhere on another machine.)
-MAKING = ("n_val", "seed", "max_new_tokens", "max_prompt_tokens", "shard_size")
+MAKING = ("n_val", "seed", "max_new_tokens", "max_prompt_tokens", "shard_size", "aux_layers")
 
 
 def check_same_making(previous: dict, cfg: DataConfig, out: Path) -> None:
-    changed = [f"{key} {previous[key]!r} -> {getattr(cfg, key)!r}" for key in MAKING
-               if key in previous and previous[key] != getattr(cfg, key)]
+    def same(key):  # JSON keeps tuples as lists; data made before aux_layers existed had none
+        return list(previous.get(key, ())) == list(cfg.aux_layers) if key == "aux_layers" else previous[key] == getattr(cfg, key)
+
+    changed = [f"{key} {previous.get(key)!r} -> {getattr(cfg, key)!r}" for key in MAKING
+               if (key in previous or (key == "aux_layers" and previous)) and not same(key)]
     if changed:
         raise SpecvizError(f"{out} holds data made with other settings ({'; '.join(changed)}): rerun with the same "
                            "ones to add to it, or choose another --data-dir")
@@ -269,15 +290,17 @@ def build_dataset(cfg: DataConfig, target=None, tokenizer=None) -> dict:
 
 
 def load_split(data_dir: str | Path, split: str, max_seqs: int | None = None) -> FeatureSet:
+    """One split's sequences, with the auxiliary layers' features where every shard has them."""
     data_dir = Path(data_dir)
     shards = [s for s in read_index(data_dir).get("shards", []) if s["split"] == split]
     if not shards:
         raise FileNotFoundError(f"no finished {split} shards in {data_dir}; run `train data` first")
-    tokens, feats, lengths, plens = [], [], [], []
+    tokens, feats, aux, lengths, plens = [], [], [], [], []
     for s in shards:
         d = load_file(str(data_dir / f"{s['name']}.safetensors"))
         tokens.append(d["tokens"].long())
         feats.append(d["features"])
+        aux.append(d.get("aux_features"))
         lengths.append(d["offsets"].diff())
         plens.append(d["prompt_lens"])
         if max_seqs is not None and sum(len(p) for p in plens) >= max_seqs:
@@ -286,7 +309,8 @@ def load_split(data_dir: str | Path, split: str, max_seqs: int | None = None) ->
     n = len(plens_t) if max_seqs is None else min(max_seqs, len(plens_t))
     offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths_t.cumsum(0)])
     end = int(offsets[n])
-    return FeatureSet(torch.cat(tokens)[:end], torch.cat(feats)[:end], offsets[: n + 1], plens_t[:n])
+    aux_t = torch.cat(aux)[:end] if all(a is not None for a in aux) else None
+    return FeatureSet(torch.cat(tokens)[:end], torch.cat(feats)[:end], offsets[: n + 1], plens_t[:n], aux_t)
 
 
 def token_counts(data_dir: str | Path) -> torch.Tensor:
