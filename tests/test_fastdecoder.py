@@ -5,9 +5,9 @@ from test_tree import PROMPT, random_tree
 from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
 
 from specviz import models
-from specviz.errors import SpecvizError
 from specviz.decoding import engine
 from specviz.drafters import NoDraft
+from specviz.errors import SpecvizError
 from specviz.kernels import fastdecoder
 from specviz.kernels.kvcache import crop_cache, keep_cache_entries
 
