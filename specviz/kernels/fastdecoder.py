@@ -207,8 +207,8 @@ class _Layers:
         q = qkv[:, :q_size].view(T, self.heads, self.head_dim).transpose(0, 1)
         k = qkv[:, q_size : q_size + kv_size].view(T, self.kv_heads, self.head_dim).transpose(0, 1)
         v = qkv[:, q_size + kv_size :].view(T, self.kv_heads, self.head_dim).transpose(0, 1)
-        q = q * cos + _rotate_half(q) * sin
-        keys[0, :, past:end] = k * cos + _rotate_half(k) * sin
+        q = q * cos + rotate_half(q) * sin
+        keys[0, :, past:end] = k * cos + rotate_half(k) * sin
         values[0, :, past:end] = v
         attended = F.scaled_dot_product_attention(
             q.unsqueeze(0), keys[:, :, :end], values[:, :, :end], attn_mask=mask, scale=layer.scaling,
@@ -231,7 +231,7 @@ def _rms_norm(norm, x: torch.Tensor) -> torch.Tensor:
     return norm.weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 

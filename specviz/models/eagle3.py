@@ -27,8 +27,11 @@ import math
 import torch
 from torch import nn
 from torch.nn import functional as F
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from specviz.errors import SpecvizError
+from specviz.kernels.fastdecoder import rotate_half
 from specviz.models.heads import match_state_dict, read_config, read_state_dict
 
 
@@ -36,16 +39,6 @@ def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
     """The target layers whose inputs an EAGLE-3 head fuses when its config names none: 2, N // 2 and N - 3, as
     SafeAILab/EAGLE's EAGLE-3 targets and vLLM choose them (low, middle and high features)."""
     return (2, num_layers // 2, num_layers - 3)
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x):
-        return F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps).to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -70,7 +63,7 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
         cos, sin = cos[:, None].to(q.dtype), sin[:, None].to(q.dtype)
-        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         if past is not None:
             k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
         if mask is None and T > 1:
@@ -83,26 +76,15 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1)), (k, v)
 
 
-class MLP(nn.Module):
-    def __init__(self, cfg):
-        super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-
-    def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class Layer(nn.Module):
     def __init__(self, cfg, norm_before_residual: bool):
         super().__init__()
         eps = cfg.rms_norm_eps
-        self.hidden_norm = RMSNorm(cfg.hidden_size, eps)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, eps)
+        self.hidden_norm = LlamaRMSNorm(cfg.hidden_size, eps)
+        self.input_layernorm = LlamaRMSNorm(cfg.hidden_size, eps)
         self.self_attn = Attention(cfg)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps)
-        self.mlp = MLP(cfg)
+        self.post_attention_layernorm = LlamaRMSNorm(cfg.hidden_size, eps)
+        self.mlp = LlamaMLP(cfg)
         self.norm_before_residual = norm_before_residual
 
     def forward(self, x, embeds, cos, sin, past=None, mask=None):
@@ -120,15 +102,12 @@ class Eagle3Head(nn.Module):
     def __init__(self, layer_config, target_hidden_size: int, draft_vocab_size: int, aux_layers: tuple[int, ...],
                  norm_before_residual: bool = False, own_lm_head: bool = True):
         super().__init__()
-        from transformers import LlamaConfig
-        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-
         cfg = layer_config if isinstance(layer_config, LlamaConfig) else LlamaConfig(**dict(layer_config))
         self.config, self.aux_layers = cfg, tuple(aux_layers)
         self.target_hidden_size, self.draft_vocab_size = target_hidden_size, draft_vocab_size
         self.fc = nn.Linear(len(self.aux_layers) * target_hidden_size, cfg.hidden_size, bias=False)
         self.layer = Layer(cfg, norm_before_residual)
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = LlamaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, draft_vocab_size, bias=False) if own_lm_head else None
         self.register_buffer("d2t", torch.zeros(draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
@@ -188,7 +167,3 @@ class Eagle3Head(nn.Module):
             raise SpecvizError(f"{source}: d2t maps draft ids outside the target's vocabulary")
         return head.eval()
 
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
