@@ -235,11 +235,10 @@ MAKING = ("n_val", "seed", "max_new_tokens", "max_prompt_tokens", "shard_size", 
 
 
 def check_same_making(previous: dict, cfg: DataConfig, out: Path) -> None:
-    def same(key):  # JSON keeps tuples as lists; data made before aux_layers existed had none
-        return list(previous.get(key, ())) == list(cfg.aux_layers) if key == "aux_layers" else previous[key] == getattr(cfg, key)
-
-    changed = [f"{key} {previous.get(key)!r} -> {getattr(cfg, key)!r}" for key in MAKING
-               if (key in previous or (key == "aux_layers" and previous)) and not same(key)]
+    # JSON keeps tuples as lists; an index made before aux_layers existed has none
+    made = {"aux_layers": [], **previous} if previous else {}
+    now = {key: list(v) if isinstance(v := getattr(cfg, key), tuple) else v for key in MAKING}
+    changed = [f"{key} {made[key]!r} -> {now[key]!r}" for key in MAKING if key in made and made[key] != now[key]]
     if changed:
         raise SpecvizError(f"{out} holds data made with other settings ({'; '.join(changed)}): rerun with the same "
                            "ones to add to it, or choose another --data-dir")
