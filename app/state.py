@@ -30,7 +30,9 @@ DRAFTER_HELP = {
     "draft": "an independent small draft model proposes a chain of K tokens",
     "medusa": "Medusa heads on the target's features propose a fixed tree",
     "eagle2": "EAGLE-2: a feature-level draft head grows a dynamic tree",
+    "eagle3": "EAGLE-3: a head over three fused target layers grows the same dynamic tree",
 }
+TREE_DRAFTERS = ("eagle2", "eagle3")  # the EAGLE-2 dynamic tree: the sidebar's tree settings apply
 PREFERRED = ("eagle2", "medusa", "draft", "ngram", "none")  # the default drafter: the first available
 
 
@@ -45,8 +47,8 @@ class Settings(DecodeSettings):
     tree: tuple | None = None  # (("depth", d), ("top_k", t), ("total_tokens", n), ("lookup", l)) for eagle2
 
     def tree_for(self, drafter: str) -> tuple | None:
-        """The tree settings a run of `drafter` uses: the sidebar's for eagle2 and its variants, else none."""
-        return self.tree if parse_spec(drafter)[0] == "eagle2" else None
+        """The tree settings a run of `drafter` uses: the sidebar's for eagle2, eagle3 and their variants, else none."""
+        return self.tree if parse_spec(drafter)[0] in TREE_DRAFTERS else None
 
     def stream_kwargs(self, **overrides) -> dict:
         """Arguments for specviz.stream (without models=); `overrides` replace any of them."""
@@ -193,9 +195,9 @@ def sidebar() -> tuple[SharedModels | None, Settings | None]:
                               help="Chain drafters (n-gram, draft model) propose up to K tokens a step; `none` "
                                    "ignores it.")
         tree = None
-        if "eagle2" in names:  # every EAGLE-2 run uses them: this drafter's, and the race's and lossless page's
-            with st.sidebar.expander("Tree (EAGLE-2)", expanded=drafter == "eagle2"):
-                st.caption("For every EAGLE-2 run: the pages' and the race's.")
+        if any(name in names for name in TREE_DRAFTERS):  # every run on the EAGLE-2 tree uses them
+            with st.sidebar.expander("Tree (EAGLE-2)", expanded=drafter in TREE_DRAFTERS):
+                st.caption("For every run on the EAGLE-2 tree (eagle2, eagle3): the pages' and the race's.")
                 tree = (
                     ("depth", st.slider("depth", 1, 10, TREE_DEFAULTS["depth"], key="sb_depth")),
                     ("top_k", st.slider("top_k (children expanded per depth)", 1, 10, TREE_DEFAULTS["top_k"], key="sb_tree_top_k")),

@@ -78,7 +78,7 @@ def machine_info(device: torch.device, dtype: torch.dtype, bandwidth: float, pac
 def draft_dtypes(models) -> dict[str, str]:
     """The dtype each trained drafter runs in (specviz.models.draft_dtype; bf16 on CPUs with bf16 products)."""
     out = {}
-    for drafter, part in (("draft", "draft"), ("medusa", "medusa"), ("eagle2", "eagle")):
+    for drafter, part in (("draft", "draft"), ("medusa", "medusa"), ("eagle2", "eagle"), ("eagle3", "eagle3")):
         module = getattr(models, part, None)
         if module is not None:
             out[drafter] = str(next(module.parameters()).dtype).removeprefix("torch.")

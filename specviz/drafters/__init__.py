@@ -4,20 +4,21 @@ its own options; this registry turns a name (with options: 'eagle2:lookup=4') in
     base.py         the interface (propose / observe, the acceptance rule a drafter brings) and `none`
     ngram.py        prompt lookup                   draft_model.py  an independent small draft model
     medusa.py       Medusa heads, a fixed tree      eagle.py        an EAGLE head growing the EAGLE-2 dynamic tree
+    eagle3.py       an EAGLE-3 head (three fused target layers) on the same tree
     options.py      the spec parser, option types, the draft vocabulary
 """
 from __future__ import annotations
 
-from specviz.drafters import base, draft_model, eagle, medusa, ngram
+from specviz.drafters import base, draft_model, eagle, eagle3, medusa, ngram
 from specviz.drafters.base import Drafter, DraftRequest, NoDraft, Outcome
 from specviz.drafters.options import EAGLE_DRAFT_VOCAB, check_types, default_draft_vocab, draft_vocabulary, parse_spec
 from specviz.errors import SpecvizError
 
 # name -> build(models, k, options): the drafter for one run
 BUILDERS = {"none": base.build, "ngram": ngram.build, "draft": draft_model.build, "medusa": medusa.build,
-            "eagle2": eagle.build}
+            "eagle2": eagle.build, "eagle3": eagle3.build}
 DRAFTERS = tuple(BUILDERS)
-NEEDS = {"draft": "draft", "medusa": "medusa", "eagle2": "eagle"}  # the part of LoadedModels a drafter needs
+NEEDS = {"draft": "draft", "medusa": "medusa", "eagle2": "eagle", "eagle3": "eagle3"}  # the part of LoadedModels a drafter needs
 
 
 def available(models) -> list[str]:

@@ -77,16 +77,12 @@ class EagleDrafter(Drafter):
         check_vocab_covers("eagle2", draft_vocab, shape.top_k)
         self.head = head
         self.embed = target.get_input_embeddings()
-        lm_head = target.get_output_embeddings().weight  # (V, H)
         self.vocab = draft_vocab
         # the head's dtype (specviz.models.draft_dtype: bf16 on CPUs with bf16 products) for all drafting products
-        self.device, self.dtype = lm_head.device, head.fc.weight.dtype
-        # hidden (P, H) -> logits (P, Vd): the drafting hot spot
-        self.project = rows_projection(lm_head, draft_vocab, self.dtype)
+        self.device, self.dtype = head.fc.weight.device, head.fc.weight.dtype
         self.shape = shape
         self.verify_cost = verify_cost
-        self.fast = fastdecoder.for_eagle(head)  # None: the head's own (transformers) layer
-        self.cache = new_cache(self.fast, head.config)
+        self._attach(target)
         self.committed = 0  # head-cache entries that belong to committed tokens
         self.pending: tuple[torch.Tensor, list[int]] | None = None  # features and tokens not yet fed
         self.last = None  # (H,) head output of the last committed entry: it predicts the root's successor
@@ -99,6 +95,17 @@ class EagleDrafter(Drafter):
         return {"depth": self.shape.depth, "top_k": self.shape.top_k, "total_tokens": self.shape.total_tokens,
                 "early_stop": self.shape.early_stop and self.verify_cost is not None,
                 "draft_vocab": None if self.vocab is None else int(self.vocab.numel()), "lookup": self.lookup}
+
+    def _attach(self, target) -> None:
+        """The head's drafting pieces: `project`, hidden (P, H) -> logits over the draft vocabulary (P, Vd), the
+        drafting hot spot; and the head's cache (the lean layer's, else transformers')."""
+        self.project = rows_projection(target.get_output_embeddings().weight, self.vocab, self.dtype)
+        self.fast = fastdecoder.for_eagle(self.head)  # None: the head's own (transformers) layer
+        self.cache = new_cache(self.fast, self.head.config)
+
+    def _crop(self, length: int) -> None:
+        """Forget head-cache entries from `length` on (the last step's drafted nodes)."""
+        crop_cache(self.cache, length)
 
     # ---- per-run state: the head's cache follows the committed sequence --------------------------------------
     def start(self, prompt_ids: torch.Tensor, features: torch.Tensor | None) -> None:
@@ -115,7 +122,7 @@ class EagleDrafter(Drafter):
 
     @torch.inference_mode()
     def _catch_up(self) -> None:
-        crop_cache(self.cache, self.committed)
+        self._crop(self.committed)
         if self.pending is None:
             return
         features, tokens = self.pending

@@ -19,6 +19,7 @@ from specviz.models.device import (
     draft_dtype,
     resolve_device,
 )
+from specviz.models.eagle3 import Eagle3Head
 from specviz.models.presets import PRESETS, Preset, preset_model_files
 from specviz.models.wheels import ProgressCallback
 
@@ -35,13 +36,14 @@ class LoadedModels:
     dtype: torch.dtype
     eagle: torch.nn.Module | None = None  # specviz.models.heads.EagleHead
     medusa: torch.nn.Module | None = None  # specviz.models.heads.MedusaHeads
+    eagle3: torch.nn.Module | None = None  # specviz.models.eagle3.Eagle3Head
     other_heads: dict = field(default_factory=dict)  # (kind, folder) -> a head loaded by head() (a drafter's head=)
     # n -> seconds of one tree-shaped verify forward: specviz.decoding.costs.verify_curve measures it once
     verify_curve: dict | None = None
     weights: str = "fp32"  # the target's projections: "fp32", or "q4" (the GGUF's 4-bit blocks; models.quantized)
 
     def head(self, kind: str, folder: str | None = None) -> torch.nn.Module | None:
-        """The shipped head of `kind` ("eagle" | "medusa"), or the one trained into `folder`, loaded once."""
+        """The shipped head of `kind` ("eagle" | "medusa" | "eagle3"), or the one trained into `folder`, loaded once."""
         if folder is None:
             return getattr(self, kind)
         key = (kind, str(Path(folder).expanduser().resolve()))
@@ -128,7 +130,8 @@ def load(model: str = "smollm2-135m", draft_model: str | None = None, device: st
         if module is not None:
             fastlinear.pack_linears(module)  # CPU fp32 (bf16 with native bf16); a no-op elsewhere (see specviz/fastlinear.py)
     return LoadedModels(model, target, draft, tokenizer, chosen_device, chosen_dtype,
-                        eagle=shipped.get("eagle"), medusa=shipped.get("medusa"), weights=weights)
+                        eagle=shipped.get("eagle"), medusa=shipped.get("medusa"), eagle3=shipped.get("eagle3"),
+                        weights=weights)
 
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
@@ -141,12 +144,13 @@ def load_shipped(preset: Preset, target: torch.nn.Module, assets: Path = ASSETS)
 
 
 def load_trained(kind: str, folder: Path, target: torch.nn.Module) -> torch.nn.Module:
-    """A trained drafter ("eagle" | "medusa" | "draft") from its folder, frozen, on the target's device, in
+    """A trained drafter ("eagle" | "medusa" | "eagle3" | "draft") from its folder, frozen, on the target's device, in
     draft_dtype."""
     dtype = draft_dtype(target.dtype, target.device)
     loaders = {
         "eagle": lambda: heads.EagleHead.load(folder, target.config),
         "medusa": lambda: heads.MedusaHeads.load(folder, target.config),
+        "eagle3": lambda: Eagle3Head.load(folder, target.config),
         "draft": lambda: heads.build_draft_model(target, folder, dtype),
     }
     module = cast_parameters(loaders[kind]().to(device=target.device), dtype)

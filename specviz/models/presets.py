@@ -39,7 +39,7 @@ class Preset:
     target: ModelFile
     draft: ModelFile | None
     description: str
-    # Trained drafters shipped in the repo's assets/ folder: {"eagle" | "medusa" | "draft": folder name}
+    # Trained drafters shipped in the repo's assets/ folder: {"eagle" | "eagle3" | "medusa" | "draft": folder name}
     shipped: tuple[tuple[str, str], ...] = ()
 
 
@@ -89,7 +89,7 @@ PRESETS: dict[str, Preset] = {
             target=SMOLLM2_135M,
             draft=None,  # its draft is the distilled one shipped in assets/
             description="SmolLM2-135M-Instruct, small enough for any CPU; drafters trained for it ship in assets/",
-            shipped=(("eagle", "eagle-smollm2-135m"), ("medusa", "medusa-smollm2-135m"), ("draft", "draft-smollm2-135m")),
+            shipped=(("eagle", "eagle-smollm2-135m"), ("eagle3", "eagle3-smollm2-135m"), ("medusa", "medusa-smollm2-135m"), ("draft", "draft-smollm2-135m")),
         ),
         Preset(
             name="qwen2.5-coder",

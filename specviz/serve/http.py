@@ -47,9 +47,9 @@ class Limits:
     max_body_bytes: int = 256 * 1024
     max_n_top: int = 20
     max_k: int = 16  # draft length of the chain drafters
-    max_depth: int = 12  # tree depth (eagle2)
-    max_top_k: int = 16  # children expanded per depth (eagle2)
-    max_tree_tokens: int = 128  # nodes of a tree (eagle2, medusa)
+    max_depth: int = 12  # tree depth (eagle2, eagle3)
+    max_top_k: int = 16  # children expanded per depth (eagle2, eagle3)
+    max_tree_tokens: int = 128  # nodes of a tree (eagle2, eagle3, medusa)
     max_lookup: int = 16
     max_ngram: int = 8  # longest n-gram prompt lookup matches
     max_draft_vocab: int = 1 << 20
@@ -63,6 +63,7 @@ OPTIONS = {
     "draft": {"k", "adaptive", "draft_vocab"},
     "medusa": {"total_tokens", "draft_vocab", "typical", "epsilon", "delta"},
     "eagle2": {"depth", "top_k", "total_tokens", "early_stop", "draft_vocab", "lookup"},
+    "eagle3": {"depth", "top_k", "total_tokens", "early_stop", "lookup"},
 }
 
 

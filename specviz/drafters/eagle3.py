@@ -1,0 +1,68 @@
+"""EAGLE-3: a head over three of the target's layers grows the same EAGLE-2 dynamic tree.
+
+What changes against eagle2 (specviz/drafters/eagle.py), and only that:
+* the target hands over the inputs of three decoder layers side by side (low, middle, high: the head's
+  `aux_layers`), not its final hidden state; the head fuses them with fc (3·H → H);
+* when drafting deeper, the head's own output h (before its final norm) is fed back in place of the fused feature,
+  as it was trained to (training-time test), instead of a regressed copy of the target's feature;
+* q comes from the head's final norm and an LM head over its draft vocabulary (its own, or the target's rows at
+  the draft ids), and draft id i is target token i + d2t[i].
+The tree, its budget, the lookup graft and verification are eagle2's: every node is a point mass, so the output is
+exactly the target's.
+"""
+from __future__ import annotations
+
+from specviz.decoding.costs import interpolate, verify_curve
+from specviz.drafters.eagle import EagleDrafter, TreeShape
+from specviz.errors import SpecvizError
+from specviz.kernels.fastlinear import rows_projection
+
+
+class Eagle3Drafter(EagleDrafter):
+    name = "eagle3"
+
+    def __init__(self, head, target, shape: TreeShape = TreeShape(), verify_cost=None, lookup: int = 0):
+        """head: specviz.models.eagle3.Eagle3Head (its draft vocabulary comes with it, as d2t)."""
+        ids = head.draft_ids()
+        identity = len(ids) == target.config.vocab_size and bool((head.d2t == 0).all())
+        self.feature_layers = tuple(head.aux_layers)  # the engine passes these layers' inputs as the features
+        super().__init__(head, target, shape, draft_vocab=None if identity else ids, verify_cost=verify_cost,
+                         lookup=lookup)
+
+    def _attach(self, target) -> None:
+        head = self.head
+        if head.lm_head is not None:  # a published head's own LM head over its draft vocabulary
+            projection = rows_projection(head.lm_head.weight, None, self.dtype)
+        else:  # the target's LM head rows at the draft ids (the embedded model's head stores none)
+            projection = rows_projection(target.get_output_embeddings().weight, self.vocab, self.dtype)
+        self.project = lambda hidden: projection(head.norm(hidden))
+        self.cache = None  # (keys, values) (1, kv_heads, S, head_dim) of the head's one layer
+
+    def _crop(self, length: int) -> None:
+        if self.cache is not None:
+            self.cache = tuple(t[:, :, :length] for t in self.cache)
+
+    def _head(self, features, embeds, positions, mask=None):
+        """features (T, 3·H) fused target features or (T, H) the head's own outputs fed back; embeds (T, H) →
+        h (T, H) before the final norm; extends the cache."""
+        out, self.cache = self.head(features[None], embeds[None], positions, self.cache, mask)
+        return out[0]
+
+    def options(self) -> dict:
+        return {**super().options(), "aux_layers": list(self.feature_layers)}
+
+
+def build(models, k: int, options: dict) -> Eagle3Drafter:
+    head = models.head("eagle3", options.pop("head", None))  # head=FOLDER: a published or locally trained head
+    if head is None:
+        raise SpecvizError(f"no eagle3 head is available for '{models.name}'; train one with `specviz train eagle3` "
+                           "or pass one: eagle3:head=FOLDER")
+    shape = TreeShape(**{key: options.pop(key) for key in ("depth", "top_k", "total_tokens", "early_stop") if key in options})
+    graft = options.pop("lookup", 0)
+    if options:
+        raise SpecvizError(f"unknown eagle3 options: {', '.join(options)}")
+    if head.draft_vocab_size < shape.top_k:
+        raise SpecvizError(f"eagle3 ranks {shape.top_k} candidates per position but the head's draft vocabulary has "
+                           f"only {head.draft_vocab_size} tokens")
+    cost = interpolate(verify_curve(models)) if shape.total_tokens == "auto" else None
+    return Eagle3Drafter(head, models.target, shape, verify_cost=cost, lookup=graft)
