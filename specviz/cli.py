@@ -442,13 +442,15 @@ def bench_main(argv: list[str] | None = None) -> int:
 
 # ----------------------------------------------------------------------------------------------- train
 
-TRAIN_DOC = """`train {data,eagle,medusa,draft}`: self-distillation data, then the three draft topologies for one target.
+TRAIN_DOC = """`train {data,eagle,eagle3,medusa,draft}`: self-distillation data, then the trained draft topologies for one
+target.
 
-    specviz train data  [--n-prompts 2400] [--max-minutes 38]
+    specviz train data  [--n-prompts 2400] [--max-minutes 38] [--aux-layers eagle3]
     specviz train eagle --out assets/eagle-smollm2-135m [--steps N] [--max-minutes M] [--resume]
+    specviz train eagle3 --data-dir DATA_MADE_WITH_AUX_LAYERS [--unroll 3] [--max-minutes M] [--resume]
 """
 
-DEFAULT_OUT = {"eagle": "assets/eagle-smollm2-135m", "medusa": "assets/medusa-smollm2-135m",
+DEFAULT_OUT = {"eagle": "assets/eagle-smollm2-135m", "eagle3": "assets/eagle3-smollm2-135m", "medusa": "assets/medusa-smollm2-135m",
                "draft": "assets/draft-smollm2-135m"}
 
 
@@ -469,7 +471,7 @@ def build_train_parser() -> argparse.ArgumentParser:
     d.add_argument("--aux-layers", default="",
                    help="also cache the inputs of these decoder layers (comma-separated, or 'eagle3': layers 2, "
                         "N/2 and N-3 of an N-layer target, the EAGLE-3 default), for `train eagle3`")
-    for kind in ("eagle", "medusa", "draft"):
+    for kind in ("eagle", "eagle3", "medusa", "draft"):
         t = sub.add_parser(kind, help=f"train the {kind} drafter from the cached data")
         add_train_common(t)
         t.add_argument("--out", default=DEFAULT_OUT[kind])
@@ -480,7 +482,7 @@ def build_train_parser() -> argparse.ArgumentParser:
         t.add_argument("--lr", type=float, default=None)
         t.add_argument("--warmup", type=int, default=TrainConfig.warmup)
         t.add_argument("--eval-seqs", type=int, default=TrainConfig.eval_seqs)
-        t.add_argument("--draft-vocab-size", type=int, default=TrainConfig.draft_vocab_size)
+        t.add_argument("--draft-vocab-size", type=int, default=8192 if kind == "eagle3" else TrainConfig.draft_vocab_size)
         t.add_argument("--ckpt-minutes", type=float, default=TrainConfig.ckpt_minutes)
         t.add_argument("--resume", action="store_true", help="continue from the checkpoint in --work-dir")
         if kind == "eagle":
@@ -493,6 +495,14 @@ def build_train_parser() -> argparse.ArgumentParser:
             t.add_argument("--init", default=None,
                            help="start from this EAGLE asset folder (keeps its draft vocabulary), e.g. to go on "
                                 "training the shipped head on newly made data")
+        if kind == "eagle3":
+            t.add_argument("--unroll", type=int, default=3,
+                           help="training-time test: draft steps, each fed the head's own output from the step before")
+            t.add_argument("--step-decay", type=float, default=TrainConfig.step_decay,
+                           help="loss weight of draft step k is this to the power k")
+            t.add_argument("--loss-vocab", type=int, default=4096,
+                           help="soft CE over the N most frequent draft-vocabulary tokens (0: all); the LM head "
+                                "rows are the target's and stay fixed, so only the head's output is shaped by it")
         if kind == "medusa":
             t.add_argument("--medusa-heads", type=int, default=TrainConfig.medusa_heads)
             t.add_argument("--medusa-layers", type=int, default=TrainConfig.medusa_layers)
@@ -553,6 +563,8 @@ def train_main(argv: list[str]) -> int:
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
     if args.kind == "eagle":
         from specviz.train.eagle import train_eagle as run
+    elif args.kind == "eagle3":
+        from specviz.train.eagle3 import train_eagle3 as run
     elif args.kind == "medusa":
         from specviz.train.medusa import train_medusa as run
     else:

@@ -151,3 +151,25 @@ def test_a_head_that_does_not_fit_the_target_is_refused_clearly(tmp_path):
     save_file({"fc.weight": torch.zeros(1)}, str(tmp_path / "noconfig" / "model.safetensors"))
     with pytest.raises(SpecvizError, match="no config.json"):
         Eagle3Head.load(tmp_path / "noconfig", TARGET)
+
+
+@torch.no_grad()
+def test_training_time_test_sees_what_drafting_sees():
+    """train.eagle3.unrolled over a whole sequence at once equals drafting it step by step with a cache: step k at
+    position s is the chain that starts from the true entries up to s - k and feeds the head's own outputs back.
+    A mask that let a step see one more true entry (or its chain's wrong entries) fails this."""
+    from specviz.train.eagle3 import unrolled
+
+    head = random_head()
+    T = 9
+    g, emb = torch.randn(1, T, 3 * 32), torch.randn(1, T, 32)
+    pos = torch.arange(T)[None]
+    outs = unrolled(head, g, emb, pos, steps=3)
+    for s in range(2, T):
+        for k in (1, 2):
+            start = s - k  # the chain's first fed-back entry sits at position start + 1
+            h, past = head(g[:, :start + 1], emb[:, :start + 1], pos[:, :start + 1])
+            x = h[:, -1:]
+            for i in range(1, k + 1):
+                x, past = head(x, emb[:, start + i: start + i + 1], pos[:, start + i: start + i + 1], past)
+            assert torch.allclose(outs[k][0, s], x[0, 0], atol=1e-5), (s, k)

@@ -187,6 +187,44 @@ def test_eagle_goes_on_from_a_trained_head(dataset, tmp_path):
         train_eagle(run_config("eagle", dataset, tmp_path, init=str(tmp_path / "bare")), target)
 
 
+@pytest.fixture(scope="module")
+def aux_dataset(dataset, tmp_path_factory):
+    """The same prompts with the inputs of layers 0, 1 and 1 cached (a 2-layer target's EAGLE-3 features)."""
+    target, cfg, _, _ = dataset
+    aux = replace(cfg, out_dir=str(tmp_path_factory.mktemp("aux") / "cache"), aux_layers=(0, 1, 1))
+    return target, aux, build_dataset(aux, target, ByteTokenizer()), None
+
+
+def test_eagle3_trains_with_training_time_test_and_ships_if_better(aux_dataset, tmp_path):
+    """Three unrolled draft steps: every step's loss falls, the head loads from its speculators-layout folder with
+    the data's layers, and a second run that does not beat it is written aside, not over it."""
+    from specviz.models.eagle3 import Eagle3Head
+    from specviz.train.eagle3 import train_eagle3
+
+    target = aux_dataset[0]
+    metrics = train_eagle3(run_config("eagle3", aux_dataset, tmp_path, unroll=3, steps=80, loss_vocab=32), target)
+    for k in range(3):
+        first, last = first_last("eagle3", tmp_path, f"ploss{k}")
+        assert last < first, f"step {k} did not learn"
+    head = Eagle3Head.load(tmp_path / "eagle3", target.config)
+    assert head.aux_layers == (0, 1, 1) and head.lm_head is None and head.draft_vocab_size == 64
+    assert bool(head.t2d[head.draft_ids()].all()) and int(head.t2d.sum()) == 64
+    assert metrics["fp32"]["acc1"] > 2 * metrics["random head"]["acc1"]
+    assert set(metrics["fp32"]) == {"acc1", "acc2_given1", "acc3_given2", "positions"}
+    shipped = (tmp_path / "eagle3" / "model.safetensors").read_bytes()
+    worse = run_config("eagle3", aux_dataset, tmp_path, unroll=1, steps=2, lr=1e-6, work_dir=str(tmp_path / "r2"))
+    train_eagle3(worse, target)
+    assert (tmp_path / "eagle3" / "model.safetensors").read_bytes() == shipped
+    assert (tmp_path / "r2" / "eagle3" / "not-shipped" / "model.safetensors").is_file()
+
+
+def test_eagle3_needs_data_with_auxiliary_layers(dataset, tmp_path):
+    from specviz.train.eagle3 import train_eagle3
+
+    with pytest.raises(ValueError, match="aux-layers eagle3"):
+        train_eagle3(run_config("eagle3", dataset, tmp_path), dataset[0])
+
+
 def test_medusa_trains_and_loads(dataset, tmp_path):
     from specviz.train.medusa import train_medusa
 

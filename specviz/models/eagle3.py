@@ -32,7 +32,7 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, Lla
 
 from specviz.errors import SpecvizError
 from specviz.kernels.fastdecoder import rotate_half
-from specviz.models.heads import match_state_dict, read_config, read_state_dict
+from specviz.models.heads import match_state_dict, read_config, read_state_dict, write_weights
 
 
 def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
@@ -128,6 +128,21 @@ class Eagle3Head(nn.Module):
         """h (…, H) → logits over the draft vocabulary (…, Vd). target_lm_head (V, H) when the head has none."""
         weight = self.lm_head.weight if self.lm_head is not None else target_lm_head[self.draft_ids()]
         return self.norm(h) @ weight.T
+
+    def save(self, path, config_extra: dict, dtype: torch.dtype = torch.float16):
+        """Write the head in the speculators layout (config.json and model.safetensors; without an LM head when it
+        reuses the target's rows, which a reader must then supply)."""
+        state = {("layers.0." + k[len("layer."):]) if k.startswith("layer.") else k: v
+                 for k, v in self.state_dict().items() if not k.startswith("rotary.")}
+        layer = {**self.config.to_dict(), "architectures": ["LlamaForCausalLM"]}
+        config = {"speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"],
+                  "transformer_layer_config": layer, "draft_vocab_size": self.draft_vocab_size,
+                  "norm_before_residual": self.layer.norm_before_residual,
+                  "target_hidden_size": self.target_hidden_size,
+                  "eagle_aux_hidden_state_layer_ids": list(self.aux_layers),
+                  "lm_head": "own" if self.lm_head is not None else "the target's rows at the draft ids",
+                  "dtype": str(dtype).removeprefix("torch."), **config_extra}
+        return write_weights(path, state, config, dtype)
 
     @classmethod
     def load(cls, path, target_config) -> "Eagle3Head":

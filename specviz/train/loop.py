@@ -22,7 +22,7 @@ log = logging.getLogger("specviz.train")
 
 @dataclass
 class TrainConfig:
-    kind: str  # eagle | medusa | draft
+    kind: str  # eagle | eagle3 | medusa | draft
     model_path: str
     data_dir: str
     out: str  # asset folder
@@ -45,6 +45,8 @@ class TrainConfig:
     unroll: int = 1  # 2: also train depth 2, feeding the head's own prediction back as the feature
     loss_vocab: int = 0  # the distribution loss over the N most frequent draft-vocabulary tokens (0: all of them)
     init: str = ""  # an EAGLE asset folder to start from (its weights and draft vocabulary) instead of a random head
+    # EAGLE-3 (unroll: the training-time test's draft steps)
+    step_decay: float = 0.8  # loss weight of draft step k is step_decay**k
     # Medusa
     medusa_heads: int = 4
     medusa_layers: int = 1
@@ -61,6 +63,7 @@ class Batch:
     position_ids: torch.Tensor  # (B, L) int64 absolute positions
     valid: torch.Tensor  # (B, L) bool: real (non-pad) positions
     response: torch.Tensor  # (B, L) bool: positions t >= prompt_len - 1 (f_t predicts a response token)
+    aux: torch.Tensor | None = None  # (B, L, 3·H) float32: the auxiliary layers' features, where the data has them
 
 
 def make_batch(data: FeatureSet, idx: list[int], max_len: int) -> Batch:
@@ -72,7 +75,8 @@ def make_batch(data: FeatureSet, idx: list[int], max_len: int) -> Batch:
     pos = torch.zeros(len(idx), width, dtype=torch.long)
     valid = torch.zeros(len(idx), width, dtype=torch.bool)
     response = torch.zeros(len(idx), width, dtype=torch.bool)
-    for row, (tok, feat, plen) in enumerate(seqs):
+    aux = None if data.aux_features is None else torch.zeros(len(idx), width, data.aux_features.shape[1])
+    for row, (i, (tok, feat, plen)) in enumerate(zip(idx, seqs)):
         start = max(0, len(tok) - max_len)
         n = len(tok) - start
         tokens[row, :n] = tok[start:]
@@ -80,7 +84,9 @@ def make_batch(data: FeatureSet, idx: list[int], max_len: int) -> Batch:
         pos[row, :n] = torch.arange(start, len(tok))
         valid[row, :n] = True
         response[row, :n] = pos[row, :n] >= plen - 1
-    return Batch(tokens, feats, pos, valid, response)
+        if aux is not None:
+            aux[row, :n] = data.aux_features[int(data.offsets[i]) + start: int(data.offsets[i + 1])].float()
+    return Batch(tokens, feats, pos, valid, response, aux)
 
 
 def train_batches(data: FeatureSet, cfg: TrainConfig, first_step: int) -> Iterator[Batch]:
