@@ -503,6 +503,9 @@ def build_train_parser() -> argparse.ArgumentParser:
             t.add_argument("--loss-vocab", type=int, default=4096,
                            help="soft CE over the N most frequent draft-vocabulary tokens (0: all); the LM head "
                                 "rows are the target's and stay fixed, so only the head's output is shaped by it")
+            t.add_argument("--bf16", action="store_true",
+                           help="run the products under bf16 autocast (about 1.6x faster on a CPU with native bf16)")
+            t.add_argument("--init", default=None, help="go on training the EAGLE-3 head in this folder")
         if kind == "medusa":
             t.add_argument("--medusa-heads", type=int, default=TrainConfig.medusa_heads)
             t.add_argument("--medusa-layers", type=int, default=TrainConfig.medusa_layers)

@@ -216,6 +216,14 @@ def test_eagle3_trains_with_training_time_test_and_ships_if_better(aux_dataset, 
     train_eagle3(worse, target)
     assert (tmp_path / "eagle3" / "model.safetensors").read_bytes() == shipped
     assert (tmp_path / "r2" / "eagle3" / "not-shipped" / "model.safetensors").is_file()
+    again = run_config("eagle3", aux_dataset, tmp_path, unroll=3, steps=25, init=str(tmp_path / "eagle3"), bf16=True,
+                       loss_vocab=32, out=str(tmp_path / "eagle3-b"), work_dir=str(tmp_path / "r3"))
+    train_eagle3(again, target)  # --init (under bf16 autocast): it goes on from the trained head, not from scratch
+    state = torch.load(tmp_path / "r3" / "eagle3" / "checkpoint.pt", weights_only=True)
+    from specviz.train.loop import History
+
+    assert History(**state["history"]).losses[0]["ploss0"] < first_last("eagle3", tmp_path, "ploss0")[0]
+    assert "Started from the head in" in (tmp_path / "eagle3-b" / "PROVENANCE.md").read_text()
 
 
 def test_eagle3_needs_data_with_auxiliary_layers(dataset, tmp_path):

@@ -60,6 +60,10 @@ def make_step_loss(head: Eagle3Head, embed, w_loss, cfg: TrainConfig):
     """Σ_k step_decay**k · CE(p, q_k) over the loss vocabulary rows w_loss (Vl, H), on the loss positions."""
 
     def step_loss(batch: Batch):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+            return losses(batch)
+
+    def losses(batch: Batch):
         fused, next_tokens, pos, targets, mask = shifted(batch)
         outs = unrolled(head, fused, embed(next_tokens), pos, cfg.unroll)
         total, stats = 0.0, {}
@@ -149,7 +153,7 @@ def new_head(target, aux_layers, vocab: torch.Tensor) -> Eagle3Head:
 
 def train_eagle3(cfg: TrainConfig, target=None) -> dict:
     from .common import load_target, set_seed
-    from .data import read_index
+    from .data import read_index, token_counts
     from .eagle import load_training_data
     from .loop import eval_batches, train
     from .report import save_trained
@@ -162,8 +166,15 @@ def train_eagle3(cfg: TrainConfig, target=None) -> dict:
     if not aux_layers:
         raise ValueError(f"{cfg.data_dir} has no auxiliary layer features; make the data with "
                          "`specviz train data --aux-layers eagle3`")
-    target, train_set, val_set, vocab, coverage = load_training_data(cfg, target)
-    head = new_head(target, aux_layers, vocab)
+    if cfg.init:  # go on training a head made before (its weights and draft vocabulary)
+        head = Eagle3Head.load(cfg.init, target.config).float()
+        if head.aux_layers != aux_layers:
+            raise ValueError(f"{cfg.init} fuses layers {head.aux_layers}; the data has {aux_layers}")
+        target, train_set, val_set, vocab, coverage = load_training_data(cfg, target, head.draft_ids())
+        vocab = vocab[token_counts(cfg.data_dir)[vocab].argsort(descending=True)]  # frequency order, for loss_rows
+    else:
+        target, train_set, val_set, vocab, coverage = load_training_data(cfg, target)
+        head = new_head(target, aux_layers, vocab)
     loss_rows = vocab[: cfg.loss_vocab] if cfg.loss_vocab else vocab  # frequency order: a prefix is the most frequent
     embed, w_loss = target.get_input_embeddings(), target.lm_head.weight[loss_rows]
     baseline = eagle2_baseline(target, val_set, cfg)
@@ -193,11 +204,14 @@ def train_eagle3(cfg: TrainConfig, target=None) -> dict:
         + f"{len(vocab)}-token draft vocabulary (the most frequent tokens of the training prompts and responses, "
         f"+ eos; it covers {coverage:.2%} of the held-out response tokens); loss on response positions only.",
         f"Training-time test: {cfg.unroll} draft steps, step k fed the head's own step-(k-1) output and weighted "
-        f"{cfg.step_decay}^k.",
+        f"{cfg.step_decay}^k." + (" Products under bf16 autocast (weights and optimizer state fp32)." if cfg.bf16 else ""),
         "Shipped fp16; the validation numbers below are measured both before and after rounding to fp16"
         + (f", beside the {baseline[0]} on the same held-out sequences (its acc3_given2 is not measured)."
            if baseline else "."),
     ]
+    if cfg.init:
+        notes.insert(0, f"Started from the head in `{cfg.init}` (its weights and draft vocabulary; fresh optimizer "
+                        "state and learning-rate schedule).")
     if previous is not None:
         notes.append(f"The head that was in {shipped.parent} before: {previous}.")
     metrics = save_trained(cfg, head, lambda: evaluate(head, target, eval_batches(val_set, cfg)), before, history,

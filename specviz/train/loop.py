@@ -47,6 +47,7 @@ class TrainConfig:
     init: str = ""  # an EAGLE asset folder to start from (its weights and draft vocabulary) instead of a random head
     # EAGLE-3 (unroll: the training-time test's draft steps)
     step_decay: float = 0.8  # loss weight of draft step k is step_decay**k
+    bf16: bool = False  # products under bf16 autocast (faster where the CPU multiplies bf16; weights stay fp32)
     # Medusa
     medusa_heads: int = 4
     medusa_layers: int = 1
