@@ -195,6 +195,17 @@ TOPOLOGIES = (
         "3.05×–4.26×, 20–40 % faster than EAGLE",
         f"{EAGLE}; {EAGLE2}", "eagle-smollm2-135m"),
     Topology(
+        "eagle3", "EAGLE-3 (training-time test)",
+        "the inputs of three of the target's layers (low, middle, high) side by side, fused by one linear layer, "
+        "plus the next token; deeper in the tree its own output instead; the same dynamic tree as EAGLE-2",
+        "one decoder layer trained only to predict the target's tokens (no feature regression), with its own "
+        "outputs fed back over several unrolled steps (training-time test); self-distilled here",
+        "the fusion layer, one decoder layer and a small KV cache; reuses the target's embedding (and here its LM "
+        "head rows over a reduced draft vocabulary)",
+        "yes: tree children are point masses, α = p'(x)",
+        "speedup up to 6.5×, about 1.4× over EAGLE-2 (chat and reasoning models)",
+        EAGLE3, "eagle3-smollm2-135m"),
+    Topology(
         "ngram", "Prompt lookup (n-gram)",
         "tokens only: finds the last n-gram of the context earlier in the context and proposes what followed it",
         "none",
@@ -208,7 +219,26 @@ EAGLE3_NOTE = (
     "**EAGLE-3** drops EAGLE's feature-regression loss, "
     "fuses the target's low-, middle- and top-layer hidden states instead of the second-to-top layer alone, and "
     "trains with the draft's own predictions fed back (*training-time test*); it reports speedups up to 6.5× and "
-    "about 1.4× over EAGLE-2 (" + EAGLE3 + "). specviz's `eagle2` drafter is an EAGLE-1/2 head.")
+    "about 1.4× over EAGLE-2 (" + EAGLE3 + "). specviz runs both on the same EAGLE-2 tree: `eagle2` is an "
+    "EAGLE-1/2 head, `eagle3` an EAGLE-3 head (the embedded model's own, or a published one: "
+    "`eagle3:head=FOLDER`). The *EAGLE tree explorer* drafts with both on the same step.")
+
+EAGLE3_CHANGES = """
+What EAGLE-3 changes, and what stays:
+
+| | `eagle2` (EAGLE-1/2 head) | `eagle3` (EAGLE-3 head) |
+|---|---|---|
+| feature at the root | the target's top hidden state f_t | the inputs of three target layers (low, middle, high) side by side, fused: x = fc([g_low ; g_mid ; g_high]) |
+| deeper in the tree | its prediction f̂ of the next feature | its own output h, before its final norm: no longer a guess of a target feature |
+| layer input | fc([emb(x_{t+1}) ; f_t]) | [input_norm(emb(x_{t+1})) ; hidden_norm(x)], 2·H wide, read by q, k and v |
+| q | softmax(lm_head(f̂)) | softmax(lm_head(norm(h))) over a draft vocabulary (draft id i = target token i + d2t[i]) |
+| training loss | regress f_{t+1} (smooth L1) + 0.1 × cross-entropy against p | cross-entropy against p only |
+| training inputs | the true features (and one fed-back step here) | its own outputs fed back over several unrolled steps, masked as in drafting (*training-time test*) |
+| tree, verification | EAGLE-2's dynamic tree; point masses, α = p′(x) | the same |
+
+Only the drafting differs: the tree and the verification rule are one and the same code, so the output is the
+target's for both.
+"""
 
 
 def reference_report() -> dict | None:

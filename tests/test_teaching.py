@@ -105,7 +105,7 @@ def test_self_check_questions_are_answered_by_the_engine_values(tree_run):
 
 
 def test_published_figures_carry_their_sources_and_the_eagle_name_is_the_papers():
-    assert {t.drafter for t in teaching.TOPOLOGIES} == {"draft", "medusa", "eagle2", "ngram"}
+    assert {t.drafter for t in teaching.TOPOLOGIES} == {"draft", "medusa", "eagle2", "eagle3", "ngram"}
     for t in teaching.TOPOLOGIES:
         assert t.published and t.source and "20" in t.source  # an author and a year at least
     eagle = next(t for t in teaching.TOPOLOGIES if t.drafter == "eagle2")
@@ -115,7 +115,7 @@ def test_published_figures_carry_their_sources_and_the_eagle_name_is_the_papers(
     assert "EAGLE-3" in teaching.EAGLE3_NOTE and "training-time test" in teaching.EAGLE3_NOTE
     for t in teaching.TOPOLOGIES:
         if t.weights:
-            assert teaching.shipped_weights_mb(t.weights) > 0.5
+            assert teaching.shipped_weights_mb(t.weights) > 0.5, f"{t.weights} is not in assets/"
 
 
 # ---------------------------------------------------------------------------------------------- pages

@@ -1,4 +1,4 @@
-"""The four drafting topologies side by side (what each reads, its training, memory, losslessness, the published
+"""The drafting topologies side by side (what each reads, its training, memory, losslessness, the published
 speedups and what was measured here), and what each acceptance number means."""
 import streamlit as st
 
@@ -6,7 +6,8 @@ from app import state, teaching
 
 state.intro(
     "Topologies compared",
-    "Four ways to draft: a separate small model, Medusa heads, EAGLE-2's feature-level head and prompt lookup. "
+    "Five ways to draft: a separate small model, Medusa heads, two feature-level heads (EAGLE-2's and EAGLE-3's) "
+    "and prompt lookup. "
     "They differ in what they read, what they cost to train and hold, and how well they guess.  \n"
     "Below them: what the acceptance numbers on every page mean, computed on your own run.",
 )
