@@ -3,7 +3,8 @@
 # 2 CPU cores, by how busy the machine is): the 80 MT-bench questions at T = 0 with every drafter and the
 # transformers peers, the floor run (`none` alone), the same at T = 1, and the variants on 6 questions. Each
 # report is written only when its run ends (atomically); progress goes to runs/readme-benches/*.log.
-#   scripts/readme_benches.sh [t0 floor t1 variants]     (default: all four, in that order)
+#   scripts/readme_benches.sh [t0 floor t1 variants eagle3-t0 eagle3-t1]     (default: the first four, in that order)
+#   (eagle3-t0 / eagle3-t1: EAGLE-2 beside EAGLE-3 alone, without peers, for docs/training.md; T1_LIMIT questions at T = 1)
 #   EXTRA=eagle2:head=runs/old-eagle scripts/readme_benches.sh t0    (more drafters beside the usual ones in t0 and t1,
 #                                                                   e.g. a head trained before, to compare in one run)
 # Run it from a quiet machine: anything else running shifts the absolute speeds (the ratios less so, since every
@@ -12,7 +13,8 @@ set -uo pipefail  # a failed bench is reported; the others still run
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 QUESTIONS=${QUESTIONS:-../shared/data/mt_bench.jsonl}
-ALL="none,ngram,draft,draft:adaptive=true,medusa,eagle2,eagle2:lookup=4${EXTRA:+,$EXTRA}"
+ALL="none,ngram,draft,draft:adaptive=true,medusa,eagle2,eagle2:lookup=4,eagle3,eagle3:lookup=4${EXTRA:+,$EXTRA}"
+EAGLES="none,eagle2,eagle2:lookup=4,eagle3,eagle3:lookup=4"
 mkdir -p runs/readme-benches
 bench() {  # name args...
     local name=$1; shift
@@ -31,6 +33,11 @@ for part in ${@:-t0 floor t1 variants}; do
         variants) bench variants --prompts "$QUESTIONS" --limit 6 --max-new-tokens 128 --temperature 0 --no-peers \
                 --verify-sizes 0 --drafters eagle2,eagle2:total_tokens=16,eagle2:early_stop=false,eagle2:draft_vocab=trained,eagle2:lookup=4,medusa,draft,draft:adaptive=true \
                 --json-out docs/results/bench-variants.json --md-out docs/results/bench-variants.md ;;
-        *) echo "unknown part '$part': choose from t0 floor t1 variants" >&2; exit 2 ;;
+        eagle3-t0) bench eagle3-t0 --prompts "$QUESTIONS" --max-new-tokens 128 --temperature 0 --drafters "$EAGLES" \
+                --no-peers --quick --json-out docs/results/bench-eagle3-t0.json --md-out docs/results/bench-eagle3-t0.md ;;
+        eagle3-t1) bench eagle3-t1 --prompts "$QUESTIONS" --limit "${T1_LIMIT:-80}" --max-new-tokens 128 --temperature 1.0 \
+                --drafters "$EAGLES" --no-peers --quick \
+                --json-out docs/results/bench-eagle3-t1.json --md-out docs/results/bench-eagle3-t1.md ;;
+        *) echo "unknown part '$part': choose from t0 floor t1 variants eagle3-t0 eagle3-t1" >&2; exit 2 ;;
     esac
 done

@@ -41,7 +41,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
 def add_decoding_args(parser: argparse.ArgumentParser, defaults: DecodeSettings = DecodeSettings(), drafter: bool = True) -> None:
     """The fields of DecodeSettings as options (n_top stays the library's default)."""
     if drafter:
-        parser.add_argument("--drafter", default="ngram", help="none | draft | ngram | medusa | eagle2, optionally with options: eagle2:total_tokens=16:draft_vocab=full")
+        parser.add_argument("--drafter", default="ngram", help="none | draft | ngram | medusa | eagle2 | eagle3, optionally with options: eagle2:total_tokens=16:draft_vocab=full, eagle3:head=FOLDER")
     parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens)
     parser.add_argument("--temperature", type=float, default=defaults.temperature, help="0 = greedy, where outputs must equal `none`'s")
     parser.add_argument("--top-p", type=float, default=defaults.top_p)

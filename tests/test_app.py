@@ -249,6 +249,25 @@ def test_the_sidebar_tree_settings_reach_eagle2_runs_whatever_the_sidebar_drafte
     assert "drafter_options" not in settings.stream_kwargs()  # the n-gram drafter takes no tree
 
 
+@pytest.mark.skipif(not __import__("specviz.models").models.is_fetched("smollm2-135m"),
+                    reason="smollm2-135m is not fetched (make fetch)")
+def test_the_tree_explorer_drafts_with_eagle2_and_eagle3_on_the_same_step(monkeypatch):
+    """Both heads decode the same prompt greedily; the page shows their two trees from one common root position,
+    with the same target text committed by both runs."""
+    monkeypatch.setenv(ENV_MODEL, "smollm2-135m")
+    at = ok(AppTest.from_file(APP, default_timeout=TIMEOUT).run())
+    at.sidebar.slider(key="sb_max_new").set_value(12)
+    at = open_page(at, "app/pages/tree.py")
+    at.button(key="tree_both_run").click()
+    at = ok(at.run())
+    runs = at.session_state["tree_both"]
+    texts = {name: events[-1]["token_ids"] for name, events in runs.items()}
+    assert texts["eagle2"] == texts["eagle3"]  # greedy: both are the target's own text
+    assert [h.value for h in at.subheader][-2:] == ["`eagle2`", "`eagle3`"]
+    assert any("τ (tokens per target forward" in c.value for c in at.caption)
+    assert not at.error, [e.value for e in at.error]
+
+
 def test_the_tree_explorer_states_the_rule_each_test_applied():
     from app.figures import final_source, rule_of
 
