@@ -116,6 +116,28 @@ def test_the_trees_q_follow_the_heads_equations():
         assert c["q"] == pytest.approx(float(q2[(ids == c["token"]).nonzero()[0, 0]]), abs=2e-6)
 
 
+@torch.no_grad()
+def test_after_rejections_the_head_drafts_as_if_from_scratch():
+    """Every step's root candidates equal the head run afresh over the whole committed text: the drafter's cache,
+    cropped after each step's rejected nodes and extended with the accepted ones, holds nothing stale."""
+    target = tiny_target("llama")
+    head = random_head(target)
+    embed, lm_head, ids = target.get_input_embeddings(), target.lm_head.weight, head.draft_ids()
+    drafter = Eagle3Drafter(head, target, TreeShape(depth=4, top_k=4, total_tokens=12), lookup=2)
+    _, steps = run(target, drafter, PROMPT, decode_settings(40))
+    assert any(s.accepted_path for s in steps)  # accepted nodes, and beside them rejected ones to crop away
+    sequence = list(PROMPT)
+    for step in steps:
+        if not step.build:  # the token budget left nothing to draft
+            break
+        L = len(sequence)
+        h, _ = head(fused(target, sequence[:-1])[None], embed(torch.tensor([sequence[1:]])), torch.arange(L - 1)[None])
+        q = torch.softmax(head.logits(h[0, -1], lm_head), -1)
+        for c in step.build[0]["candidates"]:
+            assert c["q"] == pytest.approx(float(q[(ids == c["token"]).nonzero()[0, 0]]), abs=2e-6), step.step
+        sequence += [c.token for c in step.committed]
+
+
 def save_speculators(head: Eagle3Head, folder):
     """`head` written as speculators saves an EAGLE-3 model (the layout vLLM reads)."""
     folder.mkdir()

@@ -73,8 +73,8 @@ class EagleDrafter(Drafter):
         draft_vocab: (Vd,) token ids the head may propose (None = all). verify_cost: n -> seconds, for "auto".
         lookup: graft up to this many tokens of prompt lookup (n-gram) onto the tree (0: none); see _graft_lookup."""
         if lookup < 0:
-            raise SpecvizError(f"eagle2 option lookup must be >= 0 (tokens of prompt lookup to graft), got {lookup}")
-        check_vocab_covers("eagle2", draft_vocab, shape.top_k)
+            raise SpecvizError(f"{self.name} option lookup must be >= 0 (tokens of prompt lookup to graft), got {lookup}")
+        check_vocab_covers(self.name, draft_vocab, shape.top_k)
         self.head = head
         self.embed = target.get_input_embeddings()
         self.vocab = draft_vocab

@@ -36,6 +36,7 @@ class Eagle3Drafter(EagleDrafter):
         else:  # the target's LM head rows at the draft ids (the embedded model's head stores none)
             projection = rows_projection(target.get_output_embeddings().weight, self.vocab, self.dtype)
         self.project = lambda hidden: projection(head.norm(hidden))
+        self.fast = None  # no lean layer: _head runs the module
         self.cache = None  # (keys, values) (1, kv_heads, S, head_dim) of the head's one layer
 
     def _crop(self, length: int) -> None:

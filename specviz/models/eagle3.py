@@ -130,8 +130,9 @@ class Eagle3Head(nn.Module):
         return self.norm(h) @ weight.T
 
     def save(self, path, config_extra: dict, dtype: torch.dtype = torch.float16):
-        """Write the head in the speculators layout (config.json and model.safetensors; without an LM head when it
-        reuses the target's rows, which a reader must then supply)."""
+        """Write the head in the speculators layout's names (config.json and model.safetensors), without its
+        embedding and, when it reuses the target's rows, without an LM head: specviz fills both in from the target;
+        a reader that expects them in the file (vLLM) needs them added."""
         state = {("layers.0." + k[len("layer."):]) if k.startswith("layer.") else k: v
                  for k, v in self.state_dict().items() if not k.startswith("rotary.")}
         layer = {**self.config.to_dict(), "architectures": ["LlamaForCausalLM"]}
@@ -163,6 +164,9 @@ class Eagle3Head(nn.Module):
         if any(not 0 <= n < depth for n in aux):
             raise SpecvizError(f"{source}: fuses target layers {aux}, but the target has {depth} layers")
         target_hidden = config.get("target_hidden_size") or layer.get("target_hidden_size") or layer["hidden_size"]
+        if layer["hidden_size"] != target_config.hidden_size:
+            raise SpecvizError(f"{source}: the head is {layer['hidden_size']} wide and the target {target_config.hidden_size}; "
+                               "specviz feeds it the target's embedding, so they must be as wide")
         draft_vocab = config.get("draft_vocab_size") or layer.get("draft_vocab_size") or layer["vocab_size"]
         for name, theirs, ours in (("target hidden size", target_hidden, target_config.hidden_size),
                                    ("target vocabulary", layer.get("vocab_size"), target_config.vocab_size)):

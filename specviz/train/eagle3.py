@@ -15,6 +15,7 @@ predicts the same token at s; step k's loss weighs step_decay**k and counts posi
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -51,7 +52,10 @@ def unrolled(head: Eagle3Head, fused, embeds, positions, steps: int) -> list[tor
 
 def shifted(batch: Batch):
     """The head's inputs at t = 0..L-2 (fused features, next tokens, positions), the targets f_{t+1}, and the loss
-    positions: t+1 real and x_{t+2} a response token."""
+    positions: t+1 real and t >= P - 1 (x_{t+2} a response token after the first; the same positions the EAGLE-2
+    head is judged on)."""
+    if batch.aux is None:
+        raise ValueError("these sequences have no auxiliary layer features; make the data with --aux-layers eagle3")
     return (batch.aux[:, :-1], batch.tokens[:, 1:], batch.position_ids[:, :-1], batch.features[:, 1:],
             batch.valid[:, 1:] & batch.response[:, :-1])
 
@@ -70,8 +74,10 @@ def make_step_loss(head: Eagle3Head, embed, w_loss, cfg: TrainConfig):
         later = torch.arange(mask.shape[1])
         for k, h in enumerate(outs):
             m = mask & (later >= k)  # a step-k chain starts k positions back
-            with torch.no_grad():
-                p = torch.softmax(targets[m] @ w_loss.T, dim=-1)  # (N, Vl)
+            if not bool(m.any()):  # no loss position this deep in this batch
+                continue
+            with torch.no_grad(), torch.autocast("cpu", enabled=False):  # the teacher's p in fp32, whatever runs
+                p = torch.softmax(targets[m].float() @ w_loss.float().T, dim=-1)  # (N, Vl)
             logq = torch.log_softmax(head.norm(h[m]) @ w_loss.T, dim=-1)
             ce = -(p * logq).sum(-1).mean()
             total = total + cfg.step_decay ** k * ce
@@ -142,8 +148,8 @@ def new_head(target, aux_layers, vocab: torch.Tensor) -> Eagle3Head:
                  num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
                  head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
                  vocab_size=cfg.vocab_size, rms_norm_eps=cfg.rms_norm_eps,
-                 max_position_embeddings=cfg.max_position_embeddings, rope_theta=getattr(cfg, "rope_theta", 10000.0),
-                 hidden_act=cfg.hidden_act)
+                 max_position_embeddings=cfg.max_position_embeddings, hidden_act=cfg.hidden_act,
+                 rope_parameters=dict(cfg.rope_parameters))  # the target's rotary base and scaling
     head = Eagle3Head(layer, cfg.hidden_size, len(vocab), aux_layers, own_lm_head=False)
     d2t, t2d = draft_mapping(vocab, cfg.vocab_size)
     head.d2t.copy_(d2t)
@@ -168,6 +174,9 @@ def train_eagle3(cfg: TrainConfig, target=None) -> dict:
                          "`specviz train data --aux-layers eagle3`")
     if cfg.init:  # go on training a head made before (its weights and draft vocabulary)
         head = Eagle3Head.load(cfg.init, target.config).float()
+        if head.lm_head is not None:
+            raise ValueError(f"{cfg.init} has its own LM head; training here scores q with the target's LM head rows "
+                             "and would leave it untrained")
         if head.aux_layers != aux_layers:
             raise ValueError(f"{cfg.init} fuses layers {head.aux_layers}; the data has {aux_layers}")
         target, train_set, val_set, vocab, coverage = load_training_data(cfg, target, head.draft_ids())
@@ -183,14 +192,16 @@ def train_eagle3(cfg: TrainConfig, target=None) -> dict:
     shipped = Path(cfg.out, "model.safetensors")
     previous = None
     if shipped.is_file():  # ship if better: the head already in --out, judged on the same held-out sequences
-        previous = evaluate(Eagle3Head.load(cfg.out, target.config).float().eval(), target, eval_batches(val_set, cfg))
+        there = Eagle3Head.load(cfg.out, target.config).float().eval()
+        if there.aux_layers == aux_layers:  # a head over other layers cannot be judged on these features
+            previous = evaluate(there, target, eval_batches(val_set, cfg))
     history = train(cfg, head, make_step_loss(head, embed, w_loss, cfg), train_set)
     candidate = evaluate(head, target, eval_batches(val_set, cfg))
     if previous is not None and expected_length(candidate) <= expected_length(previous):
         out = str(Path(cfg.work_dir) / "eagle3" / "not-shipped")
         log.info("eagle3: %s does not beat the head in %s (%s); written to %s instead", candidate, cfg.out,
                  previous, out)
-        cfg = type(cfg)(**{**cfg.__dict__, "out": out})
+        cfg = replace(cfg, out=out)
     extra = {"target": Path(cfg.model_path).name, "draft_vocab_size": len(vocab),
              "draft_vocab_coverage": round(coverage, 4), "feature": f"inputs of target layers {list(aux_layers)}",
              "training_time_test_steps": cfg.unroll}
@@ -204,7 +215,8 @@ def train_eagle3(cfg: TrainConfig, target=None) -> dict:
         + f"{len(vocab)}-token draft vocabulary (the most frequent tokens of the training prompts and responses, "
         f"+ eos; it covers {coverage:.2%} of the held-out response tokens); loss on response positions only.",
         f"Training-time test: {cfg.unroll} draft steps, step k fed the head's own step-(k-1) output and weighted "
-        f"{cfg.step_decay}^k." + (" Products under bf16 autocast (weights and optimizer state fp32)." if cfg.bf16 else ""),
+        f"{cfg.step_decay}^k." + (" The head's products under bf16 autocast (weights, optimizer state and the "
+                                   "target's p in fp32)." if cfg.bf16 else ""),
         "Shipped fp16; the validation numbers below are measured both before and after rounding to fp16"
         + (f", beside the {baseline[0]} on the same held-out sequences (its acc3_given2 is not measured)."
            if baseline else "."),
