@@ -70,6 +70,7 @@ def write_provenance(cfg: TrainConfig, title: str, history: History, metrics: di
         f"--n-prompts {dc.get('n_prompts')} --n-val {dc.get('n_val')} --batch-size {dc.get('batch_size')} "
         f"--max-new-tokens {dc.get('max_new_tokens')} --seed {dc.get('seed')}"
         + (f" --first-train-shard {dc['first_train_shard']}" if dc.get("first_train_shard") else "")
+        + (f" --aux-layers {','.join(map(str, dc['aux_layers']))}" if dc.get("aux_layers") else "")
         + " --max-minutes M`.",
         "",
         "## Training",
