@@ -34,8 +34,52 @@ with st.expander("Decode a new run for this page", expanded=not trace):
                 state.set_trace(events, "run from the tree page")
                 trace, source = state.get_trace()
 
+def side_by_side() -> None:
+    """eagle2 and eagle3 drafting from the same contexts: shown whether or not a run is loaded above."""
+    st.header("EAGLE-2 and EAGLE-3 on the same step")
+    st.markdown(teaching.EAGLE3_CHANGES)
+    both = shared is not None and all(d in shared.drafters() for d in ("eagle2", "eagle3"))
+    if not both:
+        st.info("This needs a model with both an EAGLE-2 and an EAGLE-3 head (the embedded model ships both).")
+    else:
+        st.caption("Both drafters decode the prompt above at temperature 0 with the sidebar's tree settings, so they "
+                   "commit the same text (the target's greedy text) and meet the same contexts; pick a position where "
+                   "both drafted, and compare the two trees grown from it.")
+        if st.button("Draft with both", key="tree_both_run"):
+            runs = {}
+            for name in ("eagle2", "eagle3"):
+                with st.spinner(f"decoding with {name}…"):
+                    runs[name] = state.run_decode(shared, st.session_state.get("tree_prompt", state.DEFAULT_PROMPT),
+                                                  settings, drafter=name, temperature=0.0)
+            if all(runs.values()):
+                st.session_state["tree_both"] = runs
+        runs = st.session_state.get("tree_both")
+        if runs:
+            at = {name: {s["position"]: s for s in state.steps_of(events) if s["nodes"]} for name, events in runs.items()}
+            common = sorted(set(at["eagle2"]) & set(at["eagle3"]))
+            if not common:
+                st.info("The two runs never drafted from the same position; decode a longer run.")
+            else:
+                position = (st.select_slider("Position of the root", options=common, value=common[0], key="tree_both_pos")
+                            if len(common) > 1 else common[0])
+                for column, name in zip(st.columns(2), ("eagle2", "eagle3")):
+                    step = at[name][position]
+                    column.subheader(f"`{name}`")
+                    column.plotly_chart(figures.step_tree_figure(step), key=f"tree_both_{name}_{position}")
+                    best = max(step["nodes"], key=lambda n: n["q"] or 0.0)
+                    column.caption(
+                        f"{len(step['nodes'])} nodes, {len(step['accepted_path'])} accepted, drafted in "
+                        f"{step['timing']['draft_ms']:.1f} ms; its most confident node q = {best['q'] or 0:.3f} "
+                        f"({figures.visible(best['text'])!r}).")
+                taus = {name: sum(len(s["committed"]) for s in state.steps_of(events)) / max(1, len(state.steps_of(events)))
+                        for name, events in runs.items()}
+                st.caption("Over the whole run: τ (tokens per target forward, the last token included) "
+                           + ", ".join(f"`{n}` {t:.2f}" for n, t in taus.items()) + ".")
+
+
 if not trace:
     st.info("No run yet: decode one above or on the *Live decoding* page.")
+    side_by_side()
     st.stop()
 
 steps = [s for s in state.steps_of(trace) if s["nodes"]]
@@ -45,6 +89,7 @@ st.caption(f"Showing the {source}: drafter `{start['drafter']}`, {len(state.step
 if not steps:
     st.info("Nothing was drafted in this run (every step was autoregressive), so there is no tree to show. "
             "Pick a drafter other than `none` in the sidebar and run again.")
+    side_by_side()
     st.stop()
 
 numbers = [s["step"] for s in steps]
@@ -174,44 +219,4 @@ else:
 if not picked and not greedy:
     st.caption("Every test of this step used the chain rule: its tokens were sampled from the draft's q.")
 
-
-# ------------------------------------------------------------------------------ EAGLE-2 beside EAGLE-3
-st.header("EAGLE-2 and EAGLE-3 on the same step")
-st.markdown(teaching.EAGLE3_CHANGES)
-both = shared is not None and all(d in shared.drafters() for d in ("eagle2", "eagle3"))
-if not both:
-    st.info("This needs a model with both an EAGLE-2 and an EAGLE-3 head (the embedded model ships both).")
-else:
-    st.caption("Both drafters decode the prompt above at temperature 0 with the sidebar's tree settings, so they "
-               "commit the same text (the target's greedy text) and meet the same contexts; pick a position where "
-               "both drafted, and compare the two trees grown from it.")
-    if st.button("Draft with both", key="tree_both_run"):
-        runs = {}
-        for name in ("eagle2", "eagle3"):
-            with st.spinner(f"decoding with {name}…"):
-                runs[name] = state.run_decode(shared, st.session_state.get("tree_prompt", state.DEFAULT_PROMPT),
-                                              settings, drafter=name, temperature=0.0)
-        if all(runs.values()):
-            st.session_state["tree_both"] = runs
-    runs = st.session_state.get("tree_both")
-    if runs:
-        at = {name: {s["position"]: s for s in state.steps_of(events) if s["nodes"]} for name, events in runs.items()}
-        common = sorted(set(at["eagle2"]) & set(at["eagle3"]))
-        if not common:
-            st.info("The two runs never drafted from the same position; decode a longer run.")
-        else:
-            position = (st.select_slider("Position of the root", options=common, value=common[0], key="tree_both_pos")
-                        if len(common) > 1 else common[0])
-            for column, name in zip(st.columns(2), ("eagle2", "eagle3")):
-                step = at[name][position]
-                column.subheader(f"`{name}`")
-                column.plotly_chart(figures.step_tree_figure(step), key=f"tree_both_{name}_{position}")
-                best = max(step["nodes"], key=lambda n: n["q"] or 0.0)
-                column.caption(
-                    f"{len(step['nodes'])} nodes, {len(step['accepted_path'])} accepted, drafted in "
-                    f"{step['timing']['draft_ms']:.1f} ms; its most confident node q = {best['q'] or 0:.3f} "
-                    f"({figures.visible(best['text'])!r}).")
-            taus = {name: sum(len(s["committed"]) for s in state.steps_of(events)) / max(1, len(state.steps_of(events)))
-                    for name, events in runs.items()}
-            st.caption("Over the whole run: τ (tokens per target forward, the last token included) "
-                       + ", ".join(f"`{n}` {t:.2f}" for n, t in taus.items()) + ".")
+side_by_side()

@@ -164,14 +164,14 @@ class Eagle3Head(nn.Module):
         if any(not 0 <= n < depth for n in aux):
             raise SpecvizError(f"{source}: fuses target layers {aux}, but the target has {depth} layers")
         target_hidden = config.get("target_hidden_size") or layer.get("target_hidden_size") or layer["hidden_size"]
-        if layer["hidden_size"] != target_config.hidden_size:
-            raise SpecvizError(f"{source}: the head is {layer['hidden_size']} wide and the target {target_config.hidden_size}; "
-                               "specviz feeds it the target's embedding, so they must be as wide")
         draft_vocab = config.get("draft_vocab_size") or layer.get("draft_vocab_size") or layer["vocab_size"]
         for name, theirs, ours in (("target hidden size", target_hidden, target_config.hidden_size),
                                    ("target vocabulary", layer.get("vocab_size"), target_config.vocab_size)):
             if theirs != ours:
                 raise SpecvizError(f"{source}: the head was made for a {name} of {theirs}; this target's is {ours}")
+        if layer["hidden_size"] != target_config.hidden_size:
+            raise SpecvizError(f"{source}: the head is {layer['hidden_size']} wide and the target {target_config.hidden_size}; "
+                               "specviz feeds it the target's embedding, so they must be as wide")
         state = read_state_dict(path)
         prefix = "layers.0." if speculators else "midlayer."
         state = {("layer." + k[len(prefix):]) if k.startswith(prefix) else k: v for k, v in state.items()}
