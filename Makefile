@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt pyproject.toml | cksum | cut -d' ' -f1)
 PORT ?= 8501
 
-.PHONY: run serve test lint test-avx2 setup fetch clean
+.PHONY: run serve test lint test-avx2 setup fetch peers clean
 
 # The pinned requirements, then specviz itself (editable: the `specviz` command, no PYTHONPATH needed).
 $(STAMP): requirements.txt pyproject.toml
@@ -30,6 +30,12 @@ run: fetch
 SERVE_ARGS ?=
 serve: fetch
 	$(PY) -m specviz serve $(SERVE_ARGS)
+
+# llama.cpp as a bench peer (optional): llama-cpp-python built from its source distribution for this CPU, about
+# 12 minutes on 2 cores; `specviz bench` then runs llama.cpp beside ours on the same GGUF.
+LLAMA_CPP_PYTHON ?= llama-cpp-python==0.3.36
+peers: setup
+	$(PY) -m pip install --no-binary llama-cpp-python "$(LLAMA_CPP_PYTHON)"
 
 lint: setup
 	$(VENV)/bin/ruff check specviz app app.py tests scripts experiments

@@ -347,6 +347,8 @@ def build_bench_parser() -> argparse.ArgumentParser:
     add_decoding_args(p, BenchSettings(), drafter=False)
     p.add_argument("--repeats", type=int, default=1, help="decodes of each (prompt, method); the median time is kept")
     p.add_argument("--no-peers", action="store_true", help="skip transformers' generate() baselines")
+    p.add_argument("--no-llama-cpp", action="store_true",
+                   help="skip llama.cpp's plain decoding and prompt lookup (run when llama-cpp-python is installed: `make peers`)")
     p.add_argument("--verify-sizes", default=None, help="n for the verify-cost curve, e.g. 1,2,4,8 (0 to skip)")
     p.add_argument("--context-len", type=int, default=256, help="cached tokens before each timed verify forward")
     p.add_argument("--bandwidth-mb", type=int, default=256, help="size of the tensor copied to measure memory bandwidth")
@@ -371,6 +373,7 @@ def settings_from_args(args) -> BenchSettings:
         **decode_settings(args),
         repeats=args.repeats,
         peers=not args.no_peers,
+        llama_cpp=not args.no_llama_cpp,
         verify_sizes=sizes,
         context_len=args.context_len,
         bandwidth_mb=args.bandwidth_mb,
@@ -394,6 +397,10 @@ def report_mismatches(report: dict, out=None) -> None:
     for name, p in report["peers"].items():
         for x in p["mismatches"]:
             print(f"note: peer '{name}' differs from plain generate() on prompt {x['prompt']} at token {x['index']}", file=out)
+    for x in (report.get("llama_cpp") or {}).get("methods", {}).get("llama_cpp_lookup", {}).get("mismatches", []):
+        print(f"note: llama.cpp's prompt lookup differs from its plain decoding on prompt {x['prompt']} at token {x['index']}", file=out)
+    if (llama := report.get("llama_cpp")) is not None and not llama["available"]:
+        print(f"note: llama.cpp peers not run: {llama['reason']}", file=out)
     if report["outputs_match_none"] is False:
         print(f"MISMATCH: at temperature 0 every drafter must reproduce 'none' token for token; "
               f"{len(report['mismatching_prompts'])} prompt(s) differ: {', '.join(report['mismatching_prompts'])}", file=out)

@@ -195,10 +195,35 @@ def floor_report(weight_bytes: int, bandwidth: dict[str, list[float]], none: Met
     }
 
 
-def build_report(models, prompts, encoded, settings, drafters, peers, runs, chain_curve, tree_curve, bandwidth, command) -> dict:
-    """bandwidth: {prompt id: [GB/s measured before each of its `none` runs]}."""
+def llama_cpp_report(info: dict, grouped: dict[str, MethodRuns], drafters: list[str], greedy: bool) -> dict:
+    """llama.cpp's two peers: speeds; its lookup against its plain decoding (at T = 0 they part where llama.cpp's
+    batched forward rounds differently from its one-token one); its plain output against our `none` (equal only up to
+    the two programs' rounding); and every drafter of ours over each of them, per prompt."""
+    plain, lookup = grouped.get("llama_cpp"), grouped.get("llama_cpp_lookup")
+    if plain is None or lookup is None:
+        return info
+    none = grouped["none"]
+    apart = mismatches(plain, none) if greedy else []
+    return {
+        **info,
+        "methods": {
+            "llama_cpp": {**speed(plain), "outputs_equal_none": len(plain.by_prompt) - len(apart) if greedy else None,
+                          "parted_from_none": apart},
+            "llama_cpp_lookup": {**speed(lookup), "speedup_vs_plain": summary(ratios(lookup, plain)),
+                                 "outputs_match_plain": (not (found := mismatches(lookup, plain))) if greedy else None,
+                                 "mismatches": found if greedy else []},
+        },
+        "ours_over": {name: {peer: summary(ratios(grouped[name], grouped[peer])) for peer in ("llama_cpp", "llama_cpp_lookup")}
+                      for name in drafters},
+    }
+
+
+def build_report(models, prompts, encoded, settings, drafters, peers, runs, chain_curve, tree_curve, bandwidth, command,
+                 llama_cpp: dict | None = None) -> dict:
+    """bandwidth: {prompt id: [GB/s measured before each of its `none` runs]}; llama_cpp: the llama.cpp peers'
+    description (specviz.bench.llamacpp), their runs among `runs` when they ran."""
     greedy = settings.sampling.greedy
-    grouped = {m: MethodRuns([r for r in runs if r.method == m]) for m in drafters + peers}
+    grouped = {m: MethodRuns([r for r in runs if r.method == m]) for m in dict.fromkeys([*drafters, *peers, *(r.method for r in runs)])}
     none = grouped["none"]
     drafter_reports = {name: drafter_report(grouped[name], none, greedy) for name in drafters}
     peer_reports = {name: peer_report(grouped[name], grouped["generate"], greedy) for name in peers}
@@ -244,6 +269,7 @@ def build_report(models, prompts, encoded, settings, drafters, peers, runs, chai
         "drafters": drafter_reports,
         "peers": peer_reports,
         "head_to_head": head_to_head,
+        **({"llama_cpp": llama_cpp_report(llama_cpp, grouped, drafters, greedy)} if llama_cpp is not None else {}),
         "outputs_match_none": (not bad) if greedy else None,
         "mismatching_prompts": bad,
         "verify_cost_ms": chain_curve,
@@ -297,7 +323,7 @@ def command_for(model: str, settings: BenchSettings, limit: int | None = None, q
     words += ["--max-new-tokens", str(settings.max_new_tokens), "--temperature", str(settings.temperature),
               "--top-p", str(settings.top_p)] + ["--top-k", str(settings.top_k)] * bool(settings.top_k)
     words += ["--seed", str(settings.seed), "--repeats", str(settings.repeats), "--k", str(settings.k)]
-    words += ["--no-peers"] * (not settings.peers) + ["--quick"] * quick
+    words += ["--no-peers"] * (not settings.peers) + ["--no-llama-cpp"] * (not settings.llama_cpp) + ["--quick"] * quick
     return shlex.join(words)
 
 
@@ -337,6 +363,32 @@ def floor_sentence(fl: dict) -> str:
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def llama_cpp_markdown(section: dict | None) -> list[str]:
+    """The llama.cpp section: why it did not run, or its two peers and ours over each."""
+    if section is None:
+        return []
+    if not section.get("methods"):
+        return ["", f"llama.cpp peers: not run ({section['reason']})."]
+    plain, lookup = section["methods"]["llama_cpp"], section["methods"]["llama_cpp_lookup"]
+    parted = plain["parted_from_none"]
+    lines = ["", f"## llama.cpp (llama-cpp-python {section['version']}, `{section['gguf']}`, {section['threads']} threads, "
+             f"prompt lookup of {section['lookup']['num_pred_tokens']} tokens over {section['lookup']['max_ngram_size']}-grams)", ""]
+    lines += _table(["peer", "tokens/s", "ms/token", "speedup vs llama.cpp plain", "output = llama.cpp plain"],
+                    [["`llama_cpp`", _f(plain["tokens_per_s"], ".1f"), _f(plain["ms_per_token"], ".1f"), "1.00×", "–"],
+                     ["`llama_cpp_lookup`", _f(lookup["tokens_per_s"], ".1f"), _f(lookup["ms_per_token"], ".1f"),
+                      _spread(lookup["speedup_vs_plain"]), _match(lookup["outputs_match_plain"])]])
+    if plain["outputs_equal_none"] is not None:
+        n = plain["outputs_equal_none"] + len(parted)
+        lines += ["", f"llama.cpp's plain output equals our `none`'s on {plain['outputs_equal_none']} of {n} prompts"
+                  + (f"; the others part at token {', '.join(str(x['index']) for x in parted[:12])}"
+                     + (" …" if len(parted) > 12 else "") if parted else "")
+                  + " (its 4-bit products quantize the activations to 8 bits; ours keep them fp32)."]
+    lines += ["", "Ours over llama.cpp, per prompt (median, min–max):", ""]
+    lines += _table(["ours", "over `llama_cpp`", "over `llama_cpp_lookup`"],
+                    [[f"`{n}`", _spread(o["llama_cpp"]), _spread(o["llama_cpp_lookup"])] for n, o in section["ours_over"].items()])
+    return lines
 
 
 def to_markdown(report: dict) -> str:
@@ -385,6 +437,7 @@ def to_markdown(report: dict) -> str:
         lines += ["", "## Head to head (ours over theirs, per prompt)", ""]
         lines += _table(["ours", "peer", "speedup"], [[f"`{h['ours']}`", f"`{h['peer']}`", _spread(h["speedup"])]
                                                       for h in report["head_to_head"]])
+    lines += llama_cpp_markdown(report.get("llama_cpp"))
     if report["verify_cost_ms"]:
         sizes = list(report["verify_cost_ms"])
         lines += ["", f"## Verify cost (ms of one target forward over n new tokens, {c['context_len']} tokens cached; median)", ""]

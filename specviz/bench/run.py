@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from specviz.api import encode_prompt
+from specviz.bench import llamacpp
 from specviz.bench.peers import peer_arguments, run_peer
 from specviz.bench.probes import BandwidthProbe
 from specviz.bench.prompts import Prompt, check_unique_ids
@@ -34,7 +35,8 @@ class BenchSettings(DecodeSettings):
     max_new_tokens: int = 128
     drafters: tuple[str, ...] = ()  # empty: every drafter available for the models; `none` always runs
     repeats: int = 1  # decodes of each (prompt, method); the median time is kept
-    peers: bool = True
+    peers: bool = True  # transformers' generate() peers
+    llama_cpp: bool = True  # llama.cpp's peers, where llama-cpp-python is installed and the model has a GGUF
     warmup: bool = True
     verify_sizes: tuple[int, ...] = FULL_SIZES  # () skips the cost curves and the prediction
     context_len: int = 256  # cached tokens before the timed forward: a prompt plus part of an answer
@@ -100,8 +102,11 @@ def run_bench(models, prompts: list[Prompt], settings: BenchSettings | None = No
     for name in drafters:
         make_drafter(name, models, k=settings.k)  # fail before measuring anything
     peers = peer_arguments(models, settings) if settings.peers else {}
-    methods = drafters + list(peers)
     encoded = [encode_prompt(models.tokenizer, p.text) for p in prompts]
+    n_ctx = max(map(len, encoded)) + settings.max_new_tokens + settings.k + 16  # room for a last draft past the budget
+    llama, llama_info = llamacpp.llama_cpp_peers(models, settings, n_ctx)
+    theirs = list(llamacpp.NAMES) if llama is not None else []
+    methods = drafters + list(peers) + theirs
     total = (len(methods) if settings.warmup else 0) + len(prompts) * settings.repeats * len(methods) + bool(settings.verify_sizes)
     done = 0
 
@@ -112,6 +117,8 @@ def run_bench(models, prompts: list[Prompt], settings: BenchSettings | None = No
             progress(done, total, label)
 
     def decode(method: str, prompt: Prompt, ids: list[int], run_settings: BenchSettings, peer_args: dict, repeat: int) -> Run:
+        if method in theirs:
+            return llama.run(method, prompt, ids, run_settings, repeat)
         if method in peer_args:
             return run_peer(models, method, peer_args[method], prompt, ids, run_settings, repeat)
         return run_drafter(models, method, prompt, ids, run_settings, repeat)
@@ -139,4 +146,4 @@ def run_bench(models, prompts: list[Prompt], settings: BenchSettings | None = No
                              settings.tree_branching)
         tick("verify cost")
     return build_report(models, prompts, encoded, settings, drafters, list(peers), runs, costs["chain"], costs["tree"],
-                        bandwidth, command)
+                        bandwidth, command, llama_info)

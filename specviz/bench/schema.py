@@ -98,6 +98,30 @@ BENCH_SCHEMA = {
             "items": {"type": "object", "required": ["ours", "peer", "speedup"],
                       "properties": {"ours": {"type": "string"}, "peer": {"enum": list(PEERS)}, "speedup": _SUMMARY}},
         },
+        "llama_cpp": {  # optional: reports written without the llama.cpp peers lack it
+            "type": "object",
+            "required": ["available", "reason"],
+            "properties": {
+                "available": {"type": "boolean"},
+                "reason": {"type": ["string", "null"]},
+                "methods": {
+                    "type": "object",
+                    "required": ["llama_cpp", "llama_cpp_lookup"],
+                    "properties": {
+                        "llama_cpp": {"type": "object", "required": ["tokens_per_s", "outputs_equal_none", "parted_from_none"],
+                                      "properties": {**_SPEED, "outputs_equal_none": {"type": ["integer", "null"]},
+                                                     "parted_from_none": {"type": "array", "items": _MISMATCH}}},
+                        "llama_cpp_lookup": {"type": "object", "required": ["tokens_per_s", "speedup_vs_plain", "outputs_match_plain"],
+                                             "properties": {**_SPEED, "speedup_vs_plain": _SUMMARY,
+                                                            "outputs_match_plain": {"type": ["boolean", "null"]},
+                                                            "mismatches": {"type": "array", "items": _MISMATCH}}},
+                    },
+                },
+                "ours_over": {"type": "object", "additionalProperties": {
+                    "type": "object", "required": ["llama_cpp", "llama_cpp_lookup"],
+                    "properties": {"llama_cpp": _SUMMARY, "llama_cpp_lookup": _SUMMARY}}},
+            },
+        },
         "outputs_match_none": {"type": ["boolean", "null"]},
         "mismatching_prompts": {"type": "array", "items": {"type": "string"}},
         "verify_cost_ms": _CURVE,
