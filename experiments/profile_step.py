@@ -1,8 +1,8 @@
 """Where one decoding step of the target spends its time: torch.profiler over 20 one-token forwards (256 tokens
 cached) through transformers' forward and through specviz.kernels.fastdecoder, both on the packed weights. Prints each
-one's top ops by self time and the share of the linear products.
+one's top ops by self time and the share of the linear products (`--weights q4`: the GGUF's 4-bit projections).
 
-    .venv/bin/python experiments/profile_step.py [--model smollm2-135m]
+    .venv/bin/python experiments/profile_step.py [--model smollm2-135m] [--weights q4]
 """
 import argparse
 import sys
@@ -14,7 +14,7 @@ from specviz import models
 from specviz.decoding.target import Target
 from specviz.kernels.kvcache import crop_cache
 
-LINEAR_OPS = ("mkldnn::_linear_pointwise", "aten::addmm", "aten::mm", "aten::linear")
+LINEAR_OPS = ("mkldnn::_linear_pointwise", "aten::addmm", "aten::mm", "aten::linear", "specviz::q4_linear")
 
 
 def main(argv):
@@ -22,8 +22,9 @@ def main(argv):
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--context-len", type=int, default=256)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--weights", default="fp32", choices=("fp32", "q4"))
     args = ap.parse_args(argv)
-    model = models.load(args.model, device="cpu").target
+    model = models.load(args.model, device="cpu", weights=args.weights).target
     context = torch.randint(model.config.vocab_size, (args.context_len,), generator=torch.Generator().manual_seed(0)).tolist()
     for label, fast in (("transformers", False), ("specviz.kernels.fastdecoder", True)):
         target = Target(model)
@@ -47,8 +48,9 @@ def main(argv):
         calls = sum(op.count for op in ops if op.key in LINEAR_OPS) // args.steps
         print(f"\n## {label}: {total / 1e3 / args.steps:.1f} ms of op time per step (profiled); "
               f"linear products {100 * linear / total:.0f} % ({calls} calls per step)")
-        for op in sorted(ops, key=lambda o: -o.self_cpu_time_total)[:6]:
-            print(f"  {op.key:55s} {100 * op.self_cpu_time_total / total:5.1f} %  {op.count // args.steps} calls/step")
+        for op in sorted(ops, key=lambda o: -o.self_cpu_time_total)[:8]:
+            print(f"  {op.key:55s} {100 * op.self_cpu_time_total / total:5.1f} %  {op.self_cpu_time_total / 1e3 / args.steps:6.2f} ms"
+                  f"  {op.count // args.steps} calls/step")
     return 0
 
 

@@ -1,5 +1,6 @@
-"""The 4-bit linear op (specviz/kernels/csrc/q4linear.cpp) against dequantize-then-matmul, its CPU paths, the
-Q4_1 block parser against `gguf`'s own dequantize, and a target whose projections stay 4-bit (specviz.models.quantized)."""
+"""The 4-bit and 8-bit linear ops (specviz/kernels/csrc/blocklinear.cpp) against dequantize-then-matmul, their CPU
+paths, the Q4_1 and Q8_0 block parsers against `gguf`'s own dequantize, and a target whose projections stay 4-bit
+and whose LM head stays 8-bit (specviz.models.quantized)."""
 import copy
 
 import gguf
@@ -11,6 +12,7 @@ from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 import specviz
 from specviz import drafters, models
 from specviz.decoding import engine
+from specviz.decoding.target import Target
 from specviz.drafters import NoDraft
 from specviz.drafters.ngram import NgramDrafter
 from specviz.errors import SpecvizError
@@ -58,6 +60,25 @@ def test_the_product_equals_dequantize_then_matmul(path, out, inp):
         assert got.shape == (rows, out) and agrees(got, weight, x[:rows]), rows
 
 
+def random_q8(out, inp, seed):
+    """Codes and scales as a Q8_0 file holds them (scales fp16 values)."""
+    generator = torch.Generator().manual_seed(seed)
+    codes = torch.randint(-128, 128, (out, inp), generator=generator, dtype=torch.int8)
+    return codes, (torch.rand(out, inp // 32, generator=generator) * 0.01).half().float()
+
+
+@needs_op
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("out,inp", SHAPES)
+def test_the_8_bit_product_equals_dequantize_then_matmul(path, out, inp):
+    codes, scales = random_q8(out, inp, seed=out + inp)
+    weight = quant.dequantize_q8(codes, scales)
+    x = torch.randn(max(ROWS), inp, generator=torch.Generator().manual_seed(1))
+    for rows in ROWS:
+        got = quant.q8_product(x[:rows], codes, scales, path=path)
+        assert got.shape == (rows, out) and agrees(got, weight, x[:rows]), rows
+
+
 @needs_op
 @pytest.mark.parametrize("path", PATHS)
 def test_bias_and_leading_dimensions(path):
@@ -73,20 +94,24 @@ def test_bias_and_leading_dimensions(path):
 def test_every_path_gives_the_same_bits_whatever_the_rows_and_threads():
     """The fixed summation order: one row alone, the same row among 16, on 1 or 2 threads, on every path this
     CPU runs: the same fp32 bits."""
-    codes, scales, mins = random_q4(1536, 576, seed=5)
+    q4, q8 = random_q4(1537, 576, seed=5), random_q8(1537, 576, seed=6)  # 1537: a column past the blocks of 4
+    products = {"q4": lambda x, path: quant.q4_product(x, *q4, path=path),
+                "q8": lambda x, path: quant.q8_product(x, *q8, path=path)}
     x = torch.randn(16, 576, generator=torch.Generator().manual_seed(2))
     paths = [path for path in ("portable", "avx2", "avx512") if quant.path_runs(path)]
     threads = torch.get_num_threads()
-    try:
-        results = []
-        for count in (1, 2):
-            torch.set_num_threads(count)
-            for path in paths:
-                results.append(quant.q4_product(x, codes, scales, mins, path=path))
-                results.append(torch.cat([quant.q4_product(x[r : r + 1], codes, scales, mins, path=path) for r in range(16)]))
-    finally:
-        torch.set_num_threads(threads)
-    assert all(torch.equal(result, results[0]) for result in results)
+    for kind, product in products.items():
+        try:
+            results = []
+            for count in (1, 2):
+                torch.set_num_threads(count)
+                for path in paths:
+                    results.append(product(x, path))
+                    results.append(torch.cat([product(x[r : r + 1], path) for r in range(16)]))
+                    results.append(torch.cat([product(x[:5], path), product(x[5:7], path), product(x[7:], path)]))
+        finally:
+            torch.set_num_threads(threads)
+        assert all(torch.equal(result, results[0]) for result in results), kind
 
 
 @needs_op
@@ -103,6 +128,22 @@ def test_a_planted_bug_is_caught(mutation):
     else:
         wrong = quant.dequantize((codes << 4) | (codes >> 4), scales, mins)
     assert agrees(got, quant.dequantize(codes, scales, mins), x)
+    assert not agrees(got, wrong, x)
+
+
+@needs_op
+@pytest.mark.parametrize("mutation", ["scale of the next group", "codes off by one", "sign dropped"])
+def test_a_planted_bug_in_the_8_bit_product_is_caught(mutation):
+    codes, scales = random_q8(576, 576, seed=8)
+    x = torch.randn(4, 576, generator=torch.Generator().manual_seed(4))
+    got = torch.cat([quant.q8_product(x[:1], codes, scales), quant.q8_product(x[1:], codes, scales)])
+    if mutation == "scale of the next group":
+        wrong = quant.dequantize_q8(codes, scales.roll(-1, dims=1))
+    elif mutation == "codes off by one":
+        wrong = quant.dequantize_q8(codes.roll(1, dims=1), scales)
+    else:
+        wrong = quant.dequantize_q8(codes.view(torch.uint8).to(torch.int16).clamp(max=127).to(torch.int8), scales)
+    assert agrees(got, quant.dequantize_q8(codes, scales), x)
     assert not agrees(got, wrong, x)
 
 
@@ -124,6 +165,11 @@ def test_bad_shapes_are_refused():
         torch.ops.specviz.q4_linear(torch.randn(1, 48), codes[:, :24], scales, mins, None, -1)
     with pytest.raises(RuntimeError, match="scales, mins"):
         torch.ops.specviz.q4_linear(torch.randn(1, 64), codes, scales[:, :1], mins, None, -1)
+    codes, scales = random_q8(8, 64, seed=1)
+    with pytest.raises(RuntimeError, match="codes \\(out, in\\) int8"):
+        torch.ops.specviz.q8_linear(torch.randn(1, 64), codes.view(torch.uint8), scales, None, -1)
+    with pytest.raises(RuntimeError, match="q8_linear: scales"):
+        torch.ops.specviz.q8_linear(torch.randn(1, 64), codes, scales[:, :1], None, -1)
 
 
 def q4_1_blocks(weight: torch.Tensor) -> np.ndarray:
@@ -137,6 +183,15 @@ def test_the_parser_reads_q4_1_blocks_as_gguf_dequantizes_them():
     assert torch.equal(quant.dequantize(*quant.parse_q4_1(blocks)), expected)
 
 
+def test_the_parser_reads_q8_0_blocks_as_gguf_dequantizes_them():
+    weight = torch.randn(24, 128, generator=torch.Generator().manual_seed(0)).numpy()
+    blocks = gguf.quants.quantize(weight, gguf.GGMLQuantizationType.Q8_0)
+    expected = torch.from_numpy(gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType.Q8_0).copy())
+    codes, scales = quant.parse_q8_0(blocks)
+    assert codes.dtype == torch.int8 and codes.shape == (24, 128) and scales.shape == (24, 4)
+    assert torch.equal(quant.dequantize_q8(codes, scales), expected)
+
+
 def test_the_parser_reads_the_real_file_as_gguf_does():
     path = quantized.gguf_path(quantized_model_file())
     if not path.is_file():
@@ -147,6 +202,11 @@ def test_the_parser_reads_the_real_file_as_gguf_does():
         assert tensor.tensor_type == gguf.GGMLQuantizationType.Q4_1
         expected = torch.from_numpy(gguf.quants.dequantize(tensor.data, tensor.tensor_type).copy())
         assert torch.equal(quant.dequantize(*quant.parse_q4_1(tensor.data)), expected), name
+    head = quantized.q8_head_tensors(path)  # SmolLM2's tied LM head: its Q8_0 embedding
+    embedding = tensors["token_embd.weight"]
+    assert head is not None and embedding.tensor_type == gguf.GGMLQuantizationType.Q8_0
+    expected = torch.from_numpy(gguf.quants.dequantize(embedding.data, embedding.tensor_type).copy())
+    assert torch.equal(quant.dequantize_q8(*head), expected)
 
 
 def quantized_model_file():
@@ -174,8 +234,11 @@ def tiny_pair(hidden=64):
                 codes, scales, mins = quant.parse_q4_1(q4_1_blocks(linear.weight))
                 linear.weight.copy_(quant.dequantize(codes, scales, mins))
                 tensors[(index, block, name)] = (codes, scales, mins)
+        head = gguf.quants.quantize(model.lm_head.weight.numpy(), gguf.GGMLQuantizationType.Q8_0)
+        model.lm_head.weight.copy_(quant.dequantize_q8(*quant.parse_q8_0(head)))
     q4 = copy.deepcopy(model)
     assert quantized.replace_projections(q4, tensors) == 14
+    assert quantized.attach_q8_head(q4, quant.parse_q8_0(head))
     return model, q4, tensors
 
 
@@ -184,6 +247,8 @@ def test_the_bench_counts_the_bytes_a_q4_step_streams():
 
     fp32, q4, tensors = tiny_pair()
     saved = sum(4 * codes.numel() * 2 - (codes.numel() + scales.numel() * 8) for codes, scales, _ in tensors.values())
+    head = fp32.lm_head.weight.numel()
+    saved += 4 * head - (head + head // 32 * 4)  # the 8-bit head: a byte a weight and an fp32 scale per 32
     assert streamed_weight_bytes(q4) == streamed_weight_bytes(fp32) - saved  # codes + fp32 scale and minimum
 
 
@@ -197,8 +262,20 @@ def test_a_quantized_target_computes_what_its_fp32_twin_does():
         fast = fastdecoder.for_model(q4)
         assert isinstance(fast.stack.layers[0].qkv, quant.Q4Projection)  # the primed lean decoder, 4-bit fused
         lean = q4.lm_head(fast(ids[0], fast.new_cache()))
+        target = Target(q4)
+        assert target.head is quantized.q8_head(q4)  # the engine's logits come from the 8-bit head
+        _, logits = target.forward(ids[0].tolist(), target.new_cache())
     torch.testing.assert_close(through_transformers, expected, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(lean, expected[0], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(logits, expected[0], rtol=1e-4, atol=1e-5)
+
+
+def test_an_8_bit_head_that_does_not_match_the_loaded_one_is_not_used():
+    fp32, _, _ = tiny_pair()
+    codes, scales = quant.parse_q8_0(gguf.quants.quantize(fp32.lm_head.weight.numpy(), gguf.GGMLQuantizationType.Q8_0))
+    assert not quantized.attach_q8_head(fp32, (codes, scales * 2))
+    assert not quantized.attach_q8_head(fp32, None) and quantized.q8_head(fp32) is None
+    assert quantized.attach_q8_head(fp32, (codes, scales)) and "specviz_q8_head" not in str(fp32.state_dict().keys())
 
 
 @needs_op
@@ -248,6 +325,7 @@ def smol_q4():
 def test_every_drafter_greedy_equals_none_with_q4_weights(smol_q4, drafter):
     assert smol_q4.weights == "q4" and quant.is_quantized(smol_q4.target)
     assert not any(type(m) is torch.nn.Linear for m in smol_q4.target.model.layers.modules())  # all 210 are 4-bit
+    assert quantized.q8_head(smol_q4.target) is not None  # and the LM head 8-bit
     if drafter not in drafters.available(smol_q4):
         pytest.skip(f"no shipped {drafter} weights in assets/")
     alone = specviz.generate(REAL_PROMPT, models=smol_q4, drafter="none", max_new_tokens=48)

