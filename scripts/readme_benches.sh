@@ -3,8 +3,9 @@
 # 2 CPU cores, by how busy the machine is): the 80 MT-bench questions at T = 0 with every drafter and the
 # transformers peers, the floor run (`none` alone), the same at T = 1, and the variants on 6 questions. Each
 # report is written only when its run ends (atomically); progress goes to runs/readme-benches/*.log.
-#   scripts/readme_benches.sh [t0 floor t1 variants eagle3-t0 eagle3-t1]     (default: the first four, in that order)
-#   (eagle3-t0 / eagle3-t1: EAGLE-2 beside EAGLE-3 alone, without peers, for docs/training.md; T1_LIMIT questions at T = 1)
+#   scripts/readme_benches.sh [t0 floor t1 variants eagle3-t0 eagle3-t1 q4]     (default: the first four, in that order)
+#   (eagle3-t0 / eagle3-t1: EAGLE-2 beside EAGLE-3 alone, without peers, for docs/training.md; T1_LIMIT questions at T = 1;
+#    q4: the GGUF's 4-bit weights beside llama.cpp on the same file, for docs/performance.md; needs `make peers`)
 #   EXTRA=eagle2:head=runs/old-eagle scripts/readme_benches.sh t0    (more drafters beside the usual ones in t0 and t1,
 #                                                                   e.g. a head trained before, to compare in one run)
 # Run it from a quiet machine: anything else running shifts the absolute speeds (the ratios less so, since every
@@ -38,6 +39,9 @@ for part in ${@:-t0 floor t1 variants}; do
         eagle3-t1) bench eagle3-t1 --prompts "$QUESTIONS" --limit "${T1_LIMIT:-80}" --max-new-tokens 128 --temperature 1.0 \
                 --drafters "$EAGLES" --no-peers --quick \
                 --json-out docs/results/bench-eagle3-t1.json --md-out docs/results/bench-eagle3-t1.md ;;
-        *) echo "unknown part '$part': choose from t0 floor t1 variants eagle3-t0 eagle3-t1" >&2; exit 2 ;;
+        q4) bench q4 --weights q4 --prompts "$QUESTIONS" --max-new-tokens 128 --temperature 0 \
+                --drafters none,ngram,eagle2,eagle2:lookup=4 --no-peers --quick \
+                --json-out docs/results/bench-q4-llamacpp-t0.json --md-out docs/results/bench-q4-llamacpp-t0.md ;;
+        *) echo "unknown part '$part': choose from t0 floor t1 variants eagle3-t0 eagle3-t1 q4" >&2; exit 2 ;;
     esac
 done

@@ -3,6 +3,7 @@ settings, times it beside ours and reports its output against `none`'s, and says
 import json
 import sys
 import types
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -169,3 +170,29 @@ def test_no_llama_cpp_turns_it_off_and_is_in_the_command(tiny, prompts_file, tmp
     assert "--no-llama-cpp" in report["config"]["command"]
     assert "--no-llama-cpp" in bench_report.command_for("tiny", settings(llama_cpp=False))  # the app's rerun line
     assert "--no-llama-cpp" not in bench_report.command_for("tiny", settings())
+
+
+def test_the_benchmarks_page_shows_llama_cpp_beside_ours(tiny, prompts_file, tmp_path, monkeypatch, tiny_model_dir):
+    from streamlit.testing.v1 import AppTest
+
+    from app.state import ENV_MODEL
+
+    with_stub(monkeypatch, tiny, tmp_path)
+    saved = tmp_path / "with-llama.json"
+    saved.write_text(json.dumps(bench.run_bench(tiny, bench.load_prompts(prompts_file), settings())))
+    monkeypatch.setenv(ENV_MODEL, str(tiny_model_dir))
+    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app.py"), default_timeout=120)
+    at.run()
+    at.switch_page("app/pages/benchmarks.py")
+    at.run()
+    at.radio(key="bench_source").set_value("a file on the server")
+    at.run()
+    at.text_input(key="bench_path").set_value(str(saved))
+    at.run()
+    assert not at.exception and not at.error, [e.value for e in at.exception]
+    assert any("**llama.cpp** (llama-cpp-python 0.0-stub" in m.value for m in at.markdown)
+    tables = [t.value for t in at.dataframe]
+    peers = next(t for t in tables if "peer" in t.columns and "llama_cpp" in list(t["peer"]))
+    assert list(peers["output = none (prompts)"])[0] == 2
+    ours = next(t for t in tables if "ours" in t.columns)
+    assert list(ours["ours"]) == ["none", "ngram"] and ours["over llama_cpp (median, min–max)"].notna().all()

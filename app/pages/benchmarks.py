@@ -35,12 +35,13 @@ def run_section() -> None:
     limit = c1.slider("Prompts (from the built-in set)", 1, len(bench.load_prompts()), 2, key="bench_limit")
     max_new = c2.slider("Max new tokens", 4, 256, 32, key="bench_max_new")
     drafters = c3.multiselect("Drafters (`none` always runs)", names, default=names, key="bench_drafters")
-    c1, c2 = st.columns(2)
+    c1, c2, c3 = st.columns(3)
     peers = c1.checkbox("transformers `generate()` peers", True, key="bench_peers")
+    llama = c3.checkbox("llama.cpp peers (where installed: `make peers`)", True, key="bench_llama_cpp")
     quick = c2.checkbox(f"Quick verify-cost curve (n = {', '.join(map(str, bench.QUICK_SIZES))})", True, key="bench_quick")
     run_settings = (bench.quick_settings if quick else bench.BenchSettings)(
         drafters=tuple(drafters), max_new_tokens=max_new, temperature=settings.temperature, top_p=settings.top_p,
-        top_k=settings.top_k, seed=settings.seed, k=settings.k, peers=peers)
+        top_k=settings.top_k, seed=settings.seed, k=settings.k, peers=peers, llama_cpp=llama)
     command = bench.command_for(shared.name, run_settings, limit, quick)
     st.caption("Temperature, top-p, top-k, K and seed come from the sidebar. The same run from a shell, with more "
                "prompts and tokens for numbers you can rely on:")
@@ -99,6 +100,28 @@ def chosen_report() -> dict | None:
     return None
 
 
+def llama_cpp_tables(section: dict | None) -> None:
+    """llama.cpp's plain decoding and prompt lookup on the same GGUF, and ours over each; or why they did not run."""
+    if section is None:
+        return
+    if not section.get("methods"):
+        st.caption(f"llama.cpp peers: not run ({section['reason']}).")
+        return
+    plain, lookup = section["methods"]["llama_cpp"], section["methods"]["llama_cpp_lookup"]
+    st.markdown(f"**llama.cpp** (llama-cpp-python {section['version']}, `{section['gguf']}`, {section['threads']} threads): "
+                "the same prompt tokens, sampling settings and token budget, timed in the same interleaved run.")
+    st.dataframe([{"peer": "llama_cpp", "tokens/s": rounded(plain["tokens_per_s"], 1), "ms/token": rounded(plain["ms_per_token"], 1),
+                   "output = none (prompts)": plain["outputs_equal_none"]},
+                  {"peer": "llama_cpp_lookup", "tokens/s": rounded(lookup["tokens_per_s"], 1),
+                   "ms/token": rounded(lookup["ms_per_token"], 1), **spread("speedup vs llama_cpp", lookup["speedup_vs_plain"])}],
+                 hide_index=True)
+    st.dataframe([{"ours": name, **{f"over {peer} (median, min–max)": span(over[peer]) for peer in ("llama_cpp", "llama_cpp_lookup")}}
+                  for name, over in section["ours_over"].items()], hide_index=True)
+    st.caption("llama.cpp's 4-bit products quantize the activations to 8 bits and ours keep them fp32, so its greedy "
+               "output is a near neighbour of `none`'s, not the same tokens; its lookup's output is compared with its "
+               "own plain decoding in the Markdown report.")
+
+
 # ------------------------------------------------------------------------------------------- charts
 def rates_figure(report: dict) -> go.Figure:
     drafters, peers = report["drafters"], report["peers"]
@@ -108,9 +131,13 @@ def rates_figure(report: dict) -> go.Figure:
     if peers:
         fig.add_bar(name="transformers generate()", x=list(peers), y=[p["tokens_per_s"] for p in peers.values()],
                     text=[f"{p['tokens_per_s']:.1f}" for p in peers.values()], textposition="outside")
+    theirs = (report.get("llama_cpp") or {}).get("methods") or {}
+    if theirs:
+        fig.add_bar(name="llama.cpp", x=list(theirs), y=[p["tokens_per_s"] for p in theirs.values()],
+                    text=[f"{p['tokens_per_s']:.1f}" for p in theirs.values()], textposition="outside")
     floor = report["floor"]["floor_tokens_per_s"]
     title = "Tokens per second (all prompts together)"
-    fastest = max([d["tokens_per_s"] for d in drafters.values()] + [p["tokens_per_s"] for p in peers.values()])
+    fastest = max([d["tokens_per_s"] for d in drafters.values()] + [p["tokens_per_s"] for p in [*peers.values(), *theirs.values()]])
     if floor <= 3 * fastest:
         # a short label at the left: a long one overflows a narrow chart and is cut off
         fig.add_hline(y=floor, line_dash="dash", annotation_text=f"floor {floor:.1f}", annotation_position="top left")
@@ -195,6 +222,10 @@ def spread(label: str, summary: dict | None) -> dict:
             "max": rounded(summary.get("max"))}
 
 
+def span(summary: dict | None) -> str | None:
+    return None if summary is None else f"{summary['median']:.2f}× ({summary['min']:.2f}–{summary['max']:.2f})"
+
+
 def show(report: dict) -> None:
     m, c = report["machine"], report["config"]
     st.code(c["command"], language="bash")
@@ -217,6 +248,7 @@ def show(report: dict) -> None:
                        **spread("speedup vs generate", p["speedup_vs_generate"]),
                        "output = generate": p["outputs_match_generate"]} for n, p in report["peers"].items()],
                      hide_index=True)
+    llama_cpp_tables(report.get("llama_cpp"))
     c1, c2 = st.columns(2)
     c1.plotly_chart(rates_figure(report), key="bench_rates")
     c2.plotly_chart(spread_figure(report), key="bench_spread")
