@@ -57,7 +57,9 @@ class LlamaCppPeers:
     """Two llama.cpp contexts on one GGUF: plain decoding and prompt lookup drafting k tokens a step."""
 
     def __init__(self, module, speculative, gguf: Path, k: int, threads: int, n_ctx: int, eos: set[int], seed: int):
-        common = dict(model_path=str(gguf), n_ctx=n_ctx, n_batch=min(512, n_ctx), n_threads=threads,
+        # n_batch = n_ctx: with a draft model llama-cpp-python keeps every position's logits in an array of n_batch
+        # rows, so a smaller batch fails once prompt and answer pass it
+        common = dict(model_path=str(gguf), n_ctx=n_ctx, n_batch=n_ctx, n_threads=threads,
                       n_threads_batch=threads, seed=seed, verbose=False)
         lookup = speculative.LlamaPromptLookupDecoding(max_ngram_size=MAX_NGRAM, num_pred_tokens=k)
         self.models = {PLAIN: module.Llama(**common), LOOKUP: module.Llama(**common, draft_model=lookup)}
