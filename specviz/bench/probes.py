@@ -42,8 +42,7 @@ def streamed_weight_bytes(model) -> int:
     embedding, of which a step reads one row, unless the LM head shares it (then the head reads all of it).
     Projections kept 4-bit (specviz.kernels.quant.Q4Linear) count their codes, scales and minimums; an LM head
     computed from Q8_0 blocks (specviz.models.quantized.q8_head) counts those instead of its fp32 weight."""
-    from specviz.kernels.quant import Q4Linear
-    from specviz.models.quantized import q8_head
+    from specviz.kernels.quant import Q4Linear, q8_head
 
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     total += sum(b.numel() * b.element_size() for m in model.modules() if isinstance(m, Q4Linear)

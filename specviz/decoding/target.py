@@ -4,9 +4,8 @@ from __future__ import annotations
 import torch
 
 from specviz.errors import SpecvizError
-from specviz.kernels import fastdecoder
+from specviz.kernels import fastdecoder, quant
 from specviz.kernels.kvcache import new_cache
-from specviz.models import quantized
 from specviz.models.compat import logit_postprocessing
 
 
@@ -21,7 +20,7 @@ class Target:
         self.model = model
         self.decoder = model.get_decoder()
         self.fast = fastdecoder.for_model(model)  # None: transformers' own forward (see specviz/fastdecoder.py)
-        self.head = quantized.q8_head(model) or model.get_output_embeddings()  # the GGUF's 8-bit head under --weights q4
+        self.head = quant.q8_head(model) or model.get_output_embeddings()  # the GGUF's 8-bit head under --weights q4
         self.device = model.device
         self.vocab_size = vocab_size  # ids past it (padding rows a draft lacks) are never generated
         self.max_positions = getattr(model.config, "max_position_embeddings", None) or 2**31

@@ -127,6 +127,14 @@ class Q8Head:
         return self.codes.numel() * self.codes.element_size() + self.scales.numel() * self.scales.element_size()
 
 
+HEAD_ATTRIBUTE = "specviz_q8_head"  # where a model keeps its Q8Head (specviz.models.quantized.attach_q8_head)
+
+
+def q8_head(model) -> Q8Head | None:
+    """The model's LM head as Q8_0 blocks, where loading with 4-bit weights attached one."""
+    return getattr(model, HEAD_ATTRIBUTE, None)
+
+
 class Q4Projection:
     """x ↦ x · Wᵀ (+ bias) for a Q4_1 weight held as (codes, scales, mins); `stacked` makes one product of several
     that read the same input (q, k, v; gate, up), their output rows in order."""

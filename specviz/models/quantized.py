@@ -61,9 +61,6 @@ def fetch_gguf(model_file: ModelFile) -> Path:
     return final
 
 
-Q8_HEAD = "specviz_q8_head"  # the model attribute holding the Q8_0 LM head (a plain object, not a submodule)
-
-
 def q8_head_tensors(path: Path) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(codes, scales) of the GGUF's LM head when it is Q8_0: `output.weight`, else the tied `token_embd.weight`."""
     import gguf
@@ -83,12 +80,11 @@ def attach_q8_head(model, tensors: tuple[torch.Tensor, torch.Tensor] | None) -> 
     codes, scales = tensors
     if codes.shape != head.weight.shape or not torch.equal(quant.dequantize_q8(codes, scales), head.weight.float()):
         return False
-    object.__setattr__(model, Q8_HEAD, quant.Q8Head(codes, scales))  # not a submodule: no state_dict entry
+    object.__setattr__(model, quant.HEAD_ATTRIBUTE, quant.Q8Head(codes, scales))  # not a submodule: no state_dict entry
     return True
 
 
-def q8_head(model) -> quant.Q8Head | None:
-    return getattr(model, Q8_HEAD, None)
+q8_head = quant.q8_head
 
 
 def q4_tensors(path: Path, config) -> dict[tuple[int, str, str], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
