@@ -51,30 +51,31 @@ def path_runs(path: str) -> bool:
     return True
 
 
+def _split_blocks(blocks: np.ndarray | torch.Tensor, size: int, kind: str) -> torch.Tensor:
+    """A GGUF tensor's raw bytes (out, blocks * size) uint8 → (out, blocks, size) uint8."""
+    raw = blocks if isinstance(blocks, torch.Tensor) else torch.from_numpy(np.array(blocks, dtype=np.uint8))
+    out, width = raw.shape
+    if width % size:
+        raise ValueError(f"a {kind} row is a whole number of {size}-byte blocks, got {width} bytes")
+    return raw.reshape(out, width // size, size)
+
+
+def _fp16_field(grouped: torch.Tensor, at: int) -> torch.Tensor:
+    """The fp16 at bytes [at, at + 2) of every block, widened: (out, blocks) fp32."""
+    return grouped[..., at : at + 2].contiguous().view(torch.float16).reshape(grouped.shape[0], -1).float()
+
+
 def parse_q4_1(blocks: np.ndarray | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A GGUF Q4_1 tensor's raw bytes (out, in / 32 * 20) uint8 → codes (out, in / 2) uint8, scales and mins
     (out, in / 32) fp32."""
-    raw = blocks if isinstance(blocks, torch.Tensor) else torch.from_numpy(np.array(blocks, dtype=np.uint8))
-    out, width = raw.shape
-    if width % BLOCK_BYTES:
-        raise ValueError(f"a Q4_1 row is a whole number of {BLOCK_BYTES}-byte blocks, got {width} bytes")
-    grouped = raw.reshape(out, width // BLOCK_BYTES, BLOCK_BYTES)
-    scales = grouped[..., 0:2].contiguous().view(torch.float16).reshape(out, -1).float()
-    mins = grouped[..., 2:4].contiguous().view(torch.float16).reshape(out, -1).float()
-    codes = grouped[..., 4:].reshape(out, -1).contiguous()
-    return codes, scales, mins
+    grouped = _split_blocks(blocks, BLOCK_BYTES, "Q4_1")
+    return grouped[..., 4:].reshape(grouped.shape[0], -1).contiguous(), _fp16_field(grouped, 0), _fp16_field(grouped, 2)
 
 
 def parse_q8_0(blocks: np.ndarray | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A GGUF Q8_0 tensor's raw bytes (out, in / 32 * 34) uint8 → codes (out, in) int8, scales (out, in / 32) fp32."""
-    raw = blocks if isinstance(blocks, torch.Tensor) else torch.from_numpy(np.array(blocks, dtype=np.uint8))
-    out, width = raw.shape
-    if width % Q8_BLOCK_BYTES:
-        raise ValueError(f"a Q8_0 row is a whole number of {Q8_BLOCK_BYTES}-byte blocks, got {width} bytes")
-    grouped = raw.reshape(out, width // Q8_BLOCK_BYTES, Q8_BLOCK_BYTES)
-    scales = grouped[..., 0:2].contiguous().view(torch.float16).reshape(out, -1).float()
-    codes = grouped[..., 2:].contiguous().view(torch.int8).reshape(out, -1)
-    return codes, scales
+    grouped = _split_blocks(blocks, Q8_BLOCK_BYTES, "Q8_0")
+    return grouped[..., 2:].contiguous().view(torch.int8).reshape(grouped.shape[0], -1), _fp16_field(grouped, 0)
 
 
 def dequantize_q8(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
