@@ -1,8 +1,8 @@
-"""Where one decoding step of the target spends its time: torch.profiler over 20 one-token forwards (256 tokens
-cached) through transformers' forward and through specviz.kernels.fastdecoder, both on the packed weights. Prints each
+"""Where one decoding step of the target spends its time: torch.profiler over 20 forwards of one token (or
+`--new-tokens N`, a verify's N) with 256 tokens cached through transformers' forward and through specviz.kernels.fastdecoder, both on the packed weights. Prints each
 one's top ops by self time and the share of the linear products (`--weights q4`: the GGUF's 4-bit projections).
 
-    .venv/bin/python experiments/profile_step.py [--model smollm2-135m] [--weights q4]
+    .venv/bin/python experiments/profile_step.py [--model smollm2-135m] [--weights q4] [--new-tokens 4]
 """
 import argparse
 import sys
@@ -14,7 +14,8 @@ from specviz import models
 from specviz.decoding.target import Target
 from specviz.kernels.kvcache import crop_cache
 
-LINEAR_OPS = ("mkldnn::_linear_pointwise", "aten::addmm", "aten::mm", "aten::linear", "specviz::q4_linear")
+LINEAR_OPS = ("mkldnn::_linear_pointwise", "aten::addmm", "aten::mm", "aten::linear", "specviz::q4_linear",
+              "specviz::q8_linear")
 
 
 def main(argv):
@@ -23,6 +24,7 @@ def main(argv):
     ap.add_argument("--context-len", type=int, default=256)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--weights", default="fp32", choices=("fp32", "q4"))
+    ap.add_argument("--new-tokens", type=int, default=1, help="tokens per step (a verify of that many)")
     args = ap.parse_args(argv)
     model = models.load(args.model, device="cpu", weights=args.weights).target
     context = torch.randint(model.config.vocab_size, (args.context_len,), generator=torch.Generator().manual_seed(0)).tolist()
@@ -34,7 +36,7 @@ def main(argv):
         target.forward(context, cache, logits=False)
 
         def step(target=target, cache=cache):
-            target.forward([context[-1]], cache)
+            target.forward(context[-args.new_tokens:], cache)
             crop_cache(cache, args.context_len)
 
         for _ in range(5):  # warm-up

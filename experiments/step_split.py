@@ -2,7 +2,7 @@
 (prefill, target forward, acceptance test, step event, KV-cache surgery, detokenising), summed over the first N
 MT-bench questions at 128 tokens and divided by the steps. The draft is what the step's time leaves over.
 
-    .venv/bin/python experiments/step_split.py eagle2:lookup=4 [--questions 8] [--prompts FILE]
+    .venv/bin/python experiments/step_split.py eagle2:lookup=4 [--questions 8] [--prompts FILE] [--weights q4]
 """
 import argparse
 import collections
@@ -41,9 +41,10 @@ def main(argv) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("drafter")
     ap.add_argument("--questions", type=int, default=8)
+    ap.add_argument("--weights", default="fp32", choices=("fp32", "q4"))
     ap.add_argument("--prompts", default=str(Path(__file__).resolve().parent.parent.parent / "shared/data/mt_bench.jsonl"))
     args = ap.parse_args(argv)
-    loaded = models.load("smollm2-135m")
+    loaded = models.load("smollm2-135m", weights=args.weights)
     questions = [json.loads(line)["turns"][0] for line in open(args.prompts) if line.strip()][: args.questions]
     seconds = collections.defaultdict(float)
     for owner, name, label in PARTS:
@@ -56,7 +57,7 @@ def main(argv) -> int:
         result = specviz.generate(question, models=loaded, drafter=args.drafter, max_new_tokens=128)
         wall += time.perf_counter() - started
         steps += result.stats["steps"]
-    print(f"{args.drafter}: {steps} steps, {1e3 * wall / steps:.2f} ms a step")
+    print(f"{args.drafter} ({args.weights} weights): {steps} steps, {1e3 * wall / steps:.2f} ms a step")
     for label, s in sorted(seconds.items(), key=lambda kv: -kv[1]):
         print(f"  {label:36s} {1e3 * s / steps:6.2f} ms a step")
     return 0

@@ -34,10 +34,10 @@ for part in ${@:-t0 floor t1 variants}; do
         variants) bench variants --prompts "$QUESTIONS" --limit 6 --max-new-tokens 128 --temperature 0 --no-peers \
                 --verify-sizes 0 --drafters eagle2,eagle2:total_tokens=16,eagle2:early_stop=false,eagle2:draft_vocab=trained,eagle2:lookup=4,medusa,draft,draft:adaptive=true \
                 --json-out docs/results/bench-variants.json --md-out docs/results/bench-variants.md ;;
-        eagle3-t0) bench eagle3-t0 --prompts "$QUESTIONS" --max-new-tokens 128 --temperature 0 --drafters "$EAGLES" \
+        eagle3-t0) bench eagle3-t0 --prompts "$QUESTIONS" --max-new-tokens 128 --temperature 0 --drafters "$EAGLES" --no-llama-cpp \
                 --no-peers --quick --json-out docs/results/bench-eagle3-t0.json --md-out docs/results/bench-eagle3-t0.md ;;
         eagle3-t1) bench eagle3-t1 --prompts "$QUESTIONS" --limit "${T1_LIMIT:-80}" --max-new-tokens 128 --temperature 1.0 \
-                --drafters "$EAGLES" --no-peers --quick \
+                --drafters "$EAGLES" --no-peers --no-llama-cpp --quick \
                 --json-out docs/results/bench-eagle3-t1.json --md-out docs/results/bench-eagle3-t1.md ;;
         q4) bench q4 --weights q4 --prompts "$QUESTIONS" --max-new-tokens 128 --temperature 0 \
                 --drafters none,ngram,eagle2,eagle2:lookup=4 --no-peers --quick \

@@ -270,6 +270,37 @@ def test_a_quantized_target_computes_what_its_fp32_twin_does():
     torch.testing.assert_close(logits, expected[0], rtol=1e-4, atol=1e-5)
 
 
+@needs_op
+def test_the_one_call_layer_op_gives_the_bits_of_the_layer_run_op_by_op():
+    """specviz::q4_layer (csrc/q4layer.cpp) against the lean decoder's Python loop over the same 4-bit layers: one
+    token, a chain, a tree with its mask, and captured layer inputs (EAGLE-3's features), the same fp32 bits and
+    the same KV cache."""
+    from specviz.decoding.costs import full_tree
+
+    _, q4, _ = tiny_pair()
+    fast = fastdecoder.for_model(q4)
+    assert fast.stack.layer_op  # the 4-bit layers do run as one call each
+    context = torch.tensor([3, 17, 9, 40, 2, 11, 5, 8])
+    tree = full_tree(5, 2)
+    steps = [(torch.tensor([7]), None, None), (torch.tensor([7, 1, 30]), None, None),
+             (torch.tensor([7, 1, 30, 4, 4, 9]), tree.position_ids(8), tree.attention_mask(8, dtype=torch.float32))]
+    results = {}
+    try:
+        for layer_op in (True, False):
+            fast.stack.layer_op = layer_op
+            cache = fast.new_cache()
+            got = [fast(context, cache, layers=(0, 1))]
+            for ids, position_ids, mask in steps:
+                got.append(fast(ids, cache, position_ids, mask, layers=(0, 1)))
+                got.append(cache.keys[1][0, :, : cache.length].clone())
+                cache.crop(len(context))
+            results[layer_op] = got
+    finally:
+        fast.stack.layer_op = True
+    flat = {k: [t for item in v for t in (item if isinstance(item, tuple) else (item,))] for k, v in results.items()}
+    assert len(flat[True]) == 11 and all(torch.equal(a, b) for a, b in zip(flat[True], flat[False]))
+
+
 def test_an_8_bit_head_that_does_not_match_the_loaded_one_is_not_used():
     fp32, _, _ = tiny_pair()
     codes, scales = quant.parse_q8_0(gguf.quants.quantize(fp32.lm_head.weight.numpy(), gguf.GGMLQuantizationType.Q8_0))

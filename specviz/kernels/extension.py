@@ -59,7 +59,7 @@ def library_folder() -> Path:
     from specviz.paths import cache_root
 
     digest = hashlib.sha256()
-    for source in SOURCES:
+    for source in sorted(Path(__file__).with_name("csrc").iterdir()):  # the sources and the header they share
         digest.update(source.name.encode() + source.read_bytes())
     digest.update(" ".join(FLAGS).encode() + torch.__version__.encode() + _cpu_signature().encode())
     return cache_root() / "kernels" / f"{LIBRARY}-{digest.hexdigest()[:16]}"

@@ -36,7 +36,7 @@ import weakref
 import torch
 from torch.nn import functional as F
 
-from specviz.kernels import extension, fastlinear
+from specviz.kernels import extension, fastlinear, quant
 
 ENV_SWITCH = "SPECVIZ_FAST_DECODER"
 ARCHITECTURES = ("llama", "qwen2")
@@ -133,6 +133,22 @@ class _Layer:
         norm = layer.input_layernorm  # an EAGLE head's only layer has none (nn.Identity)
         self.input_norm = None if isinstance(norm, torch.nn.Identity) else norm
         self.post_attention_norm = layer.post_attention_layernorm
+        self.blocks = self._blocks()
+
+    def _blocks(self) -> tuple | None:
+        """The arguments of the one-call layer op (csrc/q4layer.cpp) where every projection is 4-bit and fused, both
+        norms exist with one epsilon, and only q/k/v has a bias; else None (the layer runs op by op)."""
+        products = (self.qkv, self.o_proj, self.gate_up, self.down_proj)
+        if not (isinstance(self.qkv, quant.Q4Projection) and isinstance(self.gate_up, quant.Q4Projection)
+                and isinstance(self.o_proj, quant.Q4Linear) and isinstance(self.down_proj, quant.Q4Linear)):
+            return None
+        if self.input_norm is None or self.gate_up.bias is not None or any(p.bias is not None for p in products[1::2]):
+            return None
+        eps = self.input_norm.variance_epsilon
+        if self.post_attention_norm.variance_epsilon != eps:
+            return None
+        blocks = [[p.codes, p.scales, p.mins] for p in products]
+        return (self.input_norm.weight, self.post_attention_norm.weight, eps, blocks[0], self.qkv.bias, *blocks[1:])
 
 
 class _Layers:
@@ -151,6 +167,8 @@ class _Layers:
         # The attention block as one C++ op where it is built and applies (fp32 on the CPU); torch's ops otherwise.
         self.one_op = (dtype == torch.float32 and torch.device(device).type == "cpu" and self.head_dim % 16 == 0
                        and extension.available())
+        # Where it also applies, each 4-bit layer as one C++ call (specviz::q4_layer: the same ops, the same bits).
+        self.layer_op = self.one_op and hasattr(torch.ops.specviz, "q4_layer") and all(l.blocks for l in self.layers)
         self._lock = threading.Lock()
 
     def new_cache(self) -> KVCache:
@@ -192,6 +210,10 @@ class _Layers:
         for number, (layer, keys, values) in enumerate(zip(self.layers, cache.keys, cache.values)):
             if number in capture:
                 inputs[number] = x
+            if one_op and self.layer_op:
+                x = torch.ops.specviz.q4_layer(x, *layer.blocks, cos, sin, keys, values, past, mask, layer.scaling,
+                                               self.heads, self.kv_heads)
+                continue
             qkv = layer.qkv(x if layer.input_norm is None else _rms_norm(layer.input_norm, x))
             x = x + layer.o_proj(attend(layer, qkv, cos, sin, keys, values, past, mask))
             gate_up = layer.gate_up(_rms_norm(layer.post_attention_norm, x))

@@ -19,6 +19,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "ops.h"
+
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -178,6 +180,10 @@ inline void head_attention_generic(const float* q, const float* keys, const floa
   for (int64_t d = 0; d < D; ++d) out[d] = acc[d] * inverse;
 }
 
+}  // namespace
+
+namespace specviz {
+
 at::Tensor attend(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor keys,
                   at::Tensor values, int64_t past, const c10::optional<at::Tensor>& mask, double scaling,
                   int64_t heads, int64_t kv_heads) {
@@ -255,7 +261,7 @@ at::Tensor attend(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor
   return out;
 }
 
-}  // namespace
+}  // namespace specviz
 
 TORCH_LIBRARY(specviz, m) {
   m.def("attend(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) keys, Tensor(b!) values, int past, Tensor? mask, "
@@ -263,5 +269,5 @@ TORCH_LIBRARY(specviz, m) {
 }
 
 TORCH_LIBRARY_IMPL(specviz, CPU, m) {
-  m.impl("attend", attend);
+  m.impl("attend", specviz::attend);
 }
