@@ -18,8 +18,7 @@
 // with it or on the thread count, and the three paths, which do the same operations in the same order, give the
 // same bits. With one row (a decoding step) the vector paths unpack each weight in registers as they use it and
 // work on 2 (AVX2) or 4 (AVX-512) columns at once, so that several accumulator chains overlap; with several rows
-// they unpack four columns once into fp32 in L1 and reuse them for every row (AVX-512: blocks of 4 rows by 2
-// columns in registers, so each load feeds more than one multiply-add).
+// they unpack four columns once into fp32 in L1 and reuse them for every row.
 // Threads split the output columns (at::parallel_for).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -251,41 +250,19 @@ __attribute__((target("avx512f"))) inline void fused_avx512(const float* x, cons
   for (int c = 0; c < C; ++c) y[c] = sum32(a[c][0], a[c][1]);
 }
 
-// R rows' dot products with C columns already unpacked (w: C columns of `in` floats, 64-byte aligned; x: R rows of
-// `in`; y: row r's results at y + r out). Each (row, column) keeps its own two accumulators, summed in the one fixed
-// order; a group's weights are loaded once for the R rows and its activations once for the C columns, so a
-// multiply-add needs (2 C + 2 R) / (2 R C) loads: 0.75 for 4 rows by 2 columns (22 of the 32 registers).
-template <int R, int C>
-__attribute__((target("avx512f"))) inline void dots_avx512(const float* w, const float* x, int64_t in, float* y, int64_t out) {
-  __m512 a[R][C][2];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) a[r][c][0] = a[r][c][1] = _mm512_setzero_ps();
+// One row's dot products with C columns already unpacked (w: C × in, 64-byte aligned).
+template <int C>
+__attribute__((target("avx512f"))) inline void dots_avx512(const float* w, const float* x, int64_t in, float* y) {
+  __m512 a[C][2];
+  for (int c = 0; c < C; ++c) a[c][0] = a[c][1] = _mm512_setzero_ps();
   for (int64_t i = 0; i < in; i += kLanes) {
-    __m512 w0[C], w1[C];
-    for (int c = 0; c < C; ++c) w0[c] = _mm512_load_ps(w + c * in + i), w1[c] = _mm512_load_ps(w + c * in + i + 16);
-    for (int r = 0; r < R; ++r) {
-      const __m512 x0 = _mm512_loadu_ps(x + r * in + i), x1 = _mm512_loadu_ps(x + r * in + i + 16);
-      for (int c = 0; c < C; ++c) {
-        a[r][c][0] = _mm512_fmadd_ps(w0[c], x0, a[r][c][0]);
-        a[r][c][1] = _mm512_fmadd_ps(w1[c], x1, a[r][c][1]);
-      }
+    const __m512 x0 = _mm512_loadu_ps(x + i), x1 = _mm512_loadu_ps(x + i + 16);
+    for (int c = 0; c < C; ++c) {
+      a[c][0] = _mm512_fmadd_ps(_mm512_load_ps(w + c * in + i), x0, a[c][0]);
+      a[c][1] = _mm512_fmadd_ps(_mm512_load_ps(w + c * in + i + 16), x1, a[c][1]);
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) y[r * out + c] = sum32(a[r][c][0], a[r][c][1]);
-}
-
-// Rows [0, rows) times C unpacked columns: four rows at a time, then the rest.
-template <int C>
-__attribute__((target("avx512f"))) inline void rows_avx512(const float* w, const float* x, int64_t rows, int64_t in, float* y,
-                                                           int64_t out) {
-  int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) dots_avx512<4, C>(w, x + r * in, in, y + r * out, out);
-  switch (rows - r) {
-    case 3: dots_avx512<3, C>(w, x + r * in, in, y + r * out, out); break;
-    case 2: dots_avx512<2, C>(w, x + r * in, in, y + r * out, out); break;
-    case 1: dots_avx512<1, C>(w, x + r * in, in, y + r * out, out); break;
-  }
+  for (int c = 0; c < C; ++c) y[c] = sum32(a[c][0], a[c][1]);
 }
 
 template <int Bits>
@@ -309,9 +286,14 @@ __attribute__((target("avx512f"))) void columns_avx512(const float* x, int64_t r
         _mm512_store_ps(w + c * in + g * kGroup, w0);
         _mm512_store_ps(w + c * in + g * kGroup + 16, w1);
       }
-    int64_t c = 0;  // the columns two at a time against blocks of rows
-    for (; c + 2 <= cols; c += 2) rows_avx512<2>(w + c * in, x, rows, in, y + o + c, out);
-    if (c < cols) rows_avx512<1>(w + c * in, x, rows, in, y + o + c, out);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x + r * in;
+      float* yr = y + r * out + o;
+      if (cols == 4) dots_avx512<4>(w, xr, in, yr);
+      else if (cols == 3) dots_avx512<3>(w, xr, in, yr);
+      else if (cols == 2) dots_avx512<2>(w, xr, in, yr);
+      else dots_avx512<1>(w, xr, in, yr);
+    }
   }
 }
 #endif
