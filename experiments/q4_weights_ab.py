@@ -7,9 +7,12 @@ specviz.kernels.quant), side by side in one process, alternated within each roun
 2. one target forward (LM head included) over 1, 4, 8 new tokens after 256 cached;
 3. a greedy decode (`none`) of one prompt, tokens per second;
 4. greedy outputs of both at 64 tokens on the first prompts of specviz/bench/data/prompts.jsonl: equal, or the fp32
-   target's logit margin (top-1 minus top-2) at the first token where they part.
+   target's logit margin (top-1 minus top-2) at the first token where they part (and the q4 target's there).
+`--outputs-only --questions ../shared/data/mt_bench.jsonl --tokens 128` runs only 4, over every question's first
+turn (the bench's prompts), and sums up.
 
     .venv/bin/python experiments/q4_weights_ab.py [--rounds 7] [--prompts 5] [--threads 2]
+    .venv/bin/python experiments/q4_weights_ab.py --outputs-only --questions ../shared/data/mt_bench.jsonl --tokens 128
 """
 import argparse
 import json
@@ -119,16 +122,26 @@ def margin_at(target: Target, ids: list[int]) -> float:
 
 def outputs(loaded: dict, targets: dict, prompts: list[str], tokens: int) -> list[str]:
     lines = [f"| prompt | greedy {tokens} tokens, q4 against fp32 |", "|---|---|"]
+    equal, margins = 0, []
     for prompt in prompts:
         ids = api.encode_prompt(loaded["fp32"].tokenizer, prompt)
         got = {way: greedy(loaded[way], ids, tokens).token_ids for way in WAYS}
         if got["fp32"] == got["q4"]:
+            equal += 1
             lines.append(f"| {prompt[:48]}… | equal ({len(got['fp32'])} tokens) |")
             continue
-        first = next(i for i, (a, b) in enumerate(zip(got["fp32"], got["q4"])) if a != b)
-        margin = margin_at(targets["fp32"], ids + got["fp32"][:first])
-        lines.append(f"| {prompt[:48]}… | part at token {first}: fp32 margin there {margin:.4f} |")
-    return lines
+        first = next((i for i, (a, b) in enumerate(zip(got["fp32"], got["q4"])) if a != b),
+                     min(len(got["fp32"]), len(got["q4"])))  # one a prefix of the other: parts where it stops
+        at = ids + got["fp32"][:first]
+        margin, q4_margin = margin_at(targets["fp32"], at), margin_at(targets["q4"], at)
+        margins.append(margin)
+        lines.append(f"| {prompt[:48]}… | part at token {first}: fp32 margin there {margin:.4f}, q4 margin "
+                     f"{q4_margin:.4f} |")
+    summary = f"equal on {equal} of {len(prompts)}"
+    if margins:
+        summary += (f"; where they part, the fp32 target's top-1 minus top-2 logit is {min(margins):.4f}–"
+                    f"{max(margins):.4f} (median {statistics.median(margins):.4f})")
+    return lines + ["", summary]
 
 
 def main(argv):
@@ -137,6 +150,9 @@ def main(argv):
     ap.add_argument("--prompts", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--context-len", type=int, default=256)
+    ap.add_argument("--outputs-only", action="store_true", help="only the greedy outputs (part 4)")
+    ap.add_argument("--questions", help="a JSONL of MT-bench questions (first turns) instead of the prompts file")
+    ap.add_argument("--tokens", type=int, default=64, help="greedy tokens per prompt in part 4")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     assert quant.available(), "specviz's C++ ops are not built here"
@@ -145,12 +161,17 @@ def main(argv):
     targets = {way: Target(loaded[way].target) for way in WAYS}
     path = {0: "portable", 1: "AVX2", 2: "AVX-512"}[torch.ops.specviz.q4_path(-1)]
     prompts = [json.loads(line)["instruction"] for line in PROMPTS.read_text().splitlines()[: args.prompts]]
+    if args.questions:
+        prompts = [json.loads(line)["turns"][0] for line in Path(args.questions).read_text().splitlines() if line.strip()]
     print(f"smollm2-135m, torch {torch.__version__}, {torch.get_num_threads()} threads, q4 path {path}; medians of "
           f"{args.rounds} alternated rounds after a warm-up (op alone: {4 * args.rounds}); each ratio from 3 separate "
           "runs: the median ratio, and the times of the run that gave it")
+    if args.outputs_only:
+        print("\n".join(outputs(loaded, targets, prompts, args.tokens)), flush=True)
+        return 0
     for lines in (op_alone(args.rounds), forwards(targets, args.rounds, args.context_len),
                   decode_speed(loaded, api.encode_prompt(loaded["fp32"].tokenizer, prompts[0]), 5, 32),
-                  outputs(loaded, targets, prompts, 64)):
+                  outputs(loaded, targets, prompts, args.tokens)):
         print("\n".join(lines) + "\n", flush=True)
     return 0
 
