@@ -64,9 +64,13 @@ def test_a_prepared_race_link_replays_the_lanes_at_their_measured_timings(server
             final = {lane["drafter"]: lane["tokens"] for lane in samples[-1]}
             assert final == {lane["drafter"]: lane["new_tokens"] for lane in data["lanes"]}
             finished_at = {d: next(i for i, s in enumerate(samples) if s[k]["finished"]) for k, d in enumerate(DRAFTERS)}
-            measured = sorted(data["lanes"], key=lambda lane: lane["finish_s"])
-            assert [finished_at[lane["drafter"]] for lane in measured] == sorted(finished_at.values()), (
-                finished_at, [(lane["drafter"], lane["finish_s"]) for lane in measured])  # in measured order
+            # in measured order: a lane that finished more than half a second of replay before another is seen
+            # finished no later (closer finishes may swap: the samples are 150 ms apart plus a busy browser's lag)
+            tolerance_s = 0.5 * speed
+            finish = {lane["drafter"]: lane["finish_s"] for lane in data["lanes"]}
+            late = [(a, b) for a in DRAFTERS for b in DRAFTERS
+                    if finish[a] + tolerance_s < finish[b] and finished_at[a] > finished_at[b]]
+            assert not late, (late, finished_at, finish)
             expect(page.get_by_text(re.compile("every lane produced exactly the same text as"))).to_be_visible()
             shot(page, "race-1-finished")
 
