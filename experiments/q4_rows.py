@@ -7,26 +7,17 @@ second, and each row count's cost relative to one row.
     .venv/bin/python experiments/q4_rows.py [--rows 1,2,4,8,16,64] [--path auto]
 """
 import argparse
-import statistics
 import sys
-import time
+from pathlib import Path
 
 import torch
 
-from specviz.kernels import fastlinear, quant
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling experiment's timer
+from product_bandwidth import median_s  # noqa: E402
+
+from specviz.kernels import fastlinear, quant  # noqa: E402
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}
-
-
-def median_s(run, repeats: int) -> float:
-    for _ in range(2):
-        run()
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
 
 
 @torch.inference_mode()
