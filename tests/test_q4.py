@@ -301,6 +301,21 @@ def test_the_one_call_layer_op_gives_the_bits_of_the_layer_run_op_by_op():
     assert len(flat[True]) == 11 and all(torch.equal(a, b) for a, b in zip(flat[True], flat[False]))
 
 
+@needs_op
+@pytest.mark.parametrize("rows,width", [(1, 576), (3, 64), (16, 100)])
+def test_the_layer_ops_rms_norm_is_torchs_to_rounding_and_does_not_depend_on_the_rows_beside_it(rows, width):
+    generator = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, width, generator=generator) * 3
+    weight = torch.randn(width, generator=generator)
+    got = torch.ops.specviz.rms_norm(x, weight, 1e-5)
+    assert torch.allclose(got, torch.nn.functional.rms_norm(x, (width,), weight, 1e-5), rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(got, torch.nn.functional.rms_norm(x, (width,), weight, 1e-1), rtol=1e-5, atol=1e-6)
+    assert all(torch.equal(got[r], torch.ops.specviz.rms_norm(x[r : r + 1].contiguous(), weight, 1e-5)[0])
+               for r in range(rows))
+    with pytest.raises(RuntimeError, match="weight"):
+        torch.ops.specviz.rms_norm(x, weight[:-1], 1e-5)
+
+
 def test_an_8_bit_head_that_does_not_match_the_loaded_one_is_not_used():
     fp32, _, _ = tiny_pair()
     codes, scales = quant.parse_q8_0(gguf.quants.quantize(fp32.lm_head.weight.numpy(), gguf.GGMLQuantizationType.Q8_0))

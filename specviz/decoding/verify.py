@@ -75,8 +75,10 @@ def verify(
         node = moved_to
     verdict.kind = "replacement" if kids[node] else "bonus"
     if greedy:
-        verdict.token = int(p[node + 1].argmax())
         verdict.final_dist_top = top_n(p[node + 1], n_top)
+        top = verdict.final_dist_top
+        # the argmax, read off the top-n where its first entry is strictly the largest (else ties: argmax's first)
+        verdict.token = top[0][0] if len(top) > 1 and top[0][1] > top[1][1] else int(p[node + 1].argmax())
     return verdict
 
 
@@ -137,6 +139,8 @@ def verify_typical(tree: DraftTree, p: torch.Tensor, rule: Typical, generator: t
 
 
 def _greedy_pick(tree, children, p_here, verdict) -> int | None:
+    if not children:  # a leaf (every step of `none`): nothing to test, the argmax comes once, as the verdict's token
+        return None
     best = int(p_here.argmax())
     for c in children:
         accepted = tree.tokens[c] == best

@@ -1,7 +1,9 @@
-"""specviz's C++ ops (`specviz/csrc/*.cpp`, registered as `torch.ops.specviz.*`), compiled on first use.
+"""specviz's C++ ops (`specviz/kernels/csrc/*.cpp`, registered as `torch.ops.specviz.*`), compiled on first use.
 
-So far one op: `attend`, the attention block of a decoding step in one call (see csrc/attend.cpp and
-specviz.kernels.fastdecoder). Everything works without it: where it cannot be built (no C++ compiler, no ninja, an
+The ops: `attend`, the attention block of a decoding step in one call (csrc/attend.cpp); `q4_linear` and
+`q8_linear`, products with weights kept as GGUF blocks (csrc/blocklinear.cpp); `q4_layer`, a whole 4-bit decoder
+layer in one call, and its `rms_norm` (csrc/q4layer.cpp); see specviz.kernels.fastdecoder and
+specviz.kernels.quant. Everything works without them: where it cannot be built (no C++ compiler, no ninja, an
 unexpected torch), or with `SPECVIZ_EXTENSION=0`, `available()` is False, the decoder runs the same arithmetic
 through torch's own ops, and one warning says why.
 

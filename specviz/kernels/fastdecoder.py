@@ -169,6 +169,8 @@ class _Layers:
                        and extension.available())
         # Where it also applies, each 4-bit layer as one C++ call (specviz::q4_layer: the same ops, the same bits).
         self.layer_op = self.one_op and hasattr(torch.ops.specviz, "q4_layer") and all(l.blocks for l in self.layers)
+        # The layer op normalises with its own RMSNorm; run op by op, 4-bit layers use that one too (same bits).
+        self.q4_norm = self.one_op and hasattr(torch.ops.specviz, "rms_norm")
         self._lock = threading.Lock()
 
     def new_cache(self) -> KVCache:
@@ -216,9 +218,10 @@ class _Layers:
                 x = torch.ops.specviz.q4_layer(x, *layer.blocks, cos, sin, keys, values, past, mask, layer.scaling,
                                                self.heads, self.kv_heads)
                 continue
-            qkv = layer.qkv(x if layer.input_norm is None else _rms_norm(layer.input_norm, x))
+            norm = _q4_rms_norm if self.q4_norm and layer.blocks else _rms_norm
+            qkv = layer.qkv(x if layer.input_norm is None else norm(layer.input_norm, x))
             x = x + layer.o_proj(attend(layer, qkv, cos, sin, keys, values, past, mask))
-            gate_up = layer.gate_up(_rms_norm(layer.post_attention_norm, x))
+            gate_up = layer.gate_up(norm(layer.post_attention_norm, x))
             x = x + layer.down_proj(F.silu(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate :])
         cache.length = end
         return (x, [inputs[number] for number in capture]) if capture else x
@@ -253,6 +256,11 @@ def _rms_norm(norm, x: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), norm.weight, eps)
     x32 = x.float()
     return norm.weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _q4_rms_norm(norm, x: torch.Tensor) -> torch.Tensor:
+    """The same in the C++ op the 4-bit layer op uses (csrc/q4layer.cpp): fp32 rows, the mean summed in double."""
+    return torch.ops.specviz.rms_norm(x, norm.weight, norm.variance_epsilon)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

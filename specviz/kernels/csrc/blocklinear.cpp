@@ -16,9 +16,9 @@
 // Every dot product is summed in one fixed order (32 partial sums, one per position in a group, each a chain of
 // fused multiply-adds over the groups, then a fixed tree), so a row's result does not depend on how many rows come
 // with it or on the thread count, and the three paths, which do the same operations in the same order, give the
-// same bits. With one row (a decoding step) the vector paths unpack each weight in registers as they use it and
-// work on 2 (AVX2) or 4 (AVX-512) columns at once, so that several accumulator chains overlap; with several rows
-// they unpack four columns once into fp32 in L1 and reuse them for every row.
+// same bits. With one row (a decoding step) the vector paths unpack each weight in registers as they use it (AVX-512:
+// by a 16-entry table lookup) and work on 2 (AVX2) or 4 (AVX-512) columns at once, so that several accumulator chains
+// overlap; with several rows they unpack four columns once into fp32 in L1 and reuse them for every row.
 // Threads split the output columns (at::parallel_for).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -230,6 +230,20 @@ __attribute__((target("avx512f"))) inline void unpack_avx512(const Blocks<Bits>&
   }
 }
 
+// The same 32 weights of a Q4_1 group by table lookup: the group's 16 possible values d j + m (j = 0..15, one
+// multiply-add, the same rounding as unpack_avx512's d q + m) in one register, indexed by the nibbles (vpermps reads
+// the low 4 bits of each index, so the low nibbles need no mask). One multiply-add and three shuffles where
+// unpack_avx512 spends two conversions and two multiply-adds: faster where the weights go straight into products
+// (one row), slower where they are stored for several rows (measured: experiments/q4_unpack_ab.py).
+__attribute__((target("avx512f"))) inline void lookup_avx512(const Blocks<4>& b, int64_t column, int64_t g, __m512& w0, __m512& w1) {
+  const __m512 j = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512 table = _mm512_fmadd_ps(_mm512_set1_ps(b.scales[b.index(column, g)]), j,
+                                       _mm512_set1_ps(b.mins[b.index(column, g)]));
+  const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.at(column, g))));
+  w0 = _mm512_permutexvar_ps(bytes, table);
+  w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);
+}
+
 // One row's dot products with C adjacent columns, unpacked in registers as they are read (the decoding step's
 // case): 2 C independent accumulator chains, x's group loaded once for the C columns.
 template <int Bits, int C>
@@ -242,7 +256,8 @@ __attribute__((target("avx512f"))) inline void fused_avx512(const float* x, cons
       for (int c = 0; c < C; ++c) _mm_prefetch(reinterpret_cast<const char*>(b.at(o + c + kAhead, g)), _MM_HINT_T0);
     for (int c = 0; c < C; ++c) {
       __m512 w0, w1;
-      unpack_avx512(b, o + c, g, w0, w1);
+      if constexpr (Bits == 4) lookup_avx512(b, o + c, g, w0, w1);
+      else unpack_avx512(b, o + c, g, w0, w1);
       a[c][0] = _mm512_fmadd_ps(w0, x0, a[c][0]);
       a[c][1] = _mm512_fmadd_ps(w1, x1, a[c][1]);
     }

@@ -10,12 +10,21 @@
 //   cos, sin, keys, values, past, mask, scaling, heads, kv_heads: as attend takes them;
 // returns the layer's output (T, H).
 //
-// The same ATen ops and the same C++ ops in the same order as the Python loop: rms_norm, q4_linear, attend,
-// q4_linear, add, rms_norm, q4_linear, silu, mul, q4_linear, add; so the result has the same bits.
+// In order: rms_norm, q4_linear, attend, q4_linear, + x, rms_norm, q4_linear, silu(gate) * up, q4_linear, + h.
+// The norm is this file's rms_norm (also an op, which the Python loop calls for 4-bit layers, so that both give the
+// same bits); torch's took some 12 µs a call for one row, more than the products of a small layer's norm deserve.
+// The residual sums and silu(gate) * up are written in place: the same IEEE sums and products as torch's add and
+// mul, with torch's silu, so those keep torch's bits.
+//
+// rms_norm(x, weight, eps): each row of x (T, H) fp32 as transformers' LlamaRMSNorm computes it,
+// weight * (x / sqrt(mean(x²) + eps)), the mean of squares summed in double in a fixed order (eight partial sums,
+// then in order), so a row's result does not depend on T; it differs from torch's fp32 mean by rounding only.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
 #include "ops.h"
+
+#include <cmath>
 
 namespace {
 
@@ -25,6 +34,48 @@ void check_blocks(const char* what, const at::TensorList& blocks) {
 
 at::Tensor product(const at::Tensor& x, const at::TensorList& blocks, const c10::optional<at::Tensor>& bias) {
   return specviz::q4_linear(x, blocks[0], blocks[1], blocks[2], bias, -1);
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "rms_norm: x (T, H) fp32");
+  const int64_t rows = x.size(0), width = x.size(1);
+  TORCH_CHECK(weight.scalar_type() == at::kFloat && weight.is_contiguous() && weight.numel() == width,
+              "rms_norm: weight (H,) fp32");
+  at::Tensor y = at::empty_like(x);
+  const float* X = x.data_ptr<float>();
+  const float* w = weight.data_ptr<float>();
+  float* Y = y.data_ptr<float>();
+  constexpr int64_t kSums = 8;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = X + r * width;
+    double partial[kSums] = {};
+    int64_t i = 0;
+    for (; i + kSums <= width; i += kSums)
+      for (int64_t l = 0; l < kSums; ++l) partial[l] += static_cast<double>(xr[i + l]) * xr[i + l];
+    for (; i < width; ++i) partial[0] += static_cast<double>(xr[i]) * xr[i];
+    double squares = 0.0;
+    for (int64_t l = 0; l < kSums; ++l) squares += partial[l];
+    const float inverse = 1.0f / std::sqrt(static_cast<float>(squares / width) + static_cast<float>(eps));
+    for (int64_t j = 0; j < width; ++j) Y[r * width + j] = w[j] * (xr[j] * inverse);
+  }
+  return y;
+}
+
+// y += x, in place (both (T, H) contiguous).
+void add_into(at::Tensor& y, const at::Tensor& x) {
+  float* Y = y.data_ptr<float>();
+  const float* X = x.data_ptr<float>();
+  for (int64_t i = 0, n = y.numel(); i < n; ++i) Y[i] += X[i];
+}
+
+// silu(gate) * up for gate_up (T, 2 I) = [gate | up]: (T, I).
+at::Tensor silu_mul(const at::Tensor& gate_up, int64_t intermediate) {
+  at::Tensor act = at::silu(gate_up.slice(1, 0, intermediate)).contiguous();
+  float* A = act.data_ptr<float>();
+  const float* G = gate_up.data_ptr<float>();
+  for (int64_t t = 0, rows = act.size(0); t < rows; ++t)
+    for (int64_t i = 0; i < intermediate; ++i) A[t * intermediate + i] *= G[t * 2 * intermediate + intermediate + i];
+  return act;
 }
 
 at::Tensor q4_layer(const at::Tensor& x, const at::Tensor& input_norm, const at::Tensor& post_norm, double eps,
@@ -37,14 +88,15 @@ at::Tensor q4_layer(const at::Tensor& x, const at::Tensor& input_norm, const at:
   check_blocks("o", o);
   check_blocks("gate_up", gate_up);
   check_blocks("down", down);
-  const int64_t width = x.size(1), intermediate = gate_up[0].size(0) / 2;
+  const int64_t intermediate = gate_up[0].size(0) / 2;
   const c10::optional<at::Tensor> none;
-  const at::Tensor fused = product(at::rms_norm(x, {width}, input_norm, eps), qkv, qkv_bias);
+  const at::Tensor fused = product(rms_norm(x, input_norm, eps), qkv, qkv_bias);
   const at::Tensor attended = specviz::attend(fused, cos, sin, keys, values, past, mask, scaling, heads, kv_heads);
-  const at::Tensor h = at::add(x, product(attended, o, none));
-  const at::Tensor gu = product(at::rms_norm(h, {width}, post_norm, eps), gate_up, none);
-  const at::Tensor act = at::mul(at::silu(gu.slice(1, 0, intermediate)), gu.slice(1, intermediate));
-  return at::add(h, product(act.contiguous(), down, none));
+  at::Tensor h = product(attended, o, none);
+  add_into(h, x);
+  at::Tensor out = product(silu_mul(product(rms_norm(h, post_norm, eps), gate_up, none), intermediate), down, none);
+  add_into(out, h);
+  return out;
 }
 
 }  // namespace
@@ -53,8 +105,10 @@ TORCH_LIBRARY_FRAGMENT(specviz, m) {
   m.def("q4_layer(Tensor x, Tensor input_norm, Tensor post_norm, float eps, Tensor[] qkv, Tensor? qkv_bias, "
         "Tensor[] o, Tensor[] gate_up, Tensor[] down, Tensor cos, Tensor sin, Tensor(a!) keys, Tensor(b!) values, "
         "int past, Tensor? mask, float scaling, int heads, int kv_heads) -> Tensor");
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(specviz, CPU, m) {
   m.impl("q4_layer", q4_layer);
+  m.impl("rms_norm", rms_norm);
 }
