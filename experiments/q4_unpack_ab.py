@@ -72,7 +72,7 @@ def main(argv) -> int:
             reference = ops["conversion"](x, *weights[0], None, -1)
             assert all(torch.equal(op(x, *weights[0], None, -1), reference) for op in ops.values()), "bits differ"
 
-            def run(op):
+            def run(op, x=x, weights=weights, copies=copies):
                 started = time.perf_counter()
                 for codes, scales, mins in weights:
                     op(x, codes, scales, mins, None, -1)

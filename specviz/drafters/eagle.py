@@ -317,9 +317,16 @@ def build(models, k: int, options: dict) -> EagleDrafter:
     if heads is None:
         raise SpecvizError(f"no eagle2 head is available for '{models.name}'; train one with `specviz train eagle`")
     vocab = draft_vocabulary(heads, options.pop("draft_vocab", default_draft_vocab("eagle2", heads)))
+    shape, graft, cost = tree_options(models, options, "eagle2")
+    return EagleDrafter(heads, models.target, shape, draft_vocab=vocab, verify_cost=cost, lookup=graft)
+
+
+def tree_options(models, options: dict, name: str) -> tuple[TreeShape, int, object]:
+    """The dynamic-tree drafters' shared options, taken out of `options`: the tree's shape (depth, top_k,
+    total_tokens, early_stop), lookup=N (prompt lookup grafted on) and, for total_tokens=auto, the measured verify
+    cost it sizes the tree by (else None). Any option left is an error."""
     shape = TreeShape(**{key: options.pop(key) for key in ("depth", "top_k", "total_tokens", "early_stop") if key in options})
     graft = options.pop("lookup", 0)
     if options:
-        raise SpecvizError(f"unknown eagle2 options: {', '.join(options)}")
-    cost = interpolate(verify_curve(models)) if shape.total_tokens == "auto" else None
-    return EagleDrafter(heads, models.target, shape, draft_vocab=vocab, verify_cost=cost, lookup=graft)
+        raise SpecvizError(f"unknown {name} options: {', '.join(options)}")
+    return shape, graft, interpolate(verify_curve(models)) if shape.total_tokens == "auto" else None

@@ -12,8 +12,7 @@ exactly the target's.
 """
 from __future__ import annotations
 
-from specviz.decoding.costs import interpolate, verify_curve
-from specviz.drafters.eagle import EagleDrafter, TreeShape
+from specviz.drafters.eagle import EagleDrafter, TreeShape, tree_options
 from specviz.errors import SpecvizError
 from specviz.kernels.fastlinear import rows_projection
 
@@ -58,12 +57,8 @@ def build(models, k: int, options: dict) -> Eagle3Drafter:
     if head is None:
         raise SpecvizError(f"no eagle3 head is available for '{models.name}'; train one with `specviz train eagle3` "
                            "or pass one: eagle3:head=FOLDER")
-    shape = TreeShape(**{key: options.pop(key) for key in ("depth", "top_k", "total_tokens", "early_stop") if key in options})
-    graft = options.pop("lookup", 0)
-    if options:
-        raise SpecvizError(f"unknown eagle3 options: {', '.join(options)}")
+    shape, graft, cost = tree_options(models, options, "eagle3")
     if head.draft_vocab_size < shape.top_k:
         raise SpecvizError(f"eagle3 ranks {shape.top_k} candidates per position but the head's draft vocabulary has "
                            f"only {head.draft_vocab_size} tokens")
-    cost = interpolate(verify_curve(models)) if shape.total_tokens == "auto" else None
     return Eagle3Drafter(head, models.target, shape, verify_cost=cost, lookup=graft)

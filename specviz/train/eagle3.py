@@ -227,7 +227,7 @@ def train_eagle3(cfg: TrainConfig, target=None) -> dict:
     if previous is not None:
         notes.append(f"The head that was in {shipped.parent} before: {previous}.")
     metrics = save_trained(cfg, head, lambda: evaluate(head, target, eval_batches(val_set, cfg)), before, history,
-                           "EAGLE-3 head for SmolLM2-135M-Instruct", extra, notes)
+                           "EAGLE-3 head for SmolLM2-135M-Instruct", extra, notes, fp32=candidate)
     if baseline:
         metrics[baseline[0]] = baseline[1]
         add_to_provenance(Path(cfg.out), baseline)

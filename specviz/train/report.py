@@ -35,10 +35,11 @@ def fp16_round_trip(module: torch.nn.Module) -> None:
 
 
 def save_trained(cfg: TrainConfig, module, evaluate, baseline: tuple[str, dict], history: History, title: str,
-                 extra: dict, notes: list[str]) -> dict:
-    """Validate in fp32 and again after the fp16 rounding the file stores, then write the weights, their config
-    (with `extra` and the validation numbers) and the provenance note. evaluate() -> metrics of `module` now."""
-    metrics = {"fp32": evaluate()}
+                 extra: dict, notes: list[str], fp32: dict | None = None) -> dict:
+    """Validate in fp32 (unless `fp32` already holds those metrics) and again after the fp16 rounding the file
+    stores, then write the weights, their config (with `extra` and the validation numbers) and the provenance
+    note. evaluate() -> metrics of `module` now."""
+    metrics = {"fp32": fp32 if fp32 is not None else evaluate()}
     fp16_round_trip(module)
     metrics["fp16 (shipped)"] = evaluate()
     metrics[baseline[0]] = baseline[1]
