@@ -1,12 +1,14 @@
-"""Two ways to unpack a Q4_1 group to fp32 in the AVX-512 product (csrc/blocklinear.cpp), per row count: by
-conversion (nibbles to int32 to fp32, then d q + m: two conversions and two multiply-adds a group) and by table
-lookup (the group's 16 values d j + m in a register, indexed by the nibbles: one multiply-add and three shuffles).
-Both give the same weights, bit for bit (checked here). The shipped source uses the lookup for one row and the
-conversion for several; this builds it twice more under other op names, once with the conversion everywhere and
-once with the lookup everywhere, and times the three on SmolLM2-135M's projection shapes, alternated in one
-process (median of 7 rounds), over about 100 MB of codes so that none sits in a cache.
+"""How the AVX-512 4-bit product (csrc/blocklinear.cpp) unpacks a Q4_1 group, per row count, three builds side by
+side: as shipped (one to 64 rows unpacked in registers by table lookup: the group's 16 values d j + m in a
+register, indexed by the nibbles, one multiply-add and three shuffles, each weight feeding up to four rows), with
+conversion instead of the lookup (nibbles to int32 to fp32, then d q + m: two conversions and two multiply-adds a
+group), and with several rows unpacked into L1 first, as the product did before (four columns at a time, then each
+row's products with them; one row still by lookup). All three give the same bits (checked here). The two other
+builds are the shipped source with one line changed, loaded under other op names; the three are timed on
+SmolLM2-135M's projection shapes over about 100 MB of codes (so none sits in a cache), in a rotated order each
+round (median of 9 rounds).
 
-    .venv/bin/python experiments/q4_unpack_ab.py [--rows 1,4,16]
+    .venv/bin/python experiments/q4_unpack_ab.py [--rows 1,2,4,8,16,64]
 """
 import argparse
 import statistics
@@ -22,21 +24,20 @@ from specviz.kernels import extension, quant
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}
 CSRC = Path(extension.__file__).with_name("csrc")
-ONE_ROW = "      if constexpr (Bits == 4) lookup_avx512(b, o + c, g, w0, w1);\n      else unpack_avx512(b, o + c, g, w0, w1);"
-SEVERAL_ROWS = "        unpack_avx512(b, o + c, g, w0, w1);\n        _mm512_store_ps"
+LOOKUP = "      if constexpr (Bits == 4) lookup_avx512(b, o + c, g, w0, w1);\n      else unpack_avx512(b, o + c, g, w0, w1);"
+FUSED_ROWS = "constexpr int64_t kFusedRows = 64;"
+CHANGES = {"specviz_conversion": (LOOKUP, "      unpack_avx512(b, o + c, g, w0, w1);"),
+           "specviz_l1": (FUSED_ROWS, "constexpr int64_t kFusedRows = 1;")}
 
 
 def variant(name: str, shipped: str, folder: Path) -> None:
-    """Build blocklinear.cpp as `name` with one unpacking everywhere; registers torch.ops.<name>.q4_linear."""
-    source = shipped.replace("TORCH_LIBRARY_FRAGMENT(specviz,", f"TORCH_LIBRARY_FRAGMENT({name},")
+    """Build blocklinear.cpp with CHANGES[name] as `name`; registers torch.ops.<name>.q4_linear."""
+    old, new = CHANGES[name]
+    assert old in shipped, "csrc/blocklinear.cpp changed: update this experiment"
+    source = shipped.replace(old, new)
+    source = source.replace("TORCH_LIBRARY_FRAGMENT(specviz,", f"TORCH_LIBRARY_FRAGMENT({name},")
     source = source.replace("TORCH_LIBRARY_IMPL(specviz,", f"TORCH_LIBRARY_IMPL({name},")
     source = source.replace("namespace specviz {", f"namespace {name} {{").replace("specviz::q4_linear", f"{name}::q4_linear")
-    assert ONE_ROW in source and SEVERAL_ROWS in source, "csrc/blocklinear.cpp changed: update this experiment"
-    if name.endswith("conversion"):
-        source = source.replace(ONE_ROW, "      unpack_avx512(b, o + c, g, w0, w1);")
-    else:
-        source = source.replace(SEVERAL_ROWS, "        if constexpr (Bits == 4) lookup_avx512(b, o + c, g, w0, w1);\n"
-                                              "        else unpack_avx512(b, o + c, g, w0, w1);\n        _mm512_store_ps")
     (folder / name).mkdir()
     (folder / name / "blocklinear.cpp").write_text(source)
     (folder / name / "ops.h").write_text((CSRC / "ops.h").read_text())
@@ -47,20 +48,20 @@ def variant(name: str, shipped: str, folder: Path) -> None:
 @torch.inference_mode()
 def main(argv) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", default="1,4,16")
+    ap.add_argument("--rows", default="1,2,4,8,16,64")
     args = ap.parse_args(argv)
     if not quant.available() or torch.ops.specviz.q4_path(-1) != 2:
         print("needs specviz's C++ ops and an AVX-512 CPU")
         return 1
     shipped = (CSRC / "blocklinear.cpp").read_text()
     with tempfile.TemporaryDirectory() as folder:
-        for name in ("specviz_conversion", "specviz_lookup"):
+        for name in CHANGES:
             variant(name, shipped, Path(folder))
     ops = {"shipped": torch.ops.specviz.q4_linear, "conversion": torch.ops.specviz_conversion.q4_linear,
-           "lookup": torch.ops.specviz_lookup.q4_linear}
+           "rows via L1": torch.ops.specviz_l1.q4_linear}
     generator = torch.Generator().manual_seed(0)
-    print(f"torch threads {torch.get_num_threads()}; ms per product (median of 7), relative to the conversion")
-    print("| shape | rows | conversion ms | lookup ms | shipped ms | lookup vs conversion | shipped vs conversion |")
+    print(f"torch threads {torch.get_num_threads()}; ms per product (median of 9); shipped's speed relative to each")
+    print("| shape | rows | shipped ms | conversion ms | rows via L1 ms | shipped vs conversion | shipped vs rows via L1 |")
     print("|---|---|---|---|---|---|---|")
     for shape, (out, inp) in SHAPES.items():
         copies = max(1, (100 << 20) // (out * inp // 2))
@@ -69,7 +70,7 @@ def main(argv) -> int:
                     (-torch.rand(out, inp // 32, generator=generator) * 0.08).half().float()) for _ in range(copies)]
         for rows in (int(r) for r in args.rows.split(",")):
             x = torch.randn(rows, inp, generator=generator)
-            reference = ops["conversion"](x, *weights[0], None, -1)
+            reference = ops["shipped"](x, *weights[0], None, -1)
             assert all(torch.equal(op(x, *weights[0], None, -1), reference) for op in ops.values()), "bits differ"
 
             def run(op, x=x, weights=weights, copies=copies):
@@ -81,12 +82,13 @@ def main(argv) -> int:
             for op in ops.values():
                 run(op)
             times = {name: [] for name in ops}
-            for _ in range(7):
-                for name, op in ops.items():
-                    times[name].append(run(op))
+            names = list(ops)
+            for round_ in range(9):
+                for name in names[round_ % 3:] + names[: round_ % 3]:  # each build first in a third of the rounds
+                    times[name].append(run(ops[name]))
             ms = {name: statistics.median(t) for name, t in times.items()}
-            print(f"| {shape} {out}×{inp} | {rows} | {ms['conversion']:.3f} | {ms['lookup']:.3f} | {ms['shipped']:.3f} | "
-                  f"{ms['conversion'] / ms['lookup']:.2f}× | {ms['conversion'] / ms['shipped']:.2f}× |", flush=True)
+            print(f"| {shape} {out}×{inp} | {rows} | {ms['shipped']:.3f} | {ms['conversion']:.3f} | {ms['rows via L1']:.3f} | "
+                  f"{ms['conversion'] / ms['shipped']:.2f}× | {ms['rows via L1'] / ms['shipped']:.2f}× |", flush=True)
     return 0
 
 

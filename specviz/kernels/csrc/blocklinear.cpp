@@ -17,8 +17,10 @@
 // fused multiply-adds over the groups, then a fixed tree), so a row's result does not depend on how many rows come
 // with it or on the thread count, and the three paths, which do the same operations in the same order, give the
 // same bits. With one row (a decoding step) the vector paths unpack each weight in registers as they use it (AVX-512:
-// by a 16-entry table lookup) and work on 2 (AVX2) or 4 (AVX-512) columns at once, so that several accumulator chains
-// overlap; with several rows they unpack four columns once into fp32 in L1 and reuse them for every row.
+// 4-bit weights by a 16-entry table lookup) and work on 2 (AVX2) or 4 (AVX-512) columns at once, so that several
+// accumulator chains overlap. AVX-512 does the same for 4-bit weights over up to 64 rows, four rows at a time (each
+// unpacked weight feeds four rows from registers); otherwise several rows share four columns unpacked once into
+// fp32 in L1.
 // Threads split the output columns (at::parallel_for).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -44,6 +46,7 @@ constexpr int64_t kGroup = 32;  // weights per scale (and minimum), along the in
 constexpr int64_t kLanes = 32;  // partial sums of every dot product: one per position in a group
 constexpr int64_t kCols = 4;    // columns unpacked together where several rows share them
 constexpr int64_t kAhead = 32;  // one-row products prefetch the codes of the column this many ahead
+constexpr int64_t kFusedRows = 64;  // AVX-512, 4-bit: up to this many rows unpack in registers, four rows at a time
 
 enum Path : int64_t { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
 
@@ -244,25 +247,45 @@ __attribute__((target("avx512f"))) inline void lookup_avx512(const Blocks<4>& b,
   w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);
 }
 
-// One row's dot products with C adjacent columns, unpacked in registers as they are read (the decoding step's
-// case): 2 C independent accumulator chains, x's group loaded once for the C columns.
-template <int Bits, int C>
-__attribute__((target("avx512f"))) inline void fused_avx512(const float* x, const Blocks<Bits>& b, int64_t o, float* y) {
-  __m512 a[C][2];
-  for (int c = 0; c < C; ++c) a[c][0] = a[c][1] = _mm512_setzero_ps();
+// R rows' dot products with C adjacent columns, each weight unpacked in registers as it is read and used for the R
+// rows at once (a decoding step, or a short verify): 2 R C independent accumulator chains, each row's group of x
+// loaded once for the C columns. Each row's sums run in the same order as dots_avx512's, so the bits do not depend
+// on which of the two runs.
+template <int Bits, int R, int C>
+__attribute__((target("avx512f"))) inline void fused_avx512(const float* x, int64_t in, const Blocks<Bits>& b, int64_t o,
+                                                            float* y, int64_t out) {
+  __m512 a[R][C][2];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) a[r][c][0] = a[r][c][1] = _mm512_setzero_ps();
   for (int64_t g = 0; g < b.groups; ++g) {
-    const __m512 x0 = _mm512_loadu_ps(x + g * kGroup), x1 = _mm512_loadu_ps(x + g * kGroup + 16);
+    __m512 x0[R], x1[R];
+    for (int r = 0; r < R; ++r) {
+      x0[r] = _mm512_loadu_ps(x + r * in + g * kGroup);
+      x1[r] = _mm512_loadu_ps(x + r * in + g * kGroup + 16);
+    }
     if ((g * Blocks<Bits>::kBytes) % 64 == 0)  // a cache line of codes a few columns ahead, once per line
       for (int c = 0; c < C; ++c) _mm_prefetch(reinterpret_cast<const char*>(b.at(o + c + kAhead, g)), _MM_HINT_T0);
     for (int c = 0; c < C; ++c) {
       __m512 w0, w1;
       if constexpr (Bits == 4) lookup_avx512(b, o + c, g, w0, w1);
       else unpack_avx512(b, o + c, g, w0, w1);
-      a[c][0] = _mm512_fmadd_ps(w0, x0, a[c][0]);
-      a[c][1] = _mm512_fmadd_ps(w1, x1, a[c][1]);
+      for (int r = 0; r < R; ++r) {
+        a[r][c][0] = _mm512_fmadd_ps(w0, x0[r], a[r][c][0]);
+        a[r][c][1] = _mm512_fmadd_ps(w1, x1[r], a[r][c][1]);
+      }
     }
   }
-  for (int c = 0; c < C; ++c) y[c] = sum32(a[c][0], a[c][1]);
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) y[r * out + c] = sum32(a[r][c][0], a[r][c][1]);
+}
+
+// The columns [begin, end) of R rows by fused_avx512, C columns at a time.
+template <int Bits, int R, int C>
+__attribute__((target("avx512f"))) void fused_columns_avx512(const float* x, int64_t in, int64_t out, const Blocks<Bits>& b,
+                                                             float* y, int64_t begin, int64_t end) {
+  int64_t o = begin;
+  for (; o + C <= end; o += C) fused_avx512<Bits, R, C>(x, in, b, o, y + o, out);
+  for (; o < end; ++o) fused_avx512<Bits, R, 1>(x, in, b, o, y + o, out);
 }
 
 // One row's dot products with C columns already unpacked (w: C × in, 64-byte aligned).
@@ -283,11 +306,18 @@ __attribute__((target("avx512f"))) inline void dots_avx512(const float* w, const
 template <int Bits>
 __attribute__((target("avx512f"))) void columns_avx512(const float* x, int64_t rows, int64_t in, int64_t out,
                                                        const Blocks<Bits>& b, float* y, int64_t begin, int64_t end) {
-  if (rows == 1) {  // columns four at a time: 8 accumulator chains
-    int64_t o = begin;
-    for (; o + 4 <= end; o += 4) fused_avx512<Bits, 4>(x, b, o, y + o);
-    for (; o < end; ++o) fused_avx512<Bits, 1>(x, b, o, y + o);
-    return;
+  // Up to four rows of 4-bit weights: unpacked in registers (2 R C accumulators and 2 R rows of x in the 32
+  // registers); more rows, or 8-bit weights beyond one row: unpacked into L1 once for all the rows.
+  if (rows == 1) return fused_columns_avx512<Bits, 1, 4>(x, in, out, b, y, begin, end);
+  if constexpr (Bits == 4) {
+    if (rows <= kFusedRows) {
+      int64_t r = 0;
+      for (; r + 4 <= rows; r += 4) fused_columns_avx512<Bits, 4, 2>(x + r * in, in, out, b, y + r * out, begin, end);
+      if (rows - r == 3) fused_columns_avx512<Bits, 3, 2>(x + r * in, in, out, b, y + r * out, begin, end);
+      if (rows - r == 2) fused_columns_avx512<Bits, 2, 4>(x + r * in, in, out, b, y + r * out, begin, end);
+      if (rows - r == 1) fused_columns_avx512<Bits, 1, 4>(x + r * in, in, out, b, y + r * out, begin, end);
+      return;
+    }
   }
   // several rows: four columns unpacked once into L1, then each row's products with the four
   std::vector<float> buffer(kCols * in + 16);
