@@ -18,9 +18,9 @@
 // with it or on the thread count, and the three paths, which do the same operations in the same order, give the
 // same bits. With one row (a decoding step) the vector paths unpack each weight in registers as they use it (AVX-512:
 // 4-bit weights by a 16-entry table lookup) and work on 2 (AVX2) or 4 (AVX-512) columns at once, so that several
-// accumulator chains overlap. AVX-512 does the same for 4-bit weights over up to 64 rows, four rows at a time (each
-// unpacked weight feeds four rows from registers); otherwise several rows share four columns unpacked once into
-// fp32 in L1.
+// accumulator chains overlap. AVX-512 does the same for 4-bit weights over up to 64 rows (8-bit: 4), four rows at a
+// time (each unpacked weight feeds four rows from registers); otherwise several rows share four columns unpacked
+// once into fp32 in L1.
 // Threads split the output columns (at::parallel_for).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -46,7 +46,7 @@ constexpr int64_t kGroup = 32;  // weights per scale (and minimum), along the in
 constexpr int64_t kLanes = 32;  // partial sums of every dot product: one per position in a group
 constexpr int64_t kCols = 4;    // columns unpacked together where several rows share them
 constexpr int64_t kAhead = 32;  // one-row products prefetch the codes of the column this many ahead
-constexpr int64_t kFusedRows = 64;  // AVX-512, 4-bit: up to this many rows unpack in registers, four rows at a time
+constexpr int64_t kFusedRows = 64;  // AVX-512, 4-bit: up to this many rows unpack in registers, four at a time
 
 enum Path : int64_t { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
 
@@ -306,18 +306,17 @@ __attribute__((target("avx512f"))) inline void dots_avx512(const float* w, const
 template <int Bits>
 __attribute__((target("avx512f"))) void columns_avx512(const float* x, int64_t rows, int64_t in, int64_t out,
                                                        const Blocks<Bits>& b, float* y, int64_t begin, int64_t end) {
-  // Up to four rows of 4-bit weights: unpacked in registers (2 R C accumulators and 2 R rows of x in the 32
-  // registers); more rows, or 8-bit weights beyond one row: unpacked into L1 once for all the rows.
+  // Up to kFusedRows rows of 4-bit weights, or 4 of 8-bit ones (whose unpacking costs more than the lookup):
+  // unpacked in registers, four rows at a time (2 R C accumulators and 2 R rows of x in the 32 registers); more
+  // rows: unpacked into L1 once for all of them.
   if (rows == 1) return fused_columns_avx512<Bits, 1, 4>(x, in, out, b, y, begin, end);
-  if constexpr (Bits == 4) {
-    if (rows <= kFusedRows) {
-      int64_t r = 0;
-      for (; r + 4 <= rows; r += 4) fused_columns_avx512<Bits, 4, 2>(x + r * in, in, out, b, y + r * out, begin, end);
-      if (rows - r == 3) fused_columns_avx512<Bits, 3, 2>(x + r * in, in, out, b, y + r * out, begin, end);
-      if (rows - r == 2) fused_columns_avx512<Bits, 2, 4>(x + r * in, in, out, b, y + r * out, begin, end);
-      if (rows - r == 1) fused_columns_avx512<Bits, 1, 4>(x + r * in, in, out, b, y + r * out, begin, end);
-      return;
-    }
+  if (rows <= (Bits == 4 ? kFusedRows : 4)) {
+    int64_t r = 0;
+    for (; r + 4 <= rows; r += 4) fused_columns_avx512<Bits, 4, 2>(x + r * in, in, out, b, y + r * out, begin, end);
+    if (rows - r == 3) fused_columns_avx512<Bits, 3, 2>(x + r * in, in, out, b, y + r * out, begin, end);
+    if (rows - r == 2) fused_columns_avx512<Bits, 2, 4>(x + r * in, in, out, b, y + r * out, begin, end);
+    if (rows - r == 1) fused_columns_avx512<Bits, 1, 4>(x + r * in, in, out, b, y + r * out, begin, end);
+    return;
   }
   // several rows: four columns unpacked once into L1, then each row's products with the four
   std::vector<float> buffer(kCols * in + 16);
