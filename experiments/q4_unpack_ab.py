@@ -6,7 +6,8 @@ group), and with several rows unpacked into L1 first, as the product did before 
 row's products with them; one row still by lookup). All three give the same bits (checked here). The two other
 builds are the shipped source with one line changed, loaded under other op names; the three are timed on
 SmolLM2-135M's projection shapes over about 100 MB of codes (so none sits in a cache), in a rotated order each
-round (median of 9 rounds).
+round (median of 9 rounds). Then the 8-bit LM head over 1–8 rows, as shipped (registers up to 4 rows) and
+through L1.
 
     .venv/bin/python experiments/q4_unpack_ab.py [--rows 1,2,4,8,16,64]
 """
@@ -25,9 +26,9 @@ from specviz.kernels import extension, quant
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}
 CSRC = Path(extension.__file__).with_name("csrc")
 LOOKUP = "      if constexpr (Bits == 4) lookup_avx512(b, o + c, g, w0, w1);\n      else unpack_avx512(b, o + c, g, w0, w1);"
-FUSED_ROWS = "constexpr int64_t kFusedRows = 64;"
+FUSED_ROWS = "constexpr int64_t kFusedRows = 64;  // AVX-512, 4-bit: up to this many rows unpack in registers, four at a time\nconstexpr int64_t kFusedRows8 = 4;"
 CHANGES = {"specviz_conversion": (LOOKUP, "      unpack_avx512(b, o + c, g, w0, w1);"),
-           "specviz_l1": (FUSED_ROWS, "constexpr int64_t kFusedRows = 1;")}
+           "specviz_l1": (FUSED_ROWS, "constexpr int64_t kFusedRows = 1;\nconstexpr int64_t kFusedRows8 = 1;")}
 
 
 def variant(name: str, shipped: str, folder: Path) -> None:
@@ -89,6 +90,30 @@ def main(argv) -> int:
             ms = {name: statistics.median(t) for name, t in times.items()}
             print(f"| {shape} {out}×{inp} | {rows} | {ms['shipped']:.3f} | {ms['conversion']:.3f} | {ms['rows via L1']:.3f} | "
                   f"{ms['conversion'] / ms['shipped']:.2f}× | {ms['rows via L1'] / ms['shipped']:.2f}× |", flush=True)
+    # the 8-bit LM head (SmolLM2's tied Q8_0 embedding): registers for up to 4 rows, L1 beyond, against L1 always
+    q8 = {"shipped": torch.ops.specviz.q8_linear, "rows via L1": torch.ops.specviz_l1.q8_linear}
+    out, inp = 49152, 576
+    heads = [(torch.randint(-127, 128, (out, inp), generator=generator, dtype=torch.int8),
+              (torch.rand(out, inp // 32, generator=generator) * 0.01).half().float()) for _ in range(3)]
+    print("\n| 8-bit LM head | rows | shipped ms | rows via L1 ms | shipped vs rows via L1 |")
+    print("|---|---|---|---|---|")
+    for rows in (1, 2, 3, 4, 8):
+        x = torch.randn(rows, inp, generator=generator)
+        assert torch.equal(q8["shipped"](x, *heads[0], None, -1), q8["rows via L1"](x, *heads[0], None, -1)), "bits differ"
+
+        def run8(op, x=x):
+            started = time.perf_counter()
+            for codes, scales in heads:
+                op(x, codes, scales, None, -1)
+            return (time.perf_counter() - started) / len(heads) * 1e3
+
+        times = {name: [] for name in q8}
+        for round_ in range(10):
+            for name in (list(q8) if round_ % 2 else list(q8)[::-1]):
+                times[name].append(run8(q8[name]))
+        ms = {name: statistics.median(t) for name, t in times.items()}
+        print(f"| {out}×{inp} | {rows} | {ms['shipped']:.2f} | {ms['rows via L1']:.2f} | "
+              f"{ms['rows via L1'] / ms['shipped']:.2f}× |", flush=True)
     return 0
 
 

@@ -47,6 +47,7 @@ constexpr int64_t kLanes = 32;  // partial sums of every dot product: one per po
 constexpr int64_t kCols = 4;    // columns unpacked together where several rows share them
 constexpr int64_t kAhead = 32;  // one-row products prefetch the codes of the column this many ahead
 constexpr int64_t kFusedRows = 64;  // AVX-512, 4-bit: up to this many rows unpack in registers, four at a time
+constexpr int64_t kFusedRows8 = 4;  // the same for 8-bit weights, whose unpacking costs more than the lookup
 
 enum Path : int64_t { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
 
@@ -306,11 +307,11 @@ __attribute__((target("avx512f"))) inline void dots_avx512(const float* w, const
 template <int Bits>
 __attribute__((target("avx512f"))) void columns_avx512(const float* x, int64_t rows, int64_t in, int64_t out,
                                                        const Blocks<Bits>& b, float* y, int64_t begin, int64_t end) {
-  // Up to kFusedRows rows of 4-bit weights, or 4 of 8-bit ones (whose unpacking costs more than the lookup):
+  // Up to kFusedRows rows of 4-bit weights, or kFusedRows8 of 8-bit ones:
   // unpacked in registers, four rows at a time (2 R C accumulators and 2 R rows of x in the 32 registers); more
   // rows: unpacked into L1 once for all of them.
   if (rows == 1) return fused_columns_avx512<Bits, 1, 4>(x, in, out, b, y, begin, end);
-  if (rows <= (Bits == 4 ? kFusedRows : 4)) {
+  if (rows <= (Bits == 4 ? kFusedRows : kFusedRows8)) {
     int64_t r = 0;
     for (; r + 4 <= rows; r += 4) fused_columns_avx512<Bits, 4, 2>(x + r * in, in, out, b, y + r * out, begin, end);
     if (rows - r == 3) fused_columns_avx512<Bits, 3, 2>(x + r * in, in, out, b, y + r * out, begin, end);
