@@ -96,6 +96,20 @@ def test_greedy_tree_output_equals_target_alone(cheat):
         assert evs[-1].stats["tau"] > 3
 
 
+@pytest.mark.parametrize("n_top", [0, 1, 5])
+def test_the_greedy_token_is_the_argmax_also_where_the_top_probabilities_tie(n_top, monkeypatch):
+    """The verdict reads the argmax off its top-n where the first entry is strictly the largest; a tie (or no
+    top-n) falls back to argmax, whose first index wins, whatever order topk put the tied tokens in."""
+    generator = torch.Generator().manual_seed(0)
+    p = torch.softmax(torch.randn(1, 50, generator=generator), -1)
+    verdict = verify_module.verify(DraftTree(), p, True, generator, n_top)
+    assert verdict.token == int(p[0].argmax()) and len(verdict.final_dist_top) == n_top and verdict.kind == "bonus"
+    p[0, [7, 31]] = p[0].max() * 2  # two equal maxima: argmax takes 7
+    top = verify_module.top_n(p[0], n_top)
+    monkeypatch.setattr(verify_module, "top_n", lambda probs, n: sorted(top, key=lambda e: (-e[1], -e[0])))
+    assert verify_module.verify(DraftTree(), p, True, generator, n_top).token == 7 == int(p[0].argmax())
+
+
 def tiny_heads(target):
     torch.manual_seed(0)
     eagle = EagleHead(target.config).eval()

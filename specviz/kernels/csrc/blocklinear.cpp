@@ -238,7 +238,8 @@ __attribute__((target("avx512f"))) inline void unpack_avx512(const Blocks<Bits>&
 // multiply-add, the same rounding as unpack_avx512's d q + m) in one register, indexed by the nibbles (vpermps reads
 // the low 4 bits of each index, so the low nibbles need no mask). One multiply-add and three shuffles where
 // unpack_avx512 spends two conversions and two multiply-adds: faster where the weights go straight into products
-// (one row), slower where they are stored for several rows (measured: experiments/q4_unpack_ab.py).
+// from registers (fused_avx512), slower where they are stored to L1 for many rows, which keeps the conversion
+// (measured: experiments/q4_unpack_ab.py).
 __attribute__((target("avx512f"))) inline void lookup_avx512(const Blocks<4>& b, int64_t column, int64_t g, __m512& w0, __m512& w1) {
   const __m512 j = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512 table = _mm512_fmadd_ps(_mm512_set1_ps(b.scales[b.index(column, g)]), j,
