@@ -259,8 +259,10 @@ class _Run:
             for t in verdict.tests
         ]
         rows = [-1] + verdict.path
-        # At temperature 0 the verdict's final distribution is p after the last accepted row: its top is reused.
-        last_top = verdict.final_dist_top if self.settings.sampling.greedy else None
+        tops = [top_n(p[r + 1], n_top) for r in rows[:-1]]
+        # at temperature 0 the verdict's final distribution is p after the last accepted row: its top-n is reused
+        greedy_top = verdict.final_dist_top if self.settings.sampling.greedy else None
+        tops.append(greedy_top if greedy_top is not None else top_n(p[rows[-1] + 1], n_top))
         now = time.perf_counter()
         elapsed = now - started
         return ev.Step(
@@ -268,8 +270,7 @@ class _Run:
             position=past_len,
             nodes=nodes,
             build=[self._annotate(stage) for stage in tree.build],
-            target=[ev.TargetRow(node=r, p_top=text.top(last_top if r == rows[-1] and last_top is not None
-                                                          else top_n(p[r + 1], n_top))) for r in rows],
+            target=[ev.TargetRow(node=r, p_top=text.top(top)) for r, top in zip(rows, tops)],
             tests=tests,
             accepted_path=verdict.path,
             final={

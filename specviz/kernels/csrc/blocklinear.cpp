@@ -237,9 +237,8 @@ __attribute__((target("avx512f"))) inline void unpack_avx512(const Blocks<Bits>&
 // The same 32 weights of a Q4_1 group by table lookup: the group's 16 possible values d j + m (j = 0..15, one
 // multiply-add, the same rounding as unpack_avx512's d q + m) in one register, indexed by the nibbles (vpermps reads
 // the low 4 bits of each index, so the low nibbles need no mask). One multiply-add and three shuffles where
-// unpack_avx512 spends two conversions and two multiply-adds: faster where the weights go straight into products
-// from registers (fused_avx512), slower where they are stored to L1 for many rows, which keeps the conversion
-// (measured: experiments/q4_unpack_ab.py).
+// unpack_avx512 spends two conversions and two multiply-adds (measured against it in fused_avx512:
+// experiments/q4_unpack_ab.py). The L1 path for many rows keeps the conversion.
 __attribute__((target("avx512f"))) inline void lookup_avx512(const Blocks<4>& b, int64_t column, int64_t g, __m512& w0, __m512& w1) {
   const __m512 j = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512 table = _mm512_fmadd_ps(_mm512_set1_ps(b.scales[b.index(column, g)]), j,
@@ -308,10 +307,9 @@ __attribute__((target("avx512f"))) inline void dots_avx512(const float* w, const
 template <int Bits>
 __attribute__((target("avx512f"))) void columns_avx512(const float* x, int64_t rows, int64_t in, int64_t out,
                                                        const Blocks<Bits>& b, float* y, int64_t begin, int64_t end) {
-  // Up to kFusedRows rows of 4-bit weights, or kFusedRows8 of 8-bit ones:
-  // unpacked in registers, four rows at a time (2 R C accumulators and 2 R rows of x in the 32 registers); more
-  // rows: unpacked into L1 once for all of them.
-  if (rows == 1) return fused_columns_avx512<Bits, 1, 4>(x, in, out, b, y, begin, end);
+  // One row, or up to kFusedRows rows of 4-bit weights (kFusedRows8 of 8-bit ones): unpacked in registers, four
+  // rows at a time (2 R C accumulators and 2 R rows of x in the 32 registers); more rows: unpacked into L1 once for
+  // all of them.
   if (rows <= (Bits == 4 ? kFusedRows : kFusedRows8)) {
     int64_t r = 0;
     for (; r + 4 <= rows; r += 4) fused_columns_avx512<Bits, 4, 2>(x + r * in, in, out, b, y + r * out, begin, end);
