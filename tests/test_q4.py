@@ -12,6 +12,8 @@ from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 import specviz
 from specviz import drafters, models
 from specviz.decoding import engine
+from specviz.decoding import verify as verify_module
+from specviz.decoding.sampling import Sampling
 from specviz.decoding.target import Target
 from specviz.drafters import NoDraft
 from specviz.drafters.ngram import NgramDrafter
@@ -19,7 +21,9 @@ from specviz.errors import SpecvizError
 from specviz.kernels import fastdecoder, quant
 from specviz.models import quantized
 
+from stats import chi_square_p_value, exact_two_tokens, sampled_two_tokens
 from tiny import TinyTokenizer, decode_settings, tiny_llama
+from tree_drafters import TopBTree
 
 needs_op = pytest.mark.skipif(not quant.available(), reason="specviz's C++ ops are not built here")
 PATHS = [pytest.param(path, marks=pytest.mark.skipif(not quant.path_runs(path), reason=f"this CPU cannot run the {path} path"))
@@ -222,10 +226,10 @@ def test_unpermuted_rows_are_transformers_reverse_permutation():
         assert np.array_equal(rows[quantized.unpermuted_rows(48, heads).numpy()], expected)
 
 
-def tiny_pair(hidden=64):
-    """(fp32 model, the same model with Q4Linear projections): a tiny Llama whose projections were quantized by
-    gguf's Q4_1 quantizer, the fp32 one holding exactly the dequantized values."""
-    model = tiny_llama(hidden=hidden, layers=2, seed=0)
+def tiny_pair(hidden=64, **options):
+    """(fp32 model, the same model with Q4Linear projections): a tiny Llama (tiny_llama's `options`) whose
+    projections were quantized by gguf's Q4_1 quantizer, the fp32 one holding exactly the dequantized values."""
+    model = tiny_llama(hidden=hidden, layers=2, seed=0, **options)
     tensors = {}
     with torch.no_grad():
         for index, layer in enumerate(model.model.layers):
@@ -347,6 +351,91 @@ def test_a_block_that_does_not_match_the_loaded_weight_is_refused():
     assert all(torch.equal(before[k], v) for k, v in fp32.state_dict().items())
 
 
+def test_quantizing_to_q4_1_recovers_a_q4_1_weights_codes_and_moves_any_weight_by_at_most_half_a_step():
+    codes, scales, mins = random_q4(40, 96, seed=11)
+    starts = torch.arange(0, 48, 16)  # the first byte of each group of 32 codes
+    codes[:, starts] &= 0xF0  # code 0 (the group's minimum) and code 15 (its maximum) in every group
+    codes[:, starts + 1] |= 0x0F
+    weight = quant.dequantize(codes, scales, mins)
+    got_codes, got_scales, got_mins = quant.quantize_q4_1(weight)
+    assert torch.equal(got_codes, codes) and torch.equal(got_mins, mins)
+    torch.testing.assert_close(got_scales, scales, rtol=1e-6, atol=0)
+
+    weight = torch.randn(40, 96, generator=torch.Generator().manual_seed(12))
+    weight[3, :32] = 0.25  # a constant group: no step, the value itself
+    got_codes, got_scales, got_mins = quant.quantize_q4_1(weight)
+    error = (quant.dequantize(got_codes, got_scales, got_mins) - weight).abs().reshape(40, 3, 32)
+    assert (error <= got_scales.unsqueeze(-1) / 2 * (1 + 1e-5) + 1e-7).all() and error[3, 0].max() == 0
+    assert got_scales[3, 0] == 0 and got_codes.dtype == torch.uint8 and got_codes.shape == (40, 48)
+    with pytest.raises(ValueError, match="groups of 32"):
+        quant.quantize_q4_1(torch.zeros(4, 40))
+
+
+def random_eagle_head(target_config, folder=None):
+    from specviz.models.heads import EagleHead
+
+    torch.manual_seed(0)
+    head = EagleHead(target_config).eval()
+    for parameter in head.parameters():
+        parameter.data.normal_(0, 0.3)
+    if folder is not None:
+        head.save(folder, {"target": "tiny"}, dtype=torch.float32)
+    return head
+
+
+@needs_op
+def test_beside_a_4_bit_target_an_eagle_head_runs_4_bit_products_in_the_layer_op(tmp_path, monkeypatch):
+    """load_trained gives a 4-bit target's EAGLE head Q4_1 products (its fc and layer), run as one layer-op call
+    with the Python loop's bits and transformers' forward's values; SPECVIZ_DRAFT_DTYPE keeps it unquantized."""
+    from transformers import DynamicCache
+
+    from specviz.models.device import DRAFT_DTYPE_ENV
+    from specviz.models.loading import load_trained
+
+    monkeypatch.delenv(DRAFT_DTYPE_ENV, raising=False)
+    _, q4, _ = tiny_pair()
+    random_eagle_head(q4.config, tmp_path / "head")
+    head = load_trained("eagle", tmp_path / "head", q4)
+    assert quant.is_quantized(head) and not any(type(m) is torch.nn.Linear for m in head.modules())
+    fast = fastdecoder.for_eagle(head)
+    assert fast.stack.layer_op and isinstance(fast.fc, quant.Q4Projection)
+    generator = torch.Generator().manual_seed(3)
+    features, embeds = torch.randn(5, 64, generator=generator), torch.randn(5, 64, generator=generator)
+    positions = torch.arange(5)[None]
+    results = {}
+    try:
+        for layer_op in (True, False):
+            fast.stack.layer_op = layer_op
+            cache = fast.new_cache()
+            results[layer_op] = torch.cat([fast(features[:3], embeds[:3], positions[:, :3], cache),
+                                           fast(features[3:], embeds[3:], positions[:, 3:], cache)])
+    finally:
+        fast.stack.layer_op = True
+    assert torch.equal(results[True], results[False])
+    with torch.inference_mode():
+        expected = head(features[None], embeds[None], positions, DynamicCache())[0]
+    torch.testing.assert_close(results[True], expected, rtol=1e-4, atol=1e-5)
+
+    monkeypatch.setenv(DRAFT_DTYPE_ENV, "float32")
+    assert not quant.is_quantized(load_trained("eagle", tmp_path / "head", q4))
+
+
+@needs_op
+def test_a_4_bit_eagle_head_beside_a_4_bit_target_keeps_the_greedy_output():
+    from specviz.drafters.eagle import EagleDrafter, TreeShape
+
+    _, q4, _ = tiny_pair(scale=3.0)
+    head = random_eagle_head(q4.config)
+    quant.quantize_linears(head)
+    prompt = [5, 6, 7, 8, 5, 6, 7, 9, 10, 5, 6]
+    settings = decode_settings(max_new_tokens=30)
+    alone = list(engine.decode(q4, TinyTokenizer(64), NoDraft(), prompt, settings))[-1].token_ids
+    drafter = EagleDrafter(head, q4, TreeShape(depth=3, top_k=3, total_tokens=8))
+    events = list(engine.decode(q4, TinyTokenizer(64), drafter, prompt, settings))
+    assert events[-1].token_ids == alone and len(alone) == 30
+    assert sum(len(e.nodes) for e in events[1:-1]) > 0  # it did draft
+
+
 def test_unknown_weights_are_a_clear_error():
     with pytest.raises(SpecvizError, match="unknown weights"):
         quantized.apply_weights(tiny_llama(), "int3", None)
@@ -377,3 +466,52 @@ def test_every_drafter_greedy_equals_none_with_q4_weights(smol_q4, drafter):
     alone = specviz.generate(REAL_PROMPT, models=smol_q4, drafter="none", max_new_tokens=48)
     drafted = specviz.generate(REAL_PROMPT, models=smol_q4, drafter=drafter, max_new_tokens=48)
     assert drafted.token_ids == alone.token_ids and len(alone.token_ids) > 0
+
+
+# ---- statistical losslessness with 4-bit weights --------------------------------------------------------------
+
+SAMPLINGS = [pytest.param(Sampling(1.0), id="T=1"), pytest.param(Sampling(0.7, top_p=0.8), id="T=0.7,top-p=0.8")]
+
+
+@pytest.fixture(scope="module")
+def small_q4():
+    """A vocabulary-8 target with 4-bit projections and an 8-bit LM head, and a random EAGLE head with 4-bit
+    products for it."""
+    _, target, _ = tiny_pair(vocab_size=8, scale=20.0, eos=None)
+    head = random_eagle_head(target.config)
+    quant.quantize_linears(head)
+    return target, head
+
+
+def sampled_p_value(small_q4, sampling, drafter):
+    from specviz.drafters.eagle import EagleDrafter, TreeShape
+
+    target, head = small_q4
+    make = {"ngram": lambda: NgramDrafter(2, max_ngram=1),
+            "eagle2": lambda: EagleDrafter(head, target, TreeShape(depth=2, top_k=2, total_tokens=4)),
+            "top-3 of p": lambda: TopBTree(target, b=3, depth=2)}[drafter]  # siblings the target itself ranks
+    counts = sampled_two_tokens(target, TinyTokenizer(8, eos=None), make, [1, 2, 3], sampling, 1500)
+    return chi_square_p_value(counts, exact_two_tokens(target, [1, 2, 3], sampling))
+
+
+@needs_op
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("sampling", SAMPLINGS)
+@pytest.mark.parametrize("drafter", ["ngram", "eagle2", "top-3 of p"])
+def test_sampling_with_4_bit_weights_matches_the_4_bit_target(small_q4, sampling, drafter):
+    """The first two tokens, 1500 seeded runs, against the exact distribution of the same 4-bit target."""
+    assert sampled_p_value(small_q4, sampling, drafter) > 1e-3
+
+
+@needs_op
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
+def test_the_4_bit_sampling_test_catches_an_unnormalised_residual(small_q4, monkeypatch):
+    def unnormalised(p, x, q_dist):
+        r = p.clone()
+        r[x] = 0.0
+        return r  # the next sibling is then accepted with too small a probability
+
+    monkeypatch.setattr(verify_module, "_residual", unnormalised)
+    assert sampled_p_value(small_q4, Sampling(1.0), "top-3 of p") < 1e-6

@@ -79,12 +79,16 @@ def machine_info(device: torch.device, dtype: torch.dtype, bandwidth: float, pac
 
 
 def draft_dtypes(models) -> dict[str, str]:
-    """The dtype each trained drafter runs in (specviz.models.draft_dtype; bf16 on CPUs with bf16 products)."""
+    """The dtype each trained drafter runs in (specviz.models.draft_dtype; bf16 on CPUs with bf16 products), and
+    whether its products are 4-bit (an EAGLE head beside a 4-bit target; specviz.models.loading.load_trained)."""
+    from specviz.kernels.quant import is_quantized
+
     out = {}
     for drafter, part in (("draft", "draft"), ("medusa", "medusa"), ("eagle2", "eagle"), ("eagle3", "eagle3")):
         module = getattr(models, part, None)
         if module is not None:
-            out[drafter] = str(next(module.parameters()).dtype).removeprefix("torch.")
+            dtype = str(next(module.parameters()).dtype).removeprefix("torch.")
+            out[drafter] = f"4-bit products (Q4_1), {dtype} activations" if is_quantized(module) else dtype
     return out
 
 

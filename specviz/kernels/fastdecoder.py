@@ -136,19 +136,21 @@ class _Layer:
         self.blocks = self._blocks()
 
     def _blocks(self) -> tuple | None:
-        """The arguments of the one-call layer op (csrc/q4layer.cpp) where every projection is 4-bit and fused, both
-        norms exist with one epsilon, and only q/k/v has a bias; else None (the layer runs op by op)."""
+        """The arguments of the one-call layer op (csrc/q4layer.cpp) where every projection is 4-bit and fused, the
+        norms (the input one may be absent, as in an EAGLE head) share one epsilon, and only q/k/v has a bias; else
+        None (the layer runs op by op)."""
         products = (self.qkv, self.o_proj, self.gate_up, self.down_proj)
         if not (isinstance(self.qkv, quant.Q4Projection) and isinstance(self.gate_up, quant.Q4Projection)
                 and isinstance(self.o_proj, quant.Q4Linear) and isinstance(self.down_proj, quant.Q4Linear)):
             return None
-        if self.input_norm is None or self.gate_up.bias is not None or any(p.bias is not None for p in products[1::2]):
+        if self.gate_up.bias is not None or any(p.bias is not None for p in products[1::2]):
             return None
-        eps = self.input_norm.variance_epsilon
-        if self.post_attention_norm.variance_epsilon != eps:
+        eps = self.post_attention_norm.variance_epsilon
+        if self.input_norm is not None and self.input_norm.variance_epsilon != eps:
             return None
         blocks = [[p.codes, p.scales, p.mins] for p in products]
-        return (self.input_norm.weight, self.post_attention_norm.weight, eps, blocks[0], self.qkv.bias, *blocks[1:])
+        input_norm = None if self.input_norm is None else self.input_norm.weight
+        return (input_norm, self.post_attention_norm.weight, eps, blocks[0], self.qkv.bias, *blocks[1:])
 
 
 class _Layers:
@@ -352,8 +354,10 @@ class FastEagleHead:
     norm, no final norm), with its q/k/v and gate/up fused and an in-place KVCache."""
 
     def __init__(self, head):
-        self.fc = fastlinear.PackedProjection(head.fc.weight, head.fc.bias)
-        self.stack = _Layers(head.layers, head.config, head.rotary_emb, True, head.fc.weight.dtype, head.fc.weight.device)
+        fc = head.fc
+        self.fc = fc.projection() if isinstance(fc, quant.Q4Linear) else fastlinear.PackedProjection(fc.weight, fc.bias)
+        weight = next(head.parameters())  # an fp32 norm or bias where the products are 4-bit (Q4Linear keeps no weight)
+        self.stack = _Layers(head.layers, head.config, head.rotary_emb, True, weight.dtype, weight.device)
 
     def new_cache(self) -> KVCache:
         return self.stack.new_cache()

@@ -92,6 +92,23 @@ def dequantize(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) ->
     return (q * scales.unsqueeze(-1) + mins.unsqueeze(-1)).reshape(out, -1)
 
 
+def quantize_q4_1(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A float weight (out, in), in a multiple of 32, as Q4_1 groups in the layout the op reads: codes (out, in / 2)
+    uint8, scales and mins (out, in / 32) fp32. Per group of 32: m = its minimum, d = (maximum - m) / 15, and
+    q = round((w - m) / d) in 0..15 (llama.cpp's Q4_1 rule; d and m kept in fp32, not rounded to fp16), so each
+    weight moves by at most d / 2 (plus rounding)."""
+    out, inp = weight.shape
+    if inp % GROUP:
+        raise ValueError(f"Q4_1 needs the input size in whole groups of {GROUP}, got {inp}")
+    grouped = weight.detach().float().reshape(out, inp // GROUP, GROUP)
+    mins, maxs = grouped.amin(-1), grouped.amax(-1)
+    scales = (maxs - mins) / 15
+    inverse = torch.where(scales > 0, 1 / scales, torch.zeros_like(scales))
+    q = ((grouped - mins.unsqueeze(-1)) * inverse.unsqueeze(-1)).round().clamp(0, 15).to(torch.uint8)
+    codes = q[..., : GROUP // 2] | (q[..., GROUP // 2 :] << 4)  # byte j: code j low, code j + 16 high
+    return codes.reshape(out, inp // 2).contiguous(), scales.contiguous(), mins.contiguous()
+
+
 def q4_product(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
                bias: torch.Tensor | None = None, path: str = "auto") -> torch.Tensor:
     """x (..., in) fp32 → (..., out) = x · Wᵀ (+ bias) with W given by codes, scales and mins (call `available()`
@@ -117,6 +134,7 @@ class Q8Head:
         if codes.dtype != torch.int8 or codes.shape[1] != scales.shape[1] * GROUP:
             raise ValueError("Q8Head: codes (out, in) int8, scales (out, in / 32)")
         self.codes, self.scales = codes.contiguous(), scales.float().contiguous()
+
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != torch.float32 or x.device.type != "cpu":
@@ -177,6 +195,11 @@ class Q4Linear(nn.Module):
         """One 4-bit product for several modules reading the same input (the lean decoder's q/k/v, gate/up)."""
         return Q4Projection.stacked(*(m.projection() for m in modules))
 
+    @classmethod
+    def quantized(cls, linear: nn.Module) -> "Q4Linear":
+        """A linear layer's weight rounded to Q4_1 groups (quantize_q4_1), its bias kept."""
+        return cls(*quantize_q4_1(linear.weight), None if linear.bias is None else linear.bias.detach())
+
     def projection(self) -> Q4Projection:
         return Q4Projection(self.codes, self.scales, self.mins, None if self.bias is None else self.bias.detach())
 
@@ -191,3 +214,13 @@ class Q4Linear(nn.Module):
 
 def is_quantized(model: nn.Module) -> bool:
     return any(isinstance(m, Q4Linear) for m in model.modules())
+
+
+def quantize_linears(module: nn.Module) -> int:
+    """Swap every `nn.Linear` under `module` whose input size is whole Q4_1 groups for a Q4Linear of its weight
+    rounded to 4 bits (Q4Linear.quantized), in place; returns how many were swapped."""
+    swaps = [(parent, name, child) for parent in module.modules() for name, child in parent.named_children()
+             if type(child) is nn.Linear and child.in_features % GROUP == 0]
+    for parent, name, child in swaps:
+        setattr(parent, name, Q4Linear.quantized(child))
+    return len(swaps)

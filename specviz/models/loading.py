@@ -1,6 +1,7 @@
 """Loading a target, its draft and its trained heads onto a device, fetching preset weights on first use."""
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -8,11 +9,12 @@ from pathlib import Path
 import torch
 
 from specviz.errors import SpecvizError
-from specviz.kernels import fastlinear
+from specviz.kernels import fastlinear, quant
 from specviz.models import heads, wheels
 from specviz.models.cache import is_fetched, model_dir
 from specviz.models.compat import check_same_vocabulary, shared_vocab_size
 from specviz.models.device import (
+    DRAFT_DTYPE_ENV,
     as_dtype,
     cast_parameters,
     default_dtype,
@@ -145,8 +147,14 @@ def load_shipped(preset: Preset, target: torch.nn.Module, assets: Path = ASSETS)
 
 def load_trained(kind: str, folder: Path, target: torch.nn.Module) -> torch.nn.Module:
     """A trained drafter ("eagle" | "medusa" | "eagle3" | "draft") from its folder, frozen, on the target's device, in
-    draft_dtype."""
-    dtype = draft_dtype(target.dtype, target.device)
+    draft_dtype. Beside a 4-bit target (`weights="q4"`) an EAGLE head's products are 4-bit too (Q4_1 groups of its
+    weights, fp32 activations; specviz.kernels.quant.quantize_linears): its layer then runs as one call of the
+    same layer op, and drafting reads 0.75 bytes a weight instead of bf16's 2. A draft only proposes, so this can
+    change how many tokens are accepted, never the output (experiments/draft_dtype.py --weights q4 measures both).
+    SPECVIZ_DRAFT_DTYPE, where set, keeps the head unquantized in that dtype."""
+    four_bit = (kind == "eagle" and quant.is_quantized(target) and quant.available()
+                and not os.environ.get(DRAFT_DTYPE_ENV))
+    dtype = torch.float32 if four_bit else draft_dtype(target.dtype, target.device)
     loaders = {
         "eagle": lambda: heads.EagleHead.load(folder, target.config),
         "medusa": lambda: heads.MedusaHeads.load(folder, target.config),
@@ -154,4 +162,6 @@ def load_trained(kind: str, folder: Path, target: torch.nn.Module) -> torch.nn.M
         "draft": lambda: heads.build_draft_model(target, folder, dtype),
     }
     module = cast_parameters(loaders[kind]().to(device=target.device), dtype)
+    if four_bit:
+        quant.quantize_linears(module)
     return module.eval().requires_grad_(False)

@@ -4,7 +4,8 @@
 //
 // q4_layer(x, input_norm, post_norm, eps, qkv, qkv_bias, o, gate_up, down, cos, sin, keys, values, past, mask,
 //          scaling, heads, kv_heads) for T new tokens:
-//   x (T, H) fp32, the layer's input; input_norm, post_norm (H,) fp32 RMSNorm weights with epsilon eps;
+//   x (T, H) fp32, the layer's input; input_norm, post_norm (H,) fp32 RMSNorm weights with epsilon eps (input_norm
+//     none for a layer without one: an EAGLE head's only layer reads its fused input as it is);
 //   qkv, o, gate_up, down: each [nibbles, scales, mins] as q4_linear takes them (qkv the fused q/k/v rows, gate_up
 //     the fused gate/up rows); qkv_bias: the fused q/k/v bias (Qwen2) or none;
 //   cos, sin, keys, values, past, mask, scaling, heads, kv_heads: as attend takes them;
@@ -79,7 +80,7 @@ at::Tensor silu_mul(const at::Tensor& gate_up, int64_t intermediate) {
   return act;
 }
 
-at::Tensor q4_layer(const at::Tensor& x, const at::Tensor& input_norm, const at::Tensor& post_norm, double eps,
+at::Tensor q4_layer(const at::Tensor& x, const c10::optional<at::Tensor>& input_norm, const at::Tensor& post_norm, double eps,
                     at::TensorList qkv, const c10::optional<at::Tensor>& qkv_bias, at::TensorList o,
                     at::TensorList gate_up, at::TensorList down, const at::Tensor& cos, const at::Tensor& sin,
                     at::Tensor keys, at::Tensor values, int64_t past, const c10::optional<at::Tensor>& mask,
@@ -91,7 +92,7 @@ at::Tensor q4_layer(const at::Tensor& x, const at::Tensor& input_norm, const at:
   check_blocks("down", down);
   const int64_t intermediate = gate_up[0].size(0) / 2;
   const c10::optional<at::Tensor> none;
-  const at::Tensor fused = product(rms_norm(x, input_norm, eps), qkv, qkv_bias);
+  const at::Tensor fused = product(input_norm.has_value() ? rms_norm(x, *input_norm, eps) : x, qkv, qkv_bias);
   const at::Tensor attended = specviz::attend(fused, cos, sin, keys, values, past, mask, scaling, heads, kv_heads);
   at::Tensor h = product(attended, o, none);
   add_into(h, x);
@@ -103,7 +104,7 @@ at::Tensor q4_layer(const at::Tensor& x, const at::Tensor& input_norm, const at:
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(specviz, m) {
-  m.def("q4_layer(Tensor x, Tensor input_norm, Tensor post_norm, float eps, Tensor[] qkv, Tensor? qkv_bias, "
+  m.def("q4_layer(Tensor x, Tensor? input_norm, Tensor post_norm, float eps, Tensor[] qkv, Tensor? qkv_bias, "
         "Tensor[] o, Tensor[] gate_up, Tensor[] down, Tensor cos, Tensor sin, Tensor(a!) keys, Tensor(b!) values, "
         "int past, Tensor? mask, float scaling, int heads, int kv_heads) -> Tensor");
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
