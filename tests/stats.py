@@ -49,3 +49,11 @@ def chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor, min_expected: 
 
 def total_variation(counts: torch.Tensor, probs: torch.Tensor) -> float:
     return 0.5 * float((counts / counts.sum() - probs).abs().sum())
+
+
+def unnormalised_residual(p: torch.Tensor, x: int, q_dist) -> torch.Tensor:
+    """A planted bug for verify's `_residual`: the rejected token's mass removed but not renormalised, so the next
+    sibling is accepted with too small a probability."""
+    r = p.clone()
+    r[x] = 0.0
+    return r

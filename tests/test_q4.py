@@ -21,7 +21,7 @@ from specviz.errors import SpecvizError
 from specviz.kernels import fastdecoder, quant
 from specviz.models import quantized
 
-from stats import chi_square_p_value, exact_two_tokens, sampled_two_tokens
+from stats import chi_square_p_value, exact_two_tokens, sampled_two_tokens, unnormalised_residual
 from tiny import TinyTokenizer, decode_settings, tiny_llama
 from tree_drafters import TopBTree
 
@@ -508,10 +508,5 @@ def test_sampling_with_4_bit_weights_matches_the_4_bit_target(small_q4, sampling
 @pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
 def test_the_4_bit_sampling_test_catches_an_unnormalised_residual(small_q4, monkeypatch):
-    def unnormalised(p, x, q_dist):
-        r = p.clone()
-        r[x] = 0.0
-        return r  # the next sibling is then accepted with too small a probability
-
-    monkeypatch.setattr(verify_module, "_residual", unnormalised)
+    monkeypatch.setattr(verify_module, "_residual", unnormalised_residual)
     assert sampled_p_value(small_q4, Sampling(1.0), "top-3 of p") < 1e-6

@@ -13,7 +13,7 @@ from specviz.errors import SpecvizError
 from specviz.kernels.kvcache import keep_cache_entries
 from specviz.models.heads import EagleHead, MedusaHeads
 
-from stats import chi_square_p_value, exact_two_tokens, sampled_two_tokens
+from stats import chi_square_p_value, exact_two_tokens, sampled_two_tokens, unnormalised_residual
 from tiny import TinyTokenizer, decode_settings, hf_greedy, tiny_llama
 from tree_drafters import TopBTree
 
@@ -337,12 +337,7 @@ def test_tree_sampling_matches_the_target(small, sampling, draft):
 
 
 def test_tree_test_catches_an_unnormalised_residual(small, monkeypatch):
-    def unnormalised(p, x, q_dist):
-        r = p.clone()
-        r[x] = 0.0
-        return r  # the next sibling is then accepted with too small a probability
-
-    monkeypatch.setattr(verify_module, "_residual", unnormalised)
+    monkeypatch.setattr(verify_module, "_residual", unnormalised_residual)
     assert tree_p_value(small, Sampling(1.0), b=3, draft="target") < 1e-6
 
 
