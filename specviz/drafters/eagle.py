@@ -27,10 +27,9 @@ from specviz.drafters.base import (
 from specviz.drafters.ngram import lookup
 from specviz.drafters.options import default_draft_vocab, draft_vocabulary
 from specviz.errors import SpecvizError
-from specviz.kernels import fastdecoder, quant
+from specviz.kernels import fastdecoder
 from specviz.kernels.fastlinear import rows_projection
 from specviz.kernels.kvcache import crop_cache, new_cache
-from specviz.models.device import draft_dtype
 
 
 @dataclass(frozen=True)
@@ -85,6 +84,7 @@ class EagleDrafter(Drafter):
         self.device, self.dtype = weight.device, weight.dtype
         self.shape = shape
         self.verify_cost = verify_cost
+        self.project_dtype = self.dtype  # what `project` takes (_attach may choose another)
         self._attach(target)
         self.committed = 0  # head-cache entries that belong to committed tokens
         self.pending: tuple[torch.Tensor, list[int]] | None = None  # features and tokens not yet fed
@@ -102,11 +102,11 @@ class EagleDrafter(Drafter):
     def _attach(self, target) -> None:
         """The head's drafting pieces: `project`, hidden (P, H) -> logits over the draft vocabulary (P, Vd), the
         drafting hot spot; and the head's cache (the lean layer's, else transformers')."""
-        # A 4-bit head's projection stays in draft_dtype (bf16 where the CPU multiplies it): over a few thousand
-        # tokens the weights sit in cache and the 8-bit op's unpacking, not the bytes, would set its speed
-        # (4 rows of a 4096-token vocabulary: 0.31 ms in 8 bits against 0.10 in bf16 on a 2-core AVX-512 EPYC)
-        four_bit = quant.is_quantized(self.head)
-        self.project_dtype = draft_dtype(self.dtype, self.device) if four_bit else self.dtype
+        # A 4-bit head's projection stays in draft_dtype (`projection_dtype`, set where it was loaded; bf16 where the
+        # CPU multiplies it): over a few thousand tokens the weights sit in cache and the 8-bit op's unpacking, not
+        # the bytes, would set its speed (4 rows of a 4096-token vocabulary: 0.31 ms in 8 bits against 0.10 in bf16
+        # on a 2-core AVX-512 EPYC)
+        self.project_dtype = getattr(self.head, "projection_dtype", self.dtype)
         self.project = rows_projection(target.get_output_embeddings().weight, self.vocab, self.project_dtype)
         self.fast = fastdecoder.for_eagle(self.head)  # None: the head's own (transformers) layer
         self.cache = new_cache(self.fast, self.head.config)

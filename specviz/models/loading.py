@@ -164,4 +164,5 @@ def load_trained(kind: str, folder: Path, target: torch.nn.Module) -> torch.nn.M
     module = cast_parameters(loaders[kind]().to(device=target.device), dtype)
     if four_bit:
         quant.quantize_linears(module)
+        module.projection_dtype = draft_dtype(target.dtype, target.device)  # its draft-vocabulary projection's
     return module.eval().requires_grad_(False)
