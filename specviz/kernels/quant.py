@@ -135,7 +135,6 @@ class Q8Head:
             raise ValueError("Q8Head: codes (out, in) int8, scales (out, in / 32)")
         self.codes, self.scales = codes.contiguous(), scales.float().contiguous()
 
-
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != torch.float32 or x.device.type != "cpu":
             return F.linear(x, dequantize_q8(self.codes, self.scales).to(x))
