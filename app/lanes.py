@@ -274,7 +274,7 @@ _JS = r"""
   function stepTo(t) { playing = false; clock = Math.max(0, Math.min(end, t)); render(); }
   const eps = 1e-9;
   play.onclick = () => (playing ? pause() : start());
-  restart.onclick = () => { clock = 0; start(); };
+  restart.onclick = () => { clock = 0; render(); start(); };  // shown at 0 at once, not a frame later
   next.onclick = () => stepTo(times.find(t => t > clock + eps) ?? end);
   back.onclick = () => stepTo([...times].reverse().find(t => t < clock - eps) ?? 0);
   speedSel.onchange = () => { speed = parseFloat(speedSel.value); };
