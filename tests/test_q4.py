@@ -1,5 +1,5 @@
 """The 4-bit and 8-bit linear ops (specviz/kernels/csrc/blocklinear.cpp) against dequantize-then-matmul, their CPU
-paths, the Q4_1 and Q8_0 block parsers against `gguf`'s own dequantize, and a target whose projections stay 4-bit
+paths, the Q4_1, Q8_0, Q4_K and Q6_K block parsers against `gguf`'s own dequantize, and a target whose projections stay 4-bit
 and whose LM head stays 8-bit (specviz.models.quantized)."""
 import copy
 
@@ -71,11 +71,21 @@ def random_q8(out, inp, seed):
     return codes, (torch.rand(out, inp // 32, generator=generator) * 0.01).half().float()
 
 
+def random_q6(out, inp, seed):
+    """Codes and scales as parse_q6_k gives them from a Q6_K file: codes q - 32 in -32..31, one scale per 16 weights
+    (an fp16 d per 256 times an int8 sub-block scale)."""
+    generator = torch.Generator().manual_seed(seed)
+    codes = torch.randint(-32, 32, (out, inp), generator=generator, dtype=torch.int8)
+    d = (torch.rand(out, 1, generator=generator) * 0.001).half().float()
+    return codes, d * torch.randint(-128, 128, (out, inp // 16), generator=generator).float()
+
+
 @needs_op
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("out,inp", SHAPES)
-def test_the_8_bit_product_equals_dequantize_then_matmul(path, out, inp):
-    codes, scales = random_q8(out, inp, seed=out + inp)
+@pytest.mark.parametrize("blocks", [random_q8, random_q6], ids=["Q8_0", "Q6_K"])
+def test_the_8_bit_product_equals_dequantize_then_matmul(path, out, inp, blocks):
+    codes, scales = blocks(out, inp, seed=out + inp)
     weight = quant.dequantize_q8(codes, scales)
     x = torch.randn(max(ROWS), inp, generator=torch.Generator().manual_seed(1))
     for rows in ROWS:
@@ -98,9 +108,10 @@ def test_bias_and_leading_dimensions(path):
 def test_every_path_gives_the_same_bits_whatever_the_rows_and_threads():
     """The fixed summation order: one row alone, the same row among 16, on 1 or 2 threads, on every path this
     CPU runs: the same fp32 bits."""
-    q4, q8 = random_q4(1537, 576, seed=5), random_q8(1537, 576, seed=6)  # 1537: a column past the blocks of 4
+    q4, q8, q6 = random_q4(1537, 576, seed=5), random_q8(1537, 576, seed=6), random_q6(1537, 576, seed=9)  # 1537: a column past the blocks of 4
     products = {"q4": lambda x, path: quant.q4_product(x, *q4, path=path),
-                "q8": lambda x, path: quant.q8_product(x, *q8, path=path)}
+                "q8": lambda x, path: quant.q8_product(x, *q8, path=path),
+                "q6": lambda x, path: quant.q8_product(x, *q6, path=path)}
     x = torch.randn(16, 576, generator=torch.Generator().manual_seed(2))
     paths = [path for path in ("portable", "avx2", "avx512") if quant.path_runs(path)]
     threads = torch.get_num_threads()
@@ -152,6 +163,20 @@ def test_a_planted_bug_in_the_8_bit_product_is_caught(mutation):
 
 
 @needs_op
+@pytest.mark.parametrize("path", PATHS)
+def test_a_planted_bug_in_the_16_weight_scales_is_caught(path):
+    """With a scale per 16 weights, each half of a group must read its own: one scale for the whole group (the
+    8-bit op's Q8_0 reading) or the halves' scales swapped give products the comparison rejects."""
+    codes, scales = random_q6(576, 576, seed=10)
+    x = torch.randn(4, 576, generator=torch.Generator().manual_seed(4))
+    got = torch.cat([quant.q8_product(x[:1], codes, scales, path=path), quant.q8_product(x[1:], codes, scales, path=path)])
+    assert agrees(got, quant.dequantize_q8(codes, scales), x)
+    pairs = scales.reshape(576, -1, 2)
+    assert not agrees(got, quant.dequantize_q8(codes, pairs[..., 0].contiguous()), x)
+    assert not agrees(got, quant.dequantize_q8(codes, pairs.flip(-1).reshape(576, -1)), x)
+
+
+@needs_op
 def test_the_path_is_forced_by_the_environment(monkeypatch):
     monkeypatch.setenv("SPECVIZ_Q4_PATH", "portable")
     assert torch.ops.specviz.q4_path(-1) == 0
@@ -174,6 +199,8 @@ def test_bad_shapes_are_refused():
         torch.ops.specviz.q8_linear(torch.randn(1, 64), codes.view(torch.uint8), scales, None, -1)
     with pytest.raises(RuntimeError, match="q8_linear: scales"):
         torch.ops.specviz.q8_linear(torch.randn(1, 64), codes, scales[:, :1], None, -1)
+    with pytest.raises(RuntimeError, match="q8_linear: scales .* or \\(out, in / 16\\)"):
+        torch.ops.specviz.q8_linear(torch.randn(1, 64), codes, torch.ones(8, 8), None, -1)
 
 
 def q4_1_blocks(weight: torch.Tensor) -> np.ndarray:
@@ -194,6 +221,42 @@ def test_the_parser_reads_q8_0_blocks_as_gguf_dequantizes_them():
     codes, scales = quant.parse_q8_0(blocks)
     assert codes.dtype == torch.int8 and codes.shape == (24, 128) and scales.shape == (24, 4)
     assert torch.equal(quant.dequantize_q8(codes, scales), expected)
+
+
+def random_k_blocks(kind, rows: int, supers: int, seed: int, scale: float = 0.01) -> np.ndarray:
+    """Random raw blocks (every byte pattern is a valid block), their fp16 scales in [0, scale)."""
+    size, fields = {gguf.GGMLQuantizationType.Q4_K: (144, (0, 2)), gguf.GGMLQuantizationType.Q6_K: (210, (208,)),
+                    gguf.GGMLQuantizationType.Q5_0: (22, (0,))}[kind]
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, size=(rows, supers, size), dtype=np.uint8)
+    for at in fields:
+        raw[..., at : at + 2] = (rng.random((rows, supers, 1)) * scale).astype(np.float16).view(np.uint8)
+    return raw.reshape(rows, supers * size)
+
+
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q5_0"])
+def test_the_k_quant_and_q5_0_parsers_read_blocks_as_gguf_dequantizes_them(kind):
+    """Q4_K as Q4_1 groups, Q6_K as 8-bit codes with a scale per 16, Q5_0 as 8-bit codes with a scale per 32: the
+    same fp32 values, bit for bit (all 6-bit scales, minimums and high bits are exercised by random bytes)."""
+    kind = getattr(gguf.GGMLQuantizationType, kind)
+    blocks = 24 if kind == gguf.GGMLQuantizationType.Q5_0 else 3  # 768 weights a row either way
+    raw = random_k_blocks(kind, rows=5, supers=blocks, seed=0)
+    expected = torch.from_numpy(gguf.quants.dequantize(raw, kind).copy())
+    if kind == gguf.GGMLQuantizationType.Q4_K:
+        codes, scales, mins = quant.parse_q4_k(raw)
+        assert codes.shape == (5, 384) and scales.shape == mins.shape == (5, 24)
+        got = quant.dequantize(codes, scales, mins)
+    elif kind == gguf.GGMLQuantizationType.Q6_K:
+        codes, scales = quant.parse_q6_k(raw)
+        assert codes.dtype == torch.int8 and codes.shape == (5, 768) and scales.shape == (5, 48)
+        assert int(codes.min()) == -32 and int(codes.max()) == 31
+        got = quant.dequantize_q8(codes, scales)
+    else:
+        codes, scales = quant.parse_q5_0(raw)
+        assert codes.dtype == torch.int8 and codes.shape == (5, 768) and scales.shape == (5, 24)
+        assert int(codes.min()) == -16 and int(codes.max()) == 15
+        got = quant.dequantize_q8(codes, scales)
+    assert torch.equal(got, expected)
 
 
 def test_the_parser_reads_the_real_file_as_gguf_does():
@@ -254,6 +317,75 @@ def test_the_bench_counts_the_bytes_a_q4_step_streams():
     head = fp32.lm_head.weight.numel()
     saved += 4 * head - (head + head // 32 * 4)  # the 8-bit head: a byte a weight and an fp32 scale per 32
     assert streamed_weight_bytes(q4) == streamed_weight_bytes(fp32) - saved  # codes + fp32 scale and minimum
+
+
+K_FORMATS = {"q_proj": "Q4_K", "k_proj": "Q4_K", "v_proj": "Q6_K", "o_proj": "Q5_0", "gate_proj": "Q4_K",
+             "up_proj": "Q4_K", "down_proj": "Q6_K"}  # a Q4_K_M file's mix (its 0.5B's Q5_0 for o)
+
+
+def k_quant_qwen2():
+    """(fp32 Qwen2, the same with block linears): a tiny Qwen2 (biases on q, k, v) whose projections hold random
+    Q4_K, Q6_K and Q5_0 blocks as a Q4_K_M file mixes them (K_FORMATS; layer 1's down Q4_K), and whose LM head is
+    Q6_K; the fp32 twin holds exactly their dequantized values."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=64, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         tie_word_embeddings=False, eos_token_id=0, pad_token_id=0)
+    model = Qwen2ForCausalLM(config).eval().requires_grad_(False)
+    parse = {"Q4_K": quant.parse_q4_k, "Q6_K": quant.parse_q6_k, "Q5_0": quant.parse_q5_0}
+    tensors, seed = {}, 0
+    with torch.no_grad():
+        for index, layer in enumerate(model.model.layers):
+            for block, name in quantized.PROJECTIONS.values():
+                linear = getattr(getattr(layer, block), name)
+                kind = "Q4_K" if (index, name) == (1, "down_proj") else K_FORMATS[name]
+                out, inp = linear.weight.shape
+                blocks = inp // (32 if kind == "Q5_0" else 256)
+                seed += 1
+                parsed = parse[kind](random_k_blocks(getattr(gguf.GGMLQuantizationType, kind), out, blocks, seed, scale=2e-4))
+                linear.weight.copy_(quant.dequantize(*parsed) if len(parsed) == 3 else quant.dequantize_q8(*parsed))
+                tensors[(index, block, name)] = parsed
+        head = quant.parse_q6_k(random_k_blocks(gguf.GGMLQuantizationType.Q6_K, 64, 1, 99, scale=2e-3))
+        model.lm_head.weight.copy_(quant.dequantize_q8(*head))
+    blocked = copy.deepcopy(model)
+    assert quantized.replace_projections(blocked, tensors) == 14
+    assert quantized.attach_q8_head(blocked, head)
+    return model, blocked, tensors
+
+
+@needs_op
+def test_a_k_quant_target_computes_what_its_fp32_twin_does_and_decodes_losslessly():
+    """Q4_K as Q4_1 groups, Q6_K and Q5_0 as 8-bit codes, mixed within a layer (q, k 4-bit beside v 8-bit: their
+    products side by side), a Q6_K LM head: the logits of the fp32 twin to rounding, and a drafter's greedy output
+    equal to the target's alone."""
+    from specviz.bench.probes import streamed_weight_bytes
+
+    fp32, blocked, tensors = k_quant_qwen2()
+    fast = fastdecoder.for_model(blocked)
+    qkv = fast.stack.layers[0].qkv
+    assert isinstance(qkv, quant.Concatenated) and [type(p) for p in qkv.parts] == [quant.Q4Projection, quant.Q8Projection]
+    assert isinstance(fast.stack.layers[0].gate_up, quant.Q4Projection)
+    assert isinstance(blocked.model.layers[0].mlp.down_proj, quant.Q8Linear)
+    ids = torch.tensor([[3, 17, 9, 40, 2, 11]])
+    with torch.inference_mode():
+        expected = fp32(ids).logits[0]
+        target = Target(blocked)
+        assert target.head is quantized.q8_head(blocked)
+        _, logits = target.forward(ids[0].tolist(), target.new_cache())
+    assert expected.abs().max() > 1  # not a degenerate model: the logits spread
+    torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4)
+    # the bench's byte count: each projection's blocks instead of its fp32 weight, the Q6_K head instead of the fp32 one
+    blocks = sum(b.numel() * b.element_size() for parsed in tensors.values() for b in parsed)
+    weights = sum(parsed[0].numel() * (2 if len(parsed) == 3 else 1) for parsed in tensors.values())
+    head = 4 * fp32.lm_head.weight.numel() - quantized.q8_head(blocked).nbytes
+    assert streamed_weight_bytes(blocked) == streamed_weight_bytes(fp32) - 4 * weights + blocks - head
+    prompt = [5, 9, 5, 9, 5, 9, 12]
+    settings = decode_settings(max_new_tokens=24)
+    alone = list(engine.decode(blocked, TinyTokenizer(64), NoDraft(), prompt, settings))[-1].token_ids
+    drafted = list(engine.decode(blocked, TinyTokenizer(64), NgramDrafter(3), prompt, settings))[-1].token_ids
+    assert drafted == alone and len(alone) >= 8
 
 
 @needs_op

@@ -40,12 +40,13 @@ class BandwidthProbe:
 def streamed_weight_bytes(model) -> int:
     """Bytes of weights one decoding step must read: every parameter once (tied ones once), except the input
     embedding, of which a step reads one row, unless the LM head shares it (then the head reads all of it).
-    Projections kept 4-bit (specviz.kernels.quant.Q4Linear) count their codes, scales and minimums; an LM head
-    computed from Q8_0 blocks (specviz.models.quantized.q8_head) counts those instead of its fp32 weight."""
-    from specviz.kernels.quant import Q4Linear, q8_head
+    Projections kept in GGUF blocks (specviz.kernels.quant.Q4Linear, Q8Linear) count their codes, scales and
+    minimums; an LM head computed from 8-bit blocks (specviz.models.quantized.q8_head) counts those instead of its
+    fp32 weight."""
+    from specviz.kernels.quant import BLOCK_LINEARS, q8_head
 
     total = sum(p.numel() * p.element_size() for p in model.parameters())
-    total += sum(b.numel() * b.element_size() for m in model.modules() if isinstance(m, Q4Linear)
+    total += sum(b.numel() * b.element_size() for m in model.modules() if isinstance(m, BLOCK_LINEARS)
                  for b in m.buffers(recurse=False))
     embedding = model.get_input_embeddings().weight
     head = model.get_output_embeddings()
@@ -88,8 +89,20 @@ def draft_dtypes(models) -> dict[str, str]:
         module = getattr(models, part, None)
         if module is not None:
             dtype = str(next(module.parameters()).dtype).removeprefix("torch.")
-            out[drafter] = f"4-bit products (Q4_1), {dtype} activations" if is_quantized(module) else dtype
+            out[drafter] = f"{block_formats(module)}, {dtype} activations" if is_quantized(module) else dtype
     return out
+
+
+def block_formats(module) -> str:
+    """What a module's block linears hold: "4-bit products (Q4_1)", or with 8-bit ones beside them (a K-quant
+    file's Q6_K / Q5_0 projections) "4-bit products (Q4_1 groups) and 8-bit (N of M)"."""
+    from specviz.kernels.quant import Q4Linear, Q8Linear
+
+    four = sum(isinstance(m, Q4Linear) for m in module.modules())
+    eight = sum(isinstance(m, Q8Linear) for m in module.modules())
+    if not eight:
+        return "4-bit products (Q4_1)"
+    return f"4-bit products (Q4_1 groups) and 8-bit ({eight} of {four + eight})"
 
 
 def target_forward(model) -> str:

@@ -12,7 +12,7 @@ from specviz.decoding.verify import top_n
 from specviz.drafters.base import Drafter, DraftRequest, DraftTiming
 from specviz.drafters.options import construct, draft_vocabulary
 from specviz.errors import SpecvizError
-from specviz.kernels import fastdecoder
+from specviz.kernels import fastdecoder, quant
 from specviz.kernels.fastlinear import rows_projection
 from specviz.kernels.kvcache import crop_cache, new_cache
 from specviz.models.compat import logit_postprocessing
@@ -36,6 +36,7 @@ class DraftModelDrafter(Drafter):
         self.token_cost = DraftTiming()  # one draft forward of one token
         self.vocab_size = vocab_size  # score only the ids the target shares
         self.fast = fastdecoder.for_model(model)  # None: transformers' own forward
+        self.head = quant.q8_head(model) or model.get_output_embeddings()  # the GGUF's 8-bit head under --weights q4
         self.cache = new_cache(self.fast, model.config)
         self.cached: list[int] = []  # token ids whose keys/values are in self.cache
         self.vocab = None
@@ -96,7 +97,7 @@ class DraftModelDrafter(Drafter):
         if self.fast is not None:
             hidden = self.fast(ids, self.cache)[-1]
             if self.vocab is None:  # the fast path covers only models whose logits are lm_head(hidden)
-                return self.model.get_output_embeddings()(hidden)[: self.vocab_size]
+                return self.head(hidden)[: self.vocab_size]
         elif self.vocab is None:
             out = self.model(input_ids=ids[None], cache=self.cache, use_cache=True, logits_to_keep=1)
             return out.logits[0, -1, : self.vocab_size]

@@ -98,11 +98,11 @@ class KVCache:
 
 def _fused(*modules) -> fastlinear.PackedProjection:
     """One product for several linear modules that read the same input: weights (and biases) stacked in order.
-    Modules of a type with its own stacked product (`stacked`, as specviz.kernels.quant.Q4Linear keeps its weights
-    4-bit) give that instead of a concatenated fp32 copy."""
-    own = getattr(type(modules[0]), "stacked", None)
-    if own is not None and all(type(m) is type(modules[0]) for m in modules):
-        return own(*modules)
+    Block linears (specviz.kernels.quant.Q4Linear, Q8Linear: weights kept as GGUF blocks) give their own stacked
+    product (or products side by side where their formats differ) instead of a concatenated fp32 copy."""
+    blocks = quant.stacked_blocks(*modules)
+    if blocks is not None:
+        return blocks
     weights = [m.weight for m in modules]
     bias = fastlinear.stacked_bias([m.bias for m in modules], [w.shape[0] for w in weights], weights[0])
     return fastlinear.PackedProjection(torch.cat(weights).contiguous(), bias)

@@ -18,6 +18,14 @@ fp32 (the file's fp16, widened). Where the op is not built, `available()` is Fal
 Q8_0 (32 int8 codes q and an fp16 scale d per group, w = d q, exact in fp32) is read as codes (out, in) int8 and
 scales (out, in / 32) fp32: 1.125 bytes a weight against fp32's 4. For SmolLM2-135M's tied LM head (49152 × 576)
 that is 32 MB a step instead of 113 MB. The same op file computes it, with the same fixed summation order.
+
+The K-quant files (Qwen2.5's Q4_K_M) are read into the same two layouts, with the same values: a Q4_K super-block
+of 256 weights is 8 groups of 32 with a 6-bit scale and minimum each, w = (d sc) q − (dmin m), which is a Q4_1 group
+with scale d sc and minimum −dmin m (both exact in fp32); a Q6_K super-block is 16 sub-blocks of 16 weights with an
+int8 scale each, w = (d sc) (q − 32), read as 8-bit codes q − 32 with one scale per 16 weights (the 8-bit op's
+`(out, in / 16)` scales). Q6_K's 6.6 bits a weight become 8 codes bits and 2 scale bits: 1.25 bytes a weight.
+Q5_0 (the Qwen2.5-Coder-0.5B file's: 32 weights, an fp16 d, w = d (q − 16) for 5-bit q) is read as Q8_0 is, codes
+q − 16 and one scale per 32 weights.
 """
 
 from __future__ import annotations
@@ -32,6 +40,10 @@ from specviz.kernels import extension, fastlinear
 GROUP = 32  # weights per (scale, minimum) pair in Q4_1
 BLOCK_BYTES = 20  # one Q4_1 block: fp16 d, fp16 m, 16 bytes of codes
 Q8_BLOCK_BYTES = 34  # one Q8_0 block: fp16 d, 32 int8 codes
+Q5_0_BYTES = 22  # one Q5_0 block: fp16 d, 4 bytes of fifth bits, 16 bytes of low nibbles
+SUPER = 256  # weights per K-quant super-block
+Q4_K_BYTES = 144  # one Q4_K super-block: fp16 d, fp16 dmin, 12 bytes of 6-bit scales and minimums, 128 of codes
+Q6_K_BYTES = 210  # one Q6_K super-block: 128 bytes of low nibbles, 64 of high bit pairs, 16 int8 scales, fp16 d
 PATHS = {"auto": -1, "portable": 0, "avx2": 1, "avx512": 2}  # the op's `path` argument (SPECVIZ_Q4_PATH for auto)
 
 
@@ -78,10 +90,63 @@ def parse_q8_0(blocks: np.ndarray | torch.Tensor) -> tuple[torch.Tensor, torch.T
     return grouped[..., 2:].contiguous().view(torch.int8).reshape(grouped.shape[0], -1), _fp16_field(grouped, 0)
 
 
+def parse_q5_0(blocks: np.ndarray | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A GGUF Q5_0 tensor's raw bytes (out, in / 32 * 22) uint8 → codes (out, in) int8 (q − 16) and scales
+    (out, in / 32) fp32, Q8_0's layout: w = d code exactly (an fp16 d times a 5-bit integer)."""
+    grouped = _split_blocks(blocks, Q5_0_BYTES, "Q5_0")
+    out = grouped.shape[0]
+    nibbles = grouped[..., 6:].to(torch.int16)  # byte j: weight j low, weight j + 16 high
+    low = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1)  # (out, groups, 32)
+    fifth = grouped[..., 2:6].to(torch.int64)  # little-endian 32 bits: bit j is weight j's fifth bit
+    bits = (fifth[..., 0] | fifth[..., 1] << 8 | fifth[..., 2] << 16 | fifth[..., 3] << 24).unsqueeze(-1)
+    high = ((bits >> torch.arange(32)) & 1).to(torch.int16) << 4
+    codes = ((low | high) - 16).to(torch.int8).reshape(out, -1)
+    return codes.contiguous(), _fp16_field(grouped, 0)
+
+
+def parse_q4_k(blocks: np.ndarray | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A GGUF Q4_K tensor's raw bytes (out, in / 256 * 144) uint8 → Q4_1 groups as parse_q4_1 gives them: codes
+    (out, in / 2) uint8, scales and mins (out, in / 32) fp32, with w = scale q + min exactly Q4_K's value."""
+    grouped = _split_blocks(blocks, Q4_K_BYTES, "Q4_K")
+    out, supers = grouped.shape[:2]
+    d, dmin = _fp16_field(grouped, 0).reshape(out, supers, 1), _fp16_field(grouped, 2).reshape(out, supers, 1)
+    packed = grouped[..., 4:16].to(torch.int32)  # 8 six-bit scales and 8 six-bit minimums (llama.cpp's get_scale_min_k4)
+    low, high = packed[..., :4], packed[..., 4:8]  # bytes 0-3, 4-7
+    rest = packed[..., 8:12]  # bytes 8-11
+    sc = torch.cat([low & 63, (rest & 0x0F) | ((low >> 6) << 4)], dim=-1)  # (out, supers, 8)
+    mn = torch.cat([high & 63, (rest >> 4) | ((high >> 6) << 4)], dim=-1)
+    scales = (d * sc.float()).reshape(out, -1)  # an fp16 times a 6-bit integer: exact in fp32
+    mins = (-(dmin * mn.float())).reshape(out, -1)
+    # codes: 4 runs of 32 bytes per super-block; run j holds group 2j in its low nibbles, group 2j + 1 in its high
+    runs = grouped[..., 16:].reshape(out, supers, 4, 32)
+    q = torch.stack([runs & 0x0F, runs >> 4], dim=3).reshape(out, supers * 8, 32)  # (out, groups, 32), in order
+    codes = q[..., :16] | (q[..., 16:] << 4)  # Q4_1's order: byte j holds weight j low, weight j + 16 high
+    return codes.reshape(out, -1).contiguous(), scales.contiguous(), mins.contiguous()
+
+
+def parse_q6_k(blocks: np.ndarray | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A GGUF Q6_K tensor's raw bytes (out, in / 256 * 210) uint8 → codes (out, in) int8 (q − 32) and scales
+    (out, in / 16) fp32 (d times each sub-block's int8 scale, exact), so that w = scale code is Q6_K's value."""
+    grouped = _split_blocks(blocks, Q6_K_BYTES, "Q6_K")
+    out, supers = grouped.shape[:2]
+    low = grouped[..., :128].reshape(out, supers, 2, 2, 32)  # (half, run of 32 bytes, byte)
+    high = grouped[..., 128:192].reshape(out, supers, 2, 1, 32)
+    # weight 128 h + 32 k + l (k = 0..3, l < 32): run k % 2's low (k < 2) or high nibble, high bits (k * 2)
+    nibbles = torch.cat([low & 0x0F, low >> 4], dim=3)  # (out, supers, 2, 4, 32): k = 0, 1 low; 2, 3 high
+    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).reshape(1, 1, 1, 4, 1)
+    q = nibbles.to(torch.int16) | (((high >> shifts) & 3).to(torch.int16) << 4)
+    codes = (q - 32).to(torch.int8).reshape(out, -1)
+    d = _fp16_field(grouped, 208).reshape(out, supers, 1)
+    sub = grouped[..., 192:208].contiguous().view(torch.int8).float()  # (out, supers, 16)
+    return codes.contiguous(), (d * sub).reshape(out, -1).contiguous()
+
+
 def dequantize_q8(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """(out, in) fp32: w = d q per group (exact)."""
+    """(out, in) fp32: w = d q per group of 32, or per 16 where scales is (out, in / 16) (one rounding: exact for
+    Q8_0, Q6_K's own rounding for its values)."""
     out = codes.shape[0]
-    return (codes.reshape(out, -1, GROUP).float() * scales.unsqueeze(-1)).reshape(out, -1)
+    size = codes.shape[1] // scales.shape[1]
+    return (codes.reshape(out, -1, size).float() * scales.unsqueeze(-1)).reshape(out, -1)
 
 
 def dequantize(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
@@ -131,8 +196,7 @@ class Q8Head:
     model's own fp32 head, which the embedding shares, and is what the engine's target forward calls)."""
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor):
-        if codes.dtype != torch.int8 or codes.shape[1] != scales.shape[1] * GROUP:
-            raise ValueError("Q8Head: codes (out, in) int8, scales (out, in / 32)")
+        check_q8("Q8Head", codes, scales)
         self.codes, self.scales = codes.contiguous(), scales.float().contiguous()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -143,6 +207,11 @@ class Q8Head:
     @property
     def nbytes(self) -> int:
         return self.codes.numel() * self.codes.element_size() + self.scales.numel() * self.scales.element_size()
+
+
+def check_q8(name: str, codes: torch.Tensor, scales: torch.Tensor) -> None:
+    if codes.dtype != torch.int8 or codes.dim() != 2 or codes.shape[1] not in (scales.shape[1] * GROUP, scales.shape[1] * 16):
+        raise ValueError(f"{name}: codes (out, in) int8, scales (out, in / 32) or (out, in / 16)")
 
 
 HEAD_ATTRIBUTE = "specviz_q8_head"  # where a model keeps its Q8Head (specviz.models.quantized.attach_q8_head)
@@ -211,8 +280,95 @@ class Q4Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, weights=Q4_1"
 
 
+class Q8Projection:
+    """x ↦ x · Wᵀ (+ bias) for an 8-bit weight held as (codes, scales); `stacked` as Q4Projection's."""
+
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None):
+        self.codes, self.scales, self.bias = codes, scales, bias
+
+    @classmethod
+    def stacked(cls, *parts) -> "Q8Projection":
+        bias = fastlinear.stacked_bias([p.bias for p in parts], [p.codes.shape[0] for p in parts], parts[0].scales)
+        return cls(torch.cat([p.codes for p in parts]), torch.cat([p.scales for p in parts]), bias)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return q8_product(x, self.codes, self.scales, self.bias)
+
+
+class Q8Linear(nn.Module):
+    """A stand-in for a frozen `nn.Linear` (fp32, CPU) whose weight is kept as 8-bit codes and scales: Q8_0's
+    (a scale per 32 weights) or Q6_K's as parse_q6_k reads them (a scale per 16). `weight` dequantizes, as
+    Q4Linear's does."""
+
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None):
+        super().__init__()
+        check_q8("Q8Linear", codes, scales)
+        self.out_features, self.in_features = codes.shape
+        self.register_buffer("codes", codes.contiguous())
+        self.register_buffer("scales", scales.float().contiguous())
+        self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return dequantize_q8(self.codes, self.scales)
+
+    @classmethod
+    def stacked(cls, *modules: "Q8Linear"):
+        """One product where the modules share a scale layout; else their products side by side."""
+        if len({m.scales.shape[1] for m in modules}) > 1:
+            return Concatenated(*(m.projection() for m in modules))
+        return Q8Projection.stacked(*(m.projection() for m in modules))
+
+    def projection(self) -> Q8Projection:
+        return Q8Projection(self.codes, self.scales, None if self.bias is None else self.bias.detach())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.float32 or x.device.type != "cpu":
+            return F.linear(x, self.weight.to(x), None if self.bias is None else self.bias.to(x))
+        return q8_product(x, self.codes, self.scales, None if self.bias is None else self.bias.detach())
+
+    def extra_repr(self) -> str:
+        kind = "Q8_0" if self.scales.shape[1] * GROUP == self.in_features else "Q6_K as 8-bit codes"
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, weights={kind}"
+
+
+class Concatenated:
+    """Several block products of the same input, outputs side by side (q and k in 4 bits beside v in 8, as a Q4_K_M
+    file mixes them): what one stacked product gives where the formats agree."""
+
+    def __init__(self, *parts):
+        self.parts = parts
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([part(x) for part in self.parts], dim=-1)
+
+
+BLOCK_LINEARS = (Q4Linear, Q8Linear)
+
+
+def stacked_blocks(*modules: nn.Module):
+    """One product for block linears reading the same input (the lean decoder's q/k/v, gate/up): stacked where they
+    share a format, else each run of neighbours that do stacked and the runs side by side; None where any is not a
+    block linear."""
+    if not all(isinstance(m, BLOCK_LINEARS) for m in modules):
+        return None
+    runs = [[modules[0]]]
+    for module in modules[1:]:
+        if _layout(module) == _layout(runs[-1][-1]):
+            runs[-1].append(module)
+        else:
+            runs.append([module])
+    if len(runs) == 1:
+        return type(modules[0]).stacked(*modules)
+    return Concatenated(*(type(run[0]).stacked(*run) for run in runs))
+
+
+def _layout(module: nn.Module) -> tuple:
+    return type(module), module.scales.shape[1]
+
+
 def is_quantized(model: nn.Module) -> bool:
-    return any(isinstance(m, Q4Linear) for m in model.modules())
+    return any(isinstance(m, BLOCK_LINEARS) for m in model.modules())
 
 
 def quantize_linears(module: nn.Module) -> int:

