@@ -13,6 +13,8 @@ turn (the bench's prompts), and sums up.
 
     .venv/bin/python experiments/q4_weights_ab.py [--rounds 7] [--prompts 5] [--threads 2]
     .venv/bin/python experiments/q4_weights_ab.py --outputs-only --questions ../shared/data/mt_bench.jsonl --tokens 128
+    .venv/bin/python experiments/q4_weights_ab.py --model qwen2.5-coder --rounds 3 --questions ../shared/data/mt_bench.jsonl --limit 10 --tokens 128
+(`--model qwen2.5-coder`: its Q4_K_M file's blocks, 4-bit and 8-bit; part 1 keeps the embedded model's shapes.)
 """
 import argparse
 import json
@@ -153,17 +155,20 @@ def main(argv):
     ap.add_argument("--outputs-only", action="store_true", help="only the greedy outputs (part 4)")
     ap.add_argument("--questions", help="a JSONL of MT-bench questions (first turns) instead of the prompts file")
     ap.add_argument("--tokens", type=int, default=64, help="greedy tokens per prompt in part 4")
+    ap.add_argument("--model", default="smollm2-135m", help="a preset whose GGUF holds 4-bit blocks")
+    ap.add_argument("--limit", type=int, help="the first N questions only")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     assert quant.available(), "specviz's C++ ops are not built here"
-    loaded = {way: models.load("smollm2-135m", device="cpu", weights=way) for way in WAYS}
+    loaded = {way: models.load(args.model, device="cpu", weights=way) for way in WAYS}
     assert loaded["q4"].weights == "q4"
     targets = {way: Target(loaded[way].target) for way in WAYS}
     path = {0: "portable", 1: "AVX2", 2: "AVX-512"}[torch.ops.specviz.q4_path(-1)]
     prompts = [json.loads(line)["instruction"] for line in PROMPTS.read_text().splitlines()[: args.prompts]]
     if args.questions:
         prompts = [json.loads(line)["turns"][0] for line in Path(args.questions).read_text().splitlines() if line.strip()]
-    print(f"smollm2-135m, torch {torch.__version__}, {torch.get_num_threads()} threads, q4 path {path}; medians of "
+    prompts = prompts[: args.limit]
+    print(f"{args.model}, torch {torch.__version__}, {torch.get_num_threads()} threads, q4 path {path}; medians of "
           f"{args.rounds} alternated rounds after a warm-up (op alone: {4 * args.rounds}); each ratio from 3 separate "
           "runs: the median ratio, and the times of the run that gave it")
     if args.outputs_only:
