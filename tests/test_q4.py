@@ -276,6 +276,30 @@ def test_the_parser_reads_the_real_file_as_gguf_does():
     assert torch.equal(quant.dequantize_q8(*head), expected)
 
 
+@pytest.mark.parametrize("key,names", [
+    ("qwen2.5-coder-1.5b", ("blk.0.attn_q.weight", "blk.0.attn_v.weight", "blk.0.ffn_down.weight", "output.weight")),
+    ("qwen2.5-coder-0.5b", ("blk.0.attn_q.weight", "blk.0.attn_v.weight", "blk.1.ffn_down.weight", "output.weight")),
+])
+def test_the_parsers_read_the_qwen_files_as_gguf_does(key, names):
+    """The Q4_K_M files of the qwen2.5-coder pair (Q4_K, Q6_K, Q5_0, Q8_0 tensors), where they have been fetched."""
+    from specviz.models.presets import preset_model_files
+
+    path = quantized.gguf_path(preset_model_files()[key])
+    if not path.is_file():
+        pytest.skip(f"no GGUF in {path.parent} (`load('qwen2.5-coder', weights='q4')` fetches it)")
+    tensors = {t.name: t for t in gguf.GGUFReader(path).tensors}
+    parsers = {**quantized.four_bit_parsers(), **quantized.eight_bit_parsers()}
+    seen = set()
+    for name in names:
+        tensor = tensors[name]
+        parsed = parsers[tensor.tensor_type](tensor.data)
+        got = quant.dequantize(*parsed) if len(parsed) == 3 else quant.dequantize_q8(*parsed)
+        expected = torch.from_numpy(gguf.quants.dequantize(tensor.data, tensor.tensor_type).copy())
+        assert torch.equal(got, expected), name
+        seen.add(tensor.tensor_type.name)
+    assert len(seen) >= 2  # more than one format per file
+
+
 def quantized_model_file():
     from specviz.models.presets import SMOLLM2_135M
 
