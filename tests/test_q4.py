@@ -1,5 +1,5 @@
 """The 4-bit and 8-bit linear ops (specviz/kernels/csrc/blocklinear.cpp) against dequantize-then-matmul, their CPU
-paths, the Q4_1, Q8_0, Q4_K and Q6_K block parsers against `gguf`'s own dequantize, and a target whose projections stay 4-bit
+paths, the Q4_1, Q8_0, Q4_K, Q6_K and Q5_0 block parsers against `gguf`'s own dequantize, and a target whose projections stay 4-bit
 and whose LM head stays 8-bit (specviz.models.quantized)."""
 import copy
 

@@ -41,7 +41,6 @@ GROUP = 32  # weights per (scale, minimum) pair in Q4_1
 BLOCK_BYTES = 20  # one Q4_1 block: fp16 d, fp16 m, 16 bytes of codes
 Q8_BLOCK_BYTES = 34  # one Q8_0 block: fp16 d, 32 int8 codes
 Q5_0_BYTES = 22  # one Q5_0 block: fp16 d, 4 bytes of fifth bits, 16 bytes of low nibbles
-SUPER = 256  # weights per K-quant super-block
 Q4_K_BYTES = 144  # one Q4_K super-block: fp16 d, fp16 dmin, 12 bytes of 6-bit scales and minimums, 128 of codes
 Q6_K_BYTES = 210  # one Q6_K super-block: 128 bytes of low nibbles, 64 of high bit pairs, 16 int8 scales, fp16 d
 PATHS = {"auto": -1, "portable": 0, "avx2": 1, "avx512": 2}  # the op's `path` argument (SPECVIZ_Q4_PATH for auto)
@@ -313,10 +312,8 @@ class Q8Linear(nn.Module):
         return dequantize_q8(self.codes, self.scales)
 
     @classmethod
-    def stacked(cls, *modules: "Q8Linear"):
-        """One product where the modules share a scale layout; else their products side by side."""
-        if len({m.scales.shape[1] for m in modules}) > 1:
-            return Concatenated(*(m.projection() for m in modules))
+    def stacked(cls, *modules: "Q8Linear") -> Q8Projection:
+        """One 8-bit product for several modules of one scale layout reading the same input (stacked_blocks)."""
         return Q8Projection.stacked(*(m.projection() for m in modules))
 
     def projection(self) -> Q8Projection:
