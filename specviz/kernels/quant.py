@@ -221,17 +221,25 @@ def q8_head(model) -> Q8Head | None:
     return getattr(model, HEAD_ATTRIBUTE, None)
 
 
-class Q4Projection:
-    """x ↦ x · Wᵀ (+ bias) for a Q4_1 weight held as (codes, scales, mins); `stacked` makes one product of several
+class _Stackable:
+    """A block product whose tensors (`FIELDS`, one row per output) stack: `stacked` makes one product of several
     that read the same input (q, k, v; gate, up), their output rows in order."""
+
+    FIELDS: tuple[str, ...] = ()
+
+    @classmethod
+    def stacked(cls, *parts):
+        bias = fastlinear.stacked_bias([p.bias for p in parts], [p.codes.shape[0] for p in parts], parts[0].scales)
+        return cls(*(torch.cat([getattr(p, name) for p in parts]) for name in cls.FIELDS), bias)
+
+
+class Q4Projection(_Stackable):
+    """x ↦ x · Wᵀ (+ bias) for a Q4_1 weight held as (codes, scales, mins)."""
+
+    FIELDS = ("codes", "scales", "mins")
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, bias: torch.Tensor | None = None):
         self.codes, self.scales, self.mins, self.bias = codes, scales, mins, bias
-
-    @classmethod
-    def stacked(cls, *parts) -> "Q4Projection":
-        bias = fastlinear.stacked_bias([p.bias for p in parts], [p.codes.shape[0] for p in parts], parts[0].scales)
-        return cls(*(torch.cat([getattr(p, name) for p in parts]) for name in ("codes", "scales", "mins")), bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return q4_product(x, self.codes, self.scales, self.mins, self.bias)
@@ -279,16 +287,13 @@ class Q4Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, weights=Q4_1"
 
 
-class Q8Projection:
-    """x ↦ x · Wᵀ (+ bias) for an 8-bit weight held as (codes, scales); `stacked` as Q4Projection's."""
+class Q8Projection(_Stackable):
+    """x ↦ x · Wᵀ (+ bias) for an 8-bit weight held as (codes, scales), one scale layout."""
+
+    FIELDS = ("codes", "scales")
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None):
         self.codes, self.scales, self.bias = codes, scales, bias
-
-    @classmethod
-    def stacked(cls, *parts) -> "Q8Projection":
-        bias = fastlinear.stacked_bias([p.bias for p in parts], [p.codes.shape[0] for p in parts], parts[0].scales)
-        return cls(torch.cat([p.codes for p in parts]), torch.cat([p.scales for p in parts]), bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return q8_product(x, self.codes, self.scales, self.bias)

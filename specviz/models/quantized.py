@@ -104,7 +104,7 @@ def attach_q8_head(model, tensors: tuple[torch.Tensor, torch.Tensor] | None) -> 
 q8_head = quant.q8_head
 
 
-def q4_tensors(path: Path, config) -> dict[tuple[int, str, str], tuple[torch.Tensor, ...]]:
+def block_tensors(path: Path, config) -> dict[tuple[int, str, str], tuple[torch.Tensor, ...]]:
     """(layer, block, projection) → its blocks for every projection in the GGUF at `path` that stays in blocks:
     (codes, scales, mins) for a 4-bit one (Q4_1, Q4_K), (codes, scales) for an 8-bit one (Q8_0, Q6_K); rows in
     transformers' order (a Llama file's q and k un-permuted, as transformers does when it loads a GGUF)."""
@@ -138,7 +138,7 @@ def quantize_target(model, model_file: ModelFile) -> int:
     """Replace the target's projections by block linears from its GGUF (Q4Linear, Q8Linear), in place, and attach
     its 8-bit LM head where the file has one; returns how many projections were replaced."""
     path = fetch_gguf(model_file)
-    tensors = q4_tensors(path, model.config)
+    tensors = block_tensors(path, model.config)
     if not any(len(blocks) == 3 for blocks in tensors.values()):
         raise SpecvizError(f"{model_file.gguf_name} has no 4-bit projections: --weights q4 needs a Q4_1 or Q4_K GGUF")
     replaced = replace_projections(model, tensors)
@@ -147,7 +147,7 @@ def quantize_target(model, model_file: ModelFile) -> int:
 
 
 def replace_projections(model, tensors: dict) -> int:
-    """Swap each (layer, block, projection) of `tensors` (see q4_tensors) for a Q4Linear (three tensors) or a
+    """Swap each (layer, block, projection) of `tensors` (see block_tensors) for a Q4Linear (three tensors) or a
     Q8Linear (two), then prime the lean decoder. Refuses (SpecvizError, leaving the model as it was) where a block does not dequantize to the loaded
     weight bit for bit: then the GGUF and the cached model are not the same."""
     layers = model.get_decoder().layers
