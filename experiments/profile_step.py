@@ -14,8 +14,8 @@ from specviz import models
 from specviz.decoding.target import Target
 from specviz.kernels.kvcache import crop_cache
 
-LINEAR_OPS = ("mkldnn::_linear_pointwise", "aten::addmm", "aten::mm", "aten::linear", "specviz::q4_linear",
-              "specviz::q8_linear")
+LINEAR_OPS = ("mkldnn::_linear_pointwise", "aten::addmm", "aten::mm", "aten::linear", "specviz::q4_linear", "specviz::q4k_linear",
+              "specviz::q8_linear", "specviz::q6k_linear")
 
 
 def main(argv):

@@ -176,6 +176,96 @@ def test_a_planted_bug_in_the_16_weight_scales_is_caught(path):
     assert not agrees(got, quant.dequantize_q8(codes, pairs.flip(-1).reshape(576, -1)), x)
 
 
+def random_q4_k_levels(out, inp, seed):
+    """Q4_K's two levels as parse_q4_k_levels gives them: codes, d and −dmin (fp16 values) per 256 weights, 6-bit sc
+    and m per 32."""
+    generator = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 256, (out, inp // 2), generator=generator, dtype=torch.uint8)
+    d = (torch.rand(out, inp // 256, generator=generator) * 1e-3).half().float()
+    dmin = (-torch.rand(out, inp // 256, generator=generator) * 1e-3).half().float()
+    sc, m = (torch.randint(0, 64, (out, inp // 32), generator=generator, dtype=torch.uint8) for _ in range(2))
+    return codes, d, dmin, sc, m
+
+
+def random_q6_k_levels(out, inp, seed):
+    """Q6_K's two levels as parse_q6_k_levels gives them: codes q − 32, d (fp16 values) per 256, int8 sc per 16."""
+    generator = torch.Generator().manual_seed(seed)
+    codes = torch.randint(-32, 32, (out, inp), generator=generator, dtype=torch.int8)
+    d = (torch.rand(out, inp // 256, generator=generator) * 1e-3).half().float()
+    return codes, d, torch.randint(-128, 128, (out, inp // 16), generator=generator, dtype=torch.int8)
+
+
+TWO_LEVEL_SHAPES = [(1536, 1536), (300, 768), (33, 256), (4099, 256), (7, 512)]  # (out, in); in a multiple of 256
+
+
+@needs_op
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("out,inp", TWO_LEVEL_SHAPES)
+def test_the_two_level_products_give_the_widened_ones_bits(path, out, inp):
+    """q4k_linear and q6k_linear read the K-quant scales in their two levels and widen them as they go: the very
+    bits of q4_linear and q8_linear on the widened scales (widen_q4_k, widen_q6_k), for every row count, and so
+    dequantize-then-matmul to rounding."""
+    q4k, q6k = random_q4_k_levels(out, inp, seed=out), random_q6_k_levels(out, inp, seed=out + 1)
+    q4, q6 = quant.widen_q4_k(*q4k), quant.widen_q6_k(*q6k)
+    x = torch.randn(max(ROWS), inp, generator=torch.Generator().manual_seed(1))
+    bias = torch.randn(out)
+    for rows in ROWS:
+        got = quant.q4k_product(x[:rows], *q4k, bias, path=path)
+        assert torch.equal(got, quant.q4_product(x[:rows], *q4, bias, path=path)), rows
+        assert agrees(got, quant.dequantize(*q4), x[:rows], bias), rows
+        got = quant.q6k_product(x[:rows], *q6k, path=path)
+        assert torch.equal(got, quant.q8_product(x[:rows], *q6, path=path)), rows
+        assert agrees(got, quant.dequantize_q8(*q6), x[:rows]), rows
+
+
+@needs_op
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("mutation", ["the next super-block's d", "sc of the next group", "minimums' sign dropped",
+                                      "Q6_K's sc read unsigned", "Q6_K's halves swapped"])
+def test_a_planted_bug_in_the_two_level_scales_is_caught(path, mutation):
+    """Each group must read its own super-block's d and its own sub-scales, signed where Q6_K's are: any of these
+    slips gives products the comparison rejects."""
+    q4k, q6k = random_q4_k_levels(64, 768, seed=11), random_q6_k_levels(64, 768, seed=12)
+    x = torch.randn(4, 768, generator=torch.Generator().manual_seed(4))
+    codes, d, dmin, sc, m = q4k
+    got4 = quant.q4k_product(x, *q4k, path=path)
+    got6 = quant.q6k_product(x, *q6k, path=path)
+    assert agrees(got4, quant.dequantize(*quant.widen_q4_k(*q4k)), x)
+    assert agrees(got6, quant.dequantize_q8(*quant.widen_q6_k(*q6k)), x)
+    if mutation == "the next super-block's d":
+        wrong4 = quant.dequantize(*quant.widen_q4_k(codes, d.roll(-1, dims=1), dmin, sc, m))
+        assert not agrees(got4, wrong4, x)
+        assert not agrees(got6, quant.dequantize_q8(*quant.widen_q6_k(q6k[0], q6k[1].roll(-1, dims=1), q6k[2])), x)
+    elif mutation == "sc of the next group":
+        assert not agrees(got4, quant.dequantize(*quant.widen_q4_k(codes, d, dmin, sc.roll(-1, dims=1), m)), x)
+    elif mutation == "minimums' sign dropped":
+        assert not agrees(got4, quant.dequantize(*quant.widen_q4_k(codes, d, -dmin, sc, m)), x)
+    elif mutation == "Q6_K's sc read unsigned":
+        unsigned = q6k[1].repeat_interleave(16, 1) * q6k[2].view(torch.uint8).float()
+        assert not agrees(got6, quant.dequantize_q8(q6k[0], unsigned), x)
+    else:
+        _, scales = quant.widen_q6_k(*q6k)
+        assert not agrees(got6, quant.dequantize_q8(q6k[0], scales.reshape(64, -1, 2).flip(-1).reshape(64, -1)), x)
+
+
+@needs_op
+def test_bad_two_level_shapes_are_refused():
+    codes, d, dmin, sc, m = random_q4_k_levels(8, 512, seed=1)
+    with pytest.raises(RuntimeError, match="multiple of 256"):
+        torch.ops.specviz.q4k_linear(torch.randn(1, 288), codes[:, :144], d, dmin, sc, m, None, -1)
+    with pytest.raises(RuntimeError, match="q4k_linear: sc, m"):
+        torch.ops.specviz.q4k_linear(torch.randn(1, 512), codes, d, dmin, sc.view(torch.int8), m, None, -1)
+    with pytest.raises(RuntimeError, match="q4k_linear: d, dmin"):
+        torch.ops.specviz.q4k_linear(torch.randn(1, 512), codes, d[:, :1], dmin, sc, m, None, -1)
+    codes, d, sc = random_q6_k_levels(8, 512, seed=1)
+    with pytest.raises(RuntimeError, match="q6k_linear: sc"):
+        torch.ops.specviz.q6k_linear(torch.randn(1, 512), codes, d, sc.view(torch.uint8), None, -1)
+    with pytest.raises(ValueError, match="Q6KLinear"):
+        quant.Q6KLinear(codes, d, sc[:, :4])
+    with pytest.raises(ValueError, match="Q4KLinear"):
+        quant.Q4KLinear(*random_q4_k_levels(8, 512, seed=1)[:4], torch.zeros(8, 8, dtype=torch.int8))
+
+
 @needs_op
 def test_the_path_is_forced_by_the_environment(monkeypatch):
     monkeypatch.setenv("SPECVIZ_Q4_PATH", "portable")
@@ -242,6 +332,9 @@ def test_the_k_quant_and_q5_0_parsers_read_blocks_as_gguf_dequantizes_them(kind)
     blocks = 24 if kind == gguf.GGMLQuantizationType.Q5_0 else 3  # 768 weights a row either way
     raw = random_k_blocks(kind, rows=5, supers=blocks, seed=0)
     expected = torch.from_numpy(gguf.quants.dequantize(raw, kind).copy())
+    if kind != gguf.GGMLQuantizationType.Q5_0:  # the two-level reading gives the same values
+        levels = (quant.parse_q4_k_levels if kind == gguf.GGMLQuantizationType.Q4_K else quant.parse_q6_k_levels)(raw)
+        assert torch.equal(quant.dequantize_blocks(levels), expected)
     if kind == gguf.GGMLQuantizationType.Q4_K:
         codes, scales, mins = quant.parse_q4_k(raw)
         assert codes.shape == (5, 384) and scales.shape == mins.shape == (5, 24)
@@ -293,7 +386,7 @@ def test_the_parsers_read_the_qwen_files_as_gguf_does(key, names):
     for name in names:
         tensor = tensors[name]
         parsed = parsers[tensor.tensor_type](tensor.data)
-        got = quant.dequantize(*parsed) if len(parsed) == 3 else quant.dequantize_q8(*parsed)
+        got = quant.dequantize_blocks(parsed)
         expected = torch.from_numpy(gguf.quants.dequantize(tensor.data, tensor.tensor_type).copy())
         assert torch.equal(got, expected), name
         seen.add(tensor.tensor_type.name)
@@ -358,7 +451,7 @@ def k_quant_qwen2():
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                          tie_word_embeddings=False, eos_token_id=0, pad_token_id=0)
     model = Qwen2ForCausalLM(config).eval().requires_grad_(False)
-    parse = {"Q4_K": quant.parse_q4_k, "Q6_K": quant.parse_q6_k, "Q5_0": quant.parse_q5_0}
+    parse = {"Q4_K": quant.parse_q4_k_levels, "Q6_K": quant.parse_q6_k_levels, "Q5_0": quant.parse_q5_0}
     tensors, seed = {}, 0
     with torch.no_grad():
         for index, layer in enumerate(model.model.layers):
@@ -369,10 +462,10 @@ def k_quant_qwen2():
                 blocks = inp // (32 if kind == "Q5_0" else 256)
                 seed += 1
                 parsed = parse[kind](random_k_blocks(getattr(gguf.GGMLQuantizationType, kind), out, blocks, seed, scale=2e-4))
-                linear.weight.copy_(quant.dequantize(*parsed) if len(parsed) == 3 else quant.dequantize_q8(*parsed))
+                linear.weight.copy_(quant.dequantize_blocks(parsed))
                 tensors[(index, block, name)] = parsed
-        head = quant.parse_q6_k(random_k_blocks(gguf.GGMLQuantizationType.Q6_K, 64, 1, 99, scale=2e-3))
-        model.lm_head.weight.copy_(quant.dequantize_q8(*head))
+        head = quant.parse_q6_k_levels(random_k_blocks(gguf.GGMLQuantizationType.Q6_K, 64, 1, 99, scale=2e-3))
+        model.lm_head.weight.copy_(quant.dequantize_blocks(head))
     blocked = copy.deepcopy(model)
     assert quantized.replace_projections(blocked, tensors) == 14
     assert quantized.attach_q8_head(blocked, head)
@@ -381,7 +474,7 @@ def k_quant_qwen2():
 
 @needs_op
 def test_a_k_quant_target_computes_what_its_fp32_twin_does_and_decodes_losslessly():
-    """Q4_K as Q4_1 groups, Q6_K and Q5_0 as 8-bit codes, mixed within a layer (q, k 4-bit beside v 8-bit: their
+    """Q4_K and Q6_K in their own two-level scales, Q5_0 as 8-bit codes, mixed within a layer (q, k 4-bit beside v 8-bit: their
     products side by side), a Q6_K LM head: the logits of the fp32 twin to rounding, and a drafter's greedy output
     equal to the target's alone."""
     from specviz.bench.probes import streamed_weight_bytes
@@ -389,9 +482,10 @@ def test_a_k_quant_target_computes_what_its_fp32_twin_does_and_decodes_losslessl
     fp32, blocked, tensors = k_quant_qwen2()
     fast = fastdecoder.for_model(blocked)
     qkv = fast.stack.layers[0].qkv
-    assert isinstance(qkv, quant.Concatenated) and [type(p) for p in qkv.parts] == [quant.Q4Projection, quant.Q8Projection]
-    assert isinstance(fast.stack.layers[0].gate_up, quant.Q4Projection)
-    assert isinstance(blocked.model.layers[0].mlp.down_proj, quant.Q8Linear)
+    assert isinstance(qkv, quant.Concatenated) and [type(p) for p in qkv.parts] == [quant.Q4KProjection, quant.Q6KProjection]
+    assert isinstance(fast.stack.layers[0].gate_up, quant.Q4KProjection)
+    assert isinstance(blocked.model.layers[0].mlp.down_proj, quant.Q6KLinear)
+    assert isinstance(blocked.model.layers[0].self_attn.o_proj, quant.Q8Linear)  # Q5_0
     ids = torch.tensor([[3, 17, 9, 40, 2, 11]])
     with torch.inference_mode():
         expected = fp32(ids).logits[0]
@@ -402,7 +496,7 @@ def test_a_k_quant_target_computes_what_its_fp32_twin_does_and_decodes_losslessl
     torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4)
     # the bench's byte count: each projection's blocks instead of its fp32 weight, the Q6_K head instead of the fp32 one
     blocks = sum(b.numel() * b.element_size() for parsed in tensors.values() for b in parsed)
-    weights = sum(parsed[0].numel() * (2 if len(parsed) == 3 else 1) for parsed in tensors.values())
+    weights = sum(quant.block_linear(parsed).weight.numel() for parsed in tensors.values())
     head = 4 * fp32.lm_head.weight.numel() - quantized.q8_head(blocked).nbytes
     assert streamed_weight_bytes(blocked) == streamed_weight_bytes(fp32) - 4 * weights + blocks - head
     prompt = [5, 9, 5, 9, 5, 9, 12]

@@ -40,7 +40,7 @@ class BandwidthProbe:
 def streamed_weight_bytes(model) -> int:
     """Bytes of weights one decoding step must read: every parameter once (tied ones once), except the input
     embedding, of which a step reads one row, unless the LM head shares it (then the head reads all of it).
-    Projections kept in GGUF blocks (specviz.kernels.quant.Q4Linear, Q8Linear) count their codes, scales and
+    Projections kept in GGUF blocks (specviz.kernels.quant.BLOCK_LINEARS) count their codes, scales and
     minimums; an LM head computed from 8-bit blocks (specviz.models.quantized.q8_head) counts those instead of its
     fp32 weight."""
     from specviz.kernels.quant import BLOCK_LINEARS, q8_head
@@ -95,14 +95,16 @@ def draft_dtypes(models) -> dict[str, str]:
 
 def block_formats(module) -> str:
     """What a module's block linears hold: "4-bit products (Q4_1)", or with 8-bit ones beside them (a K-quant
-    file's Q6_K / Q5_0 projections) "4-bit products (Q4_1 groups) and 8-bit (N of M)"."""
-    from specviz.kernels.quant import Q4Linear, Q8Linear
+    file's Q6_K / Q5_0 projections) "4-bit products (Q4_K) and 8-bit (Q6_K: N of M)"."""
+    from specviz.kernels.quant import BLOCK_LINEARS, EIGHT_BIT
 
-    four = sum(isinstance(m, Q4Linear) for m in module.modules())
-    eight = sum(isinstance(m, Q8Linear) for m in module.modules())
+    linears = [m for m in module.modules() if isinstance(m, BLOCK_LINEARS)]
+    four = sorted({m.format for m in linears if not isinstance(m, EIGHT_BIT)})
+    eight = [m for m in linears if isinstance(m, EIGHT_BIT)]
+    label = f"4-bit products ({', '.join(four)})"
     if not eight:
-        return "4-bit products (Q4_1)"
-    return f"4-bit products (Q4_1 groups) and 8-bit ({eight} of {four + eight})"
+        return label
+    return f"{label} and 8-bit ({', '.join(sorted({m.format for m in eight}))}: {len(eight)} of {len(linears)})"
 
 
 def target_forward(model) -> str:

@@ -98,7 +98,7 @@ class KVCache:
 
 def _fused(*modules) -> fastlinear.PackedProjection:
     """One product for several linear modules that read the same input: weights (and biases) stacked in order.
-    Block linears (specviz.kernels.quant.Q4Linear, Q8Linear: weights kept as GGUF blocks) give their own stacked
+    Block linears (specviz.kernels.quant.BLOCK_LINEARS: weights kept as GGUF blocks) give their own stacked
     product (or products side by side where their formats differ) instead of a concatenated fp32 copy."""
     blocks = quant.stacked_blocks(*modules)
     if blocks is not None:

@@ -103,29 +103,42 @@ def parse_q5_0(blocks: np.ndarray | torch.Tensor) -> tuple[torch.Tensor, torch.T
     return codes.contiguous(), _fp16_field(grouped, 0)
 
 
-def parse_q4_k(blocks: np.ndarray | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A GGUF Q4_K tensor's raw bytes (out, in / 256 * 144) uint8 → Q4_1 groups as parse_q4_1 gives them: codes
-    (out, in / 2) uint8, scales and mins (out, in / 32) fp32, with w = scale q + min exactly Q4_K's value."""
+def parse_q4_k_levels(blocks: np.ndarray | torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """A GGUF Q4_K tensor's raw bytes (out, in / 256 * 144) uint8 → its own two-level layout, as q4k_linear reads it:
+    codes (out, in / 2) uint8 (parse_q4_1's order), d and −dmin (out, in / 256) fp32, sc and m (out, in / 32) uint8
+    (each group's 6-bit scale and minimum), so that w = (d sc) q + (−dmin m) is Q4_K's value."""
     grouped = _split_blocks(blocks, Q4_K_BYTES, "Q4_K")
     out, supers = grouped.shape[:2]
-    d, dmin = _fp16_field(grouped, 0).reshape(out, supers, 1), _fp16_field(grouped, 2).reshape(out, supers, 1)
-    packed = grouped[..., 4:16].to(torch.int32)  # 8 six-bit scales and 8 six-bit minimums (llama.cpp's get_scale_min_k4)
+    d, dmin = _fp16_field(grouped, 0), _fp16_field(grouped, 2)
+    packed = grouped[..., 4:16]  # 8 six-bit scales and 8 six-bit minimums (llama.cpp's get_scale_min_k4)
     low, high = packed[..., :4], packed[..., 4:8]  # bytes 0-3, 4-7
     rest = packed[..., 8:12]  # bytes 8-11
     sc = torch.cat([low & 63, (rest & 0x0F) | ((low >> 6) << 4)], dim=-1)  # (out, supers, 8)
     mn = torch.cat([high & 63, (rest >> 4) | ((high >> 6) << 4)], dim=-1)
-    scales = (d * sc.float()).reshape(out, -1)  # an fp16 times a 6-bit integer: exact in fp32
-    mins = (-(dmin * mn.float())).reshape(out, -1)
     # codes: 4 runs of 32 bytes per super-block; run j holds group 2j in its low nibbles, group 2j + 1 in its high
     runs = grouped[..., 16:].reshape(out, supers, 4, 32)
     q = torch.stack([runs & 0x0F, runs >> 4], dim=3).reshape(out, supers * 8, 32)  # (out, groups, 32), in order
     codes = q[..., :16] | (q[..., 16:] << 4)  # Q4_1's order: byte j holds weight j low, weight j + 16 high
-    return codes.reshape(out, -1).contiguous(), scales.contiguous(), mins.contiguous()
+    return (codes.reshape(out, -1).contiguous(), d.contiguous(), (-dmin).contiguous(),
+            sc.reshape(out, -1).contiguous(), mn.reshape(out, -1).contiguous())
 
 
-def parse_q6_k(blocks: np.ndarray | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A GGUF Q6_K tensor's raw bytes (out, in / 256 * 210) uint8 → codes (out, in) int8 (q − 32) and scales
-    (out, in / 16) fp32 (d times each sub-block's int8 scale, exact), so that w = scale code is Q6_K's value."""
+def widen_q4_k(codes, d, dmin, sc, m) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q4_K's two levels (parse_q4_k_levels) → Q4_1 groups: codes, scales d sc and mins −dmin m (out, in / 32) fp32
+    (an fp16 times a 6-bit integer: exact in fp32)."""
+    per = sc.shape[1] // d.shape[1]
+    return codes, d.repeat_interleave(per, 1) * sc.float(), dmin.repeat_interleave(per, 1) * m.float()
+
+
+def parse_q4_k(blocks: np.ndarray | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A GGUF Q4_K tensor's raw bytes → Q4_1 groups as parse_q4_1 gives them: codes (out, in / 2) uint8, scales and
+    mins (out, in / 32) fp32, with w = scale q + min exactly Q4_K's value."""
+    return widen_q4_k(*parse_q4_k_levels(blocks))
+
+
+def parse_q6_k_levels(blocks: np.ndarray | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A GGUF Q6_K tensor's raw bytes (out, in / 256 * 210) uint8 → codes (out, in) int8 (q − 32), d (out, in / 256)
+    fp32 and sc (out, in / 16) int8 (each 16 weights' scale), as q6k_linear reads them: w = (d sc) code."""
     grouped = _split_blocks(blocks, Q6_K_BYTES, "Q6_K")
     out, supers = grouped.shape[:2]
     low = grouped[..., :128].reshape(out, supers, 2, 2, 32)  # (half, run of 32 bytes, byte)
@@ -135,9 +148,19 @@ def parse_q6_k(blocks: np.ndarray | torch.Tensor) -> tuple[torch.Tensor, torch.T
     shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).reshape(1, 1, 1, 4, 1)
     q = nibbles.to(torch.int16) | (((high >> shifts) & 3).to(torch.int16) << 4)
     codes = (q - 32).to(torch.int8).reshape(out, -1)
-    d = _fp16_field(grouped, 208).reshape(out, supers, 1)
-    sub = grouped[..., 192:208].contiguous().view(torch.int8).float()  # (out, supers, 16)
-    return codes.contiguous(), (d * sub).reshape(out, -1).contiguous()
+    sub = grouped[..., 192:208].contiguous().view(torch.int8).reshape(out, -1)  # (out, supers * 16)
+    return codes.contiguous(), _fp16_field(grouped, 208).contiguous(), sub.contiguous()
+
+
+def widen_q6_k(codes, d, sc) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q6_K's two levels (parse_q6_k_levels) → codes and scales d sc (out, in / 16) fp32 (exact)."""
+    return codes, d.repeat_interleave(sc.shape[1] // d.shape[1], 1) * sc.float()
+
+
+def parse_q6_k(blocks: np.ndarray | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A GGUF Q6_K tensor's raw bytes → codes (out, in) int8 (q − 32) and scales (out, in / 16) fp32 (d times each
+    sub-block's int8 scale, exact), so that w = scale code is Q6_K's value."""
+    return widen_q6_k(*parse_q6_k_levels(blocks))
 
 
 def dequantize_q8(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -190,22 +213,20 @@ def q8_product(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, bias:
     return y.reshape(*x.shape[:-1], codes.shape[0])
 
 
-class Q8Head:
-    """x ↦ x · Wᵀ for an LM head held as Q8_0 codes and scales (a plain object, not a module: it sits beside the
-    model's own fp32 head, which the embedding shares, and is what the engine's target forward calls)."""
+def q4k_product(x: torch.Tensor, codes: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor, sc: torch.Tensor,
+                m: torch.Tensor, bias: torch.Tensor | None = None, path: str = "auto") -> torch.Tensor:
+    """x (..., in) fp32 → x · Wᵀ (+ bias) with W in Q4_K's two levels (parse_q4_k_levels)."""
+    flat = x.reshape(-1, x.shape[-1]).contiguous()
+    y = torch.ops.specviz.q4k_linear(flat, codes, d, dmin, sc, m, bias, PATHS[path])
+    return y.reshape(*x.shape[:-1], codes.shape[0])
 
-    def __init__(self, codes: torch.Tensor, scales: torch.Tensor):
-        check_q8("Q8Head", codes, scales)
-        self.codes, self.scales = codes.contiguous(), scales.float().contiguous()
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype != torch.float32 or x.device.type != "cpu":
-            return F.linear(x, dequantize_q8(self.codes, self.scales).to(x))
-        return q8_product(x, self.codes, self.scales)
-
-    @property
-    def nbytes(self) -> int:
-        return self.codes.numel() * self.codes.element_size() + self.scales.numel() * self.scales.element_size()
+def q6k_product(x: torch.Tensor, codes: torch.Tensor, d: torch.Tensor, sc: torch.Tensor,
+                bias: torch.Tensor | None = None, path: str = "auto") -> torch.Tensor:
+    """x (..., in) fp32 → x · Wᵀ (+ bias) with W in Q6_K's two levels (parse_q6_k_levels)."""
+    flat = x.reshape(-1, x.shape[-1]).contiguous()
+    y = torch.ops.specviz.q6k_linear(flat, codes, d, sc, bias, PATHS[path])
+    return y.reshape(*x.shape[:-1], codes.shape[0])
 
 
 def check_q8(name: str, codes: torch.Tensor, scales: torch.Tensor) -> None:
@@ -213,125 +234,241 @@ def check_q8(name: str, codes: torch.Tensor, scales: torch.Tensor) -> None:
         raise ValueError(f"{name}: codes (out, in) int8, scales (out, in / 32) or (out, in / 16)")
 
 
-HEAD_ATTRIBUTE = "specviz_q8_head"  # where a model keeps its Q8Head (specviz.models.quantized.attach_q8_head)
-
-
-def q8_head(model) -> Q8Head | None:
-    """The model's LM head as Q8_0 blocks, where loading with 4-bit weights attached one."""
-    return getattr(model, HEAD_ATTRIBUTE, None)
-
-
-class _Stackable:
-    """A block product whose tensors (`FIELDS`, one row per output) stack: `stacked` makes one product of several
-    that read the same input (q, k, v; gate, up), their output rows in order."""
+class _Projection:
+    """x ↦ x · Wᵀ (+ bias) for a weight held as block tensors (one row per output, `FIELDS`, in the order `PRODUCT`
+    takes them); `stacked` makes one product of several that read the same input (q, k, v; gate, up), their output
+    rows in order."""
 
     FIELDS: tuple[str, ...] = ()
+    PRODUCT = None
+
+    def __init__(self, *blocks: torch.Tensor, bias: torch.Tensor | None = None):
+        for name, tensor in zip(self.FIELDS, blocks, strict=True):
+            setattr(self, name, tensor)
+        self.bias = bias
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return type(self).PRODUCT(x, *(getattr(self, name) for name in self.FIELDS), self.bias)
 
     @classmethod
     def stacked(cls, *parts):
-        bias = fastlinear.stacked_bias([p.bias for p in parts], [p.codes.shape[0] for p in parts], parts[0].scales)
-        return cls(*(torch.cat([getattr(p, name) for p in parts]) for name in cls.FIELDS), bias)
+        like = next(t for t in (getattr(parts[0], name) for name in cls.FIELDS) if t.is_floating_point())  # fp32
+        bias = fastlinear.stacked_bias([p.bias for p in parts], [p.codes.shape[0] for p in parts], like)
+        return cls(*(torch.cat([getattr(p, name) for p in parts]) for name in cls.FIELDS), bias=bias)
 
 
-class Q4Projection(_Stackable):
-    """x ↦ x · Wᵀ (+ bias) for a Q4_1 weight held as (codes, scales, mins)."""
+class Q4Projection(_Projection):
+    """A Q4_1 weight held as (codes, scales, mins)."""
 
     FIELDS = ("codes", "scales", "mins")
-
-    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, bias: torch.Tensor | None = None):
-        self.codes, self.scales, self.mins, self.bias = codes, scales, mins, bias
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return q4_product(x, self.codes, self.scales, self.mins, self.bias)
+    PRODUCT = staticmethod(q4_product)
 
 
-class Q4Linear(nn.Module):
-    """A stand-in for a frozen `nn.Linear` (fp32, CPU) whose weight is kept as Q4_1 codes, scales and minimums.
+class Q8Projection(_Projection):
+    """An 8-bit weight held as (codes, scales), one scale layout."""
 
-    `weight` is not stored: reading it dequantizes a fresh fp32 copy (for code that concatenates or inspects
-    weights; the products never do)."""
+    FIELDS = ("codes", "scales")
+    PRODUCT = staticmethod(q8_product)
 
-    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, bias: torch.Tensor | None = None):
+
+class Q4KProjection(_Projection):
+    """A Q4_K weight held in its two levels (codes, d, dmin, sc, m)."""
+
+    FIELDS = ("codes", "d", "dmin", "sc", "m")
+    PRODUCT = staticmethod(q4k_product)
+
+
+class Q6KProjection(_Projection):
+    """A Q6_K weight held in its two levels (codes, d, sc)."""
+
+    FIELDS = ("codes", "d", "sc")
+    PRODUCT = staticmethod(q6k_product)
+
+
+class _BlockLinear(nn.Module):
+    """A stand-in for a frozen `nn.Linear` (fp32, CPU) whose weight is kept as GGUF blocks (`PROJECTION.FIELDS`,
+    buffers). `weight` is not stored: reading it dequantizes a fresh fp32 copy (for code that concatenates or
+    inspects weights, and for other dtypes and devices; the CPU fp32 products never do)."""
+
+    PROJECTION: type[_Projection] = _Projection
+    FORMAT = ""
+
+    def __init__(self, *blocks: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()
+        self.out_features, self.in_features = blocks[0].shape[0], self.input_size(blocks[0])
+        for name, tensor in zip(self.PROJECTION.FIELDS, blocks, strict=True):
+            self.register_buffer(name, tensor.float().contiguous() if tensor.is_floating_point() else tensor.contiguous())
+        self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
+
+    @staticmethod
+    def input_size(codes: torch.Tensor) -> int:
+        return codes.shape[1]
+
+    def blocks(self) -> tuple[torch.Tensor, ...]:
+        return tuple(getattr(self, name) for name in self.PROJECTION.FIELDS)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    @classmethod
+    def stacked(cls, *modules: "_BlockLinear") -> _Projection:
+        """One product for several modules of one layout reading the same input (stacked_blocks)."""
+        return cls.PROJECTION.stacked(*(m.projection() for m in modules))
+
+    def projection(self) -> _Projection:
+        return self.PROJECTION(*self.blocks(), bias=None if self.bias is None else self.bias.detach())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.float32 or x.device.type != "cpu":
+            return F.linear(x, self.weight.to(x), None if self.bias is None else self.bias.to(x))
+        return self.PROJECTION.PRODUCT(x, *self.blocks(), None if self.bias is None else self.bias.detach())
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"weights={self.format}")
+
+    @property
+    def format(self) -> str:
+        return self.FORMAT
+
+
+class Q4Linear(_BlockLinear):
+    """A frozen linear whose weight is Q4_1 codes, scales and minimums (quantize_q4_1's or parse_q4_1's layout)."""
+
+    PROJECTION = Q4Projection
+    FORMAT = "Q4_1"
+
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, bias: torch.Tensor | None = None):
         if codes.dtype != torch.uint8 or codes.shape[1] * 2 != scales.shape[1] * GROUP or scales.shape != mins.shape:
             raise ValueError("Q4Linear: codes (out, in / 2) uint8, scales and mins (out, in / 32)")
-        self.out_features, self.in_features = codes.shape[0], codes.shape[1] * 2
-        self.register_buffer("codes", codes.contiguous())
-        self.register_buffer("scales", scales.float().contiguous())
-        self.register_buffer("mins", mins.float().contiguous())
-        self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
+        super().__init__(codes, scales, mins, bias=bias)
+
+    @staticmethod
+    def input_size(codes: torch.Tensor) -> int:
+        return codes.shape[1] * 2
 
     @property
     def weight(self) -> torch.Tensor:
         return dequantize(self.codes, self.scales, self.mins)
 
     @classmethod
-    def stacked(cls, *modules: "Q4Linear") -> Q4Projection:
-        """One 4-bit product for several modules reading the same input (the lean decoder's q/k/v, gate/up)."""
-        return Q4Projection.stacked(*(m.projection() for m in modules))
-
-    @classmethod
     def quantized(cls, linear: nn.Module) -> "Q4Linear":
         """A linear layer's weight rounded to Q4_1 groups (quantize_q4_1), its bias kept."""
         return cls(*quantize_q4_1(linear.weight), None if linear.bias is None else linear.bias.detach())
 
-    def projection(self) -> Q4Projection:
-        return Q4Projection(self.codes, self.scales, self.mins, None if self.bias is None else self.bias.detach())
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype != torch.float32 or x.device.type != "cpu":
-            return F.linear(x, self.weight.to(x), None if self.bias is None else self.bias.to(x))
-        return q4_product(x, self.codes, self.scales, self.mins, None if self.bias is None else self.bias.detach())
+class Q8Linear(_BlockLinear):
+    """A frozen linear whose weight is 8-bit codes and scales: Q8_0's (a scale per 32 weights; Q5_0's values as
+    parse_q5_0 reads them) or Q6_K's widened (parse_q6_k: a scale per 16)."""
 
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, weights=Q4_1"
-
-
-class Q8Projection(_Stackable):
-    """x ↦ x · Wᵀ (+ bias) for an 8-bit weight held as (codes, scales), one scale layout."""
-
-    FIELDS = ("codes", "scales")
+    PROJECTION = Q8Projection
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None):
-        self.codes, self.scales, self.bias = codes, scales, bias
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return q8_product(x, self.codes, self.scales, self.bias)
-
-
-class Q8Linear(nn.Module):
-    """A stand-in for a frozen `nn.Linear` (fp32, CPU) whose weight is kept as 8-bit codes and scales: Q8_0's
-    (a scale per 32 weights) or Q6_K's as parse_q6_k reads them (a scale per 16). `weight` dequantizes, as
-    Q4Linear's does."""
-
-    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None):
-        super().__init__()
         check_q8("Q8Linear", codes, scales)
-        self.out_features, self.in_features = codes.shape
-        self.register_buffer("codes", codes.contiguous())
-        self.register_buffer("scales", scales.float().contiguous())
-        self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
+        super().__init__(codes, scales, bias=bias)
 
     @property
     def weight(self) -> torch.Tensor:
         return dequantize_q8(self.codes, self.scales)
 
-    @classmethod
-    def stacked(cls, *modules: "Q8Linear") -> Q8Projection:
-        """One 8-bit product for several modules of one scale layout reading the same input (stacked_blocks)."""
-        return Q8Projection.stacked(*(m.projection() for m in modules))
+    @property
+    def format(self) -> str:
+        return "Q8_0" if self.scales.shape[1] * GROUP == self.in_features else "Q6_K as 8-bit codes"
 
-    def projection(self) -> Q8Projection:
-        return Q8Projection(self.codes, self.scales, None if self.bias is None else self.bias.detach())
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype != torch.float32 or x.device.type != "cpu":
-            return F.linear(x, self.weight.to(x), None if self.bias is None else self.bias.to(x))
-        return q8_product(x, self.codes, self.scales, None if self.bias is None else self.bias.detach())
+class Q4KLinear(_BlockLinear):
+    """A frozen linear whose weight is Q4_K in its own two levels (parse_q4_k_levels): the values of Q4Linear's
+    widened Q4_1 groups for 0.58 bytes a weight instead of 0.75."""
 
-    def extra_repr(self) -> str:
-        kind = "Q8_0" if self.scales.shape[1] * GROUP == self.in_features else "Q6_K as 8-bit codes"
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, weights={kind}"
+    PROJECTION = Q4KProjection
+    FORMAT = "Q4_K"
+
+    def __init__(self, codes, d, dmin, sc, m, bias: torch.Tensor | None = None):
+        supers = codes.shape[1] * 2 // 256
+        if (codes.dtype != torch.uint8 or sc.dtype != torch.uint8 or m.dtype != torch.uint8 or codes.shape[1] % 128
+                or d.shape != dmin.shape or d.shape[1] != supers or sc.shape != m.shape or sc.shape[1] != supers * 8):
+            raise ValueError("Q4KLinear: codes (out, in / 2) uint8, d and dmin (out, in / 256), sc and m (out, in / 32) uint8")
+        super().__init__(codes, d, dmin, sc, m, bias=bias)
+
+    @staticmethod
+    def input_size(codes: torch.Tensor) -> int:
+        return codes.shape[1] * 2
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return dequantize(*widen_q4_k(*self.blocks()))
+
+
+class Q6KLinear(_BlockLinear):
+    """A frozen linear whose weight is Q6_K as 8-bit codes with its own two-level scales (parse_q6_k_levels): the
+    values of Q8Linear's widened Q6_K for 1.03 bytes a weight instead of 1.25."""
+
+    PROJECTION = Q6KProjection
+    FORMAT = "Q6_K"
+
+    def __init__(self, codes, d, sc, bias: torch.Tensor | None = None):
+        if (codes.dtype != torch.int8 or sc.dtype != torch.int8 or codes.shape[1] % 256
+                or d.shape[1] * 256 != codes.shape[1] or sc.shape[1] * 16 != codes.shape[1]):
+            raise ValueError("Q6KLinear: codes (out, in) int8, d (out, in / 256), sc (out, in / 16) int8")
+        super().__init__(codes, d, sc, bias=bias)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return dequantize_q8(*widen_q6_k(*self.blocks()))
+
+
+FOUR_BIT = (Q4Linear, Q4KLinear)
+EIGHT_BIT = (Q8Linear, Q6KLinear)
+BLOCK_LINEARS = FOUR_BIT + EIGHT_BIT
+
+
+def block_linear(blocks: tuple[torch.Tensor, ...], bias: torch.Tensor | None = None) -> _BlockLinear:
+    """The block linear of a parser's tensors: Q4_1 groups (codes, scales, mins: parse_q4_1, parse_q4_k), 8-bit codes
+    and fp32 scales (parse_q8_0, parse_q5_0, parse_q6_k), Q4_K's two levels (five tensors: parse_q4_k_levels) or
+    Q6_K's (codes, d, int8 sc: parse_q6_k_levels)."""
+    if len(blocks) == 5:
+        return Q4KLinear(*blocks, bias=bias)
+    if len(blocks) == 3 and blocks[2].dtype == torch.int8:
+        return Q6KLinear(*blocks, bias=bias)
+    if len(blocks) == 3:
+        return Q4Linear(*blocks, bias=bias)
+    return Q8Linear(*blocks, bias=bias)
+
+
+def dequantize_blocks(blocks: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """(out, in) fp32 of a parser's tensors (see block_linear)."""
+    return block_linear(blocks).weight
+
+
+class Q8Head:
+    """x ↦ x · Wᵀ for an LM head held as 8-bit blocks: Q8_0 (codes, scales) or Q6_K's two levels (codes, d, sc); a
+    plain object, not a module: it sits beside the model's own fp32 head, which the embedding shares, and is what
+    the engine's target forward calls."""
+
+    def __init__(self, *blocks: torch.Tensor):
+        self.linear = block_linear(blocks)
+        if not isinstance(self.linear, EIGHT_BIT):
+            raise ValueError("Q8Head: 8-bit codes and scales (Q8_0) or Q6_K's (codes, d, sc)")
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.linear.weight
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self.linear.blocks())
+
+
+HEAD_ATTRIBUTE = "specviz_q8_head"  # where a model keeps its Q8Head (specviz.models.quantized.attach_q8_head)
+
+
+def q8_head(model) -> Q8Head | None:
+    """The model's LM head as 8-bit blocks, where loading with 4-bit weights attached one."""
+    return getattr(model, HEAD_ATTRIBUTE, None)
 
 
 class Concatenated:
@@ -344,8 +481,6 @@ class Concatenated:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([part(x) for part in self.parts], dim=-1)
 
-
-BLOCK_LINEARS = (Q4Linear, Q8Linear)
 
 
 def stacked_blocks(*modules: nn.Module):
@@ -366,7 +501,7 @@ def stacked_blocks(*modules: nn.Module):
 
 
 def _layout(module: nn.Module) -> tuple:
-    return type(module), module.scales.shape[1]
+    return type(module), tuple(b.shape[1] for b in module.blocks())
 
 
 def is_quantized(model: nn.Module) -> bool:

@@ -1,9 +1,10 @@
 """A target whose projections keep the GGUF's 4-bit weights (`load(..., weights="q4")`, `--weights q4`).
 
-The fp32 model is loaded from the cache as always; then every q/k/v/o and gate/up/down projection stored as Q4_1 or
-Q4_K in the preset's GGUF is replaced by a specviz.kernels.quant.Q4Linear holding those blocks (Q4_K read as Q4_1
-groups with the same values), and every one stored as Q8_0, Q6_K or Q5_0 (a Q4_K_M file keeps some v and down
-projections in 6 bits; the Qwen2.5-Coder-0.5B file is mostly Q5_0) by a quant.Q8Linear (8-bit codes), after checking that they dequantize to exactly the weight they replace.
+The fp32 model is loaded from the cache as always; then every q/k/v/o and gate/up/down projection stored in the
+preset's GGUF as Q4_1 is replaced by a specviz.kernels.quant.Q4Linear holding those blocks, as Q4_K by a
+quant.Q4KLinear (its own two-level scales), as Q6_K by a quant.Q6KLinear (8-bit codes, its two-level scales; a
+Q4_K_M file keeps some v and down projections in 6 bits) and as Q8_0 or Q5_0 by a quant.Q8Linear (8-bit codes; the
+Qwen2.5-Coder-0.5B file is mostly Q5_0), after checking that they dequantize to exactly the weight they replace.
 Where the LM head is Q8_0 or Q6_K in the file (SmolLM2's is its tied Q8_0 embedding, Qwen2.5's a Q6_K output), the
 engine's target forward computes the logits from those blocks (quant.Q8Head, kept as the model's
 `specviz_q8_head`, checked the same way); the model's own fp32 head stays, since the embedding may share it and
@@ -67,20 +68,20 @@ def eight_bit_parsers() -> dict:
     """GGUF types read as 8-bit codes and scales → their parser."""
     import gguf
 
-    return {gguf.GGMLQuantizationType.Q8_0: quant.parse_q8_0, gguf.GGMLQuantizationType.Q6_K: quant.parse_q6_k,
+    return {gguf.GGMLQuantizationType.Q8_0: quant.parse_q8_0, gguf.GGMLQuantizationType.Q6_K: quant.parse_q6_k_levels,
             gguf.GGMLQuantizationType.Q5_0: quant.parse_q5_0}
 
 
 def four_bit_parsers() -> dict:
-    """GGUF types read as Q4_1 groups → their parser."""
+    """GGUF types read as 4-bit blocks → their parser."""
     import gguf
 
-    return {gguf.GGMLQuantizationType.Q4_1: quant.parse_q4_1, gguf.GGMLQuantizationType.Q4_K: quant.parse_q4_k}
+    return {gguf.GGMLQuantizationType.Q4_1: quant.parse_q4_1, gguf.GGMLQuantizationType.Q4_K: quant.parse_q4_k_levels}
 
 
-def q8_head_tensors(path: Path) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(codes, scales) of the GGUF's LM head when it is Q8_0 or Q6_K: `output.weight`, else the tied
-    `token_embd.weight`."""
+def q8_head_tensors(path: Path) -> tuple[torch.Tensor, ...] | None:
+    """The blocks of the GGUF's LM head when it is 8-bit (Q8_0: codes and scales; Q6_K: its two levels; Q5_0):
+    `output.weight`, else the tied `token_embd.weight`."""
     import gguf
 
     by_name = {t.name: t for t in gguf.GGUFReader(path).tensors}
@@ -89,15 +90,16 @@ def q8_head_tensors(path: Path) -> tuple[torch.Tensor, torch.Tensor] | None:
     return None if parse is None else parse(tensor.data)
 
 
-def attach_q8_head(model, tensors: tuple[torch.Tensor, torch.Tensor] | None) -> bool:
-    """Give the model its LM head as Q8_0 blocks where they dequantize to its fp32 head bit for bit."""
+def attach_q8_head(model, tensors: tuple[torch.Tensor, ...] | None) -> bool:
+    """Give the model its LM head as 8-bit blocks (q8_head_tensors) where they dequantize to its fp32 head bit for
+    bit."""
     head = model.get_output_embeddings()
     if tensors is None or head is None or getattr(head, "bias", None) is not None:
         return False
-    codes, scales = tensors
-    if codes.shape != head.weight.shape or not torch.equal(quant.dequantize_q8(codes, scales), head.weight.float()):
+    blocks = quant.Q8Head(*tensors)
+    if tensors[0].shape != head.weight.shape or not torch.equal(blocks.weight, head.weight.float()):
         return False
-    object.__setattr__(model, quant.HEAD_ATTRIBUTE, quant.Q8Head(codes, scales))  # not a submodule: no state_dict entry
+    object.__setattr__(model, quant.HEAD_ATTRIBUTE, blocks)  # not a submodule: no state_dict entry
     return True
 
 
@@ -105,9 +107,9 @@ q8_head = quant.q8_head
 
 
 def block_tensors(path: Path, config) -> dict[tuple[int, str, str], tuple[torch.Tensor, ...]]:
-    """(layer, block, projection) → its blocks for every projection in the GGUF at `path` that stays in blocks:
-    (codes, scales, mins) for a 4-bit one (Q4_1, Q4_K), (codes, scales) for an 8-bit one (Q8_0, Q6_K); rows in
-    transformers' order (a Llama file's q and k un-permuted, as transformers does when it loads a GGUF)."""
+    """(layer, block, projection) → its blocks for every projection in the GGUF at `path` that stays in blocks, as
+    its parser gives them (quant.block_linear says which linear they make: Q4_1 and Q4_K, Q8_0, Q5_0 and Q6_K); rows
+    in transformers' order (a Llama file's q and k un-permuted, as transformers does when it loads a GGUF)."""
     import gguf
 
     parsers = {**four_bit_parsers(), **eight_bit_parsers()}
@@ -135,11 +137,11 @@ def unpermuted_rows(rows: int, heads: int) -> torch.Tensor:
 
 
 def quantize_target(model, model_file: ModelFile) -> int:
-    """Replace the target's projections by block linears from its GGUF (Q4Linear, Q8Linear), in place, and attach
+    """Replace the target's projections by block linears from its GGUF (quant.block_linear), in place, and attach
     its 8-bit LM head where the file has one; returns how many projections were replaced."""
     path = fetch_gguf(model_file)
     tensors = block_tensors(path, model.config)
-    if not any(len(blocks) == 3 for blocks in tensors.values()):
+    if not any(isinstance(quant.block_linear(blocks), quant.FOUR_BIT) for blocks in tensors.values()):
         raise SpecvizError(f"{model_file.gguf_name} has no 4-bit projections: --weights q4 needs a Q4_1 or Q4_K GGUF")
     replaced = replace_projections(model, tensors)
     attach_q8_head(model, q8_head_tensors(path))
@@ -147,8 +149,8 @@ def quantize_target(model, model_file: ModelFile) -> int:
 
 
 def replace_projections(model, tensors: dict) -> int:
-    """Swap each (layer, block, projection) of `tensors` (see block_tensors) for a Q4Linear (three tensors) or a
-    Q8Linear (two), then prime the lean decoder. Refuses (SpecvizError, leaving the model as it was) where a block does not dequantize to the loaded
+    """Swap each (layer, block, projection) of `tensors` (see block_tensors) for the block linear they make
+    (quant.block_linear), then prime the lean decoder. Refuses (SpecvizError, leaving the model as it was) where a block does not dequantize to the loaded
     weight bit for bit: then the GGUF and the cached model are not the same."""
     layers = model.get_decoder().layers
     swaps = []
@@ -156,7 +158,7 @@ def replace_projections(model, tensors: dict) -> int:
         for (index, block, name), blocks in sorted(tensors.items()):
             parent = getattr(layers[index], block)
             linear = getattr(parent, name)
-            replacement = (quant.Q4Linear if len(blocks) == 3 else quant.Q8Linear)(*blocks, linear.bias)
+            replacement = quant.block_linear(blocks, linear.bias)
             if not torch.equal(replacement.weight, linear.weight.float()):
                 raise SpecvizError(f"the GGUF's layer {index} {name} does not match the loaded weight: "
                                    "the GGUF and the cached model are not the same")
