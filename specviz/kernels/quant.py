@@ -19,13 +19,15 @@ Q8_0 (32 int8 codes q and an fp16 scale d per group, w = d q, exact in fp32) is 
 scales (out, in / 32) fp32: 1.125 bytes a weight against fp32's 4. For SmolLM2-135M's tied LM head (49152 × 576)
 that is 32 MB a step instead of 113 MB. The same op file computes it, with the same fixed summation order.
 
-The K-quant files (Qwen2.5's Q4_K_M) are read into the same two layouts, with the same values: a Q4_K super-block
-of 256 weights is 8 groups of 32 with a 6-bit scale and minimum each, w = (d sc) q − (dmin m), which is a Q4_1 group
-with scale d sc and minimum −dmin m (both exact in fp32); a Q6_K super-block is 16 sub-blocks of 16 weights with an
-int8 scale each, w = (d sc) (q − 32), read as 8-bit codes q − 32 with one scale per 16 weights (the 8-bit op's
-`(out, in / 16)` scales). Q6_K's 6.6 bits a weight become 8 codes bits and 2 scale bits: 1.25 bytes a weight.
-Q5_0 (the Qwen2.5-Coder-0.5B file's: 32 weights, an fp16 d, w = d (q − 16) for 5-bit q) is read as Q8_0 is, codes
-q − 16 and one scale per 32 weights.
+The K-quant files (Qwen2.5's Q4_K_M) keep their own two-level scales (Q4KLinear, Q6KLinear; the ops q4k_linear and
+q6k_linear): a Q4_K super-block of 256 weights is 8 groups of 32 with a 6-bit scale and minimum each,
+w = (d sc) q − (dmin m), held as the codes, d and −dmin (one fp32 per 256 weights) and sc and m (a byte per group):
+0.58 bytes a weight; a Q6_K super-block is 16 sub-blocks of 16 weights with an int8 scale each,
+w = (d sc) (q − 32), held as 8-bit codes q − 32, d per 256 and sc per 16: 1.03 bytes a weight. The ops widen each
+tile of columns' scales into the layouts above (a Q4_1 group with scale d sc and minimum −dmin m; 8-bit codes with
+a scale per 16), exact in fp32, so the products are the very bits of the widened ones (parse_q4_k, parse_q6_k give
+those, for tests and tools). Q5_0 (the Qwen2.5-Coder-0.5B file's: 32 weights, an fp16 d, w = d (q − 16) for 5-bit
+q) is read as Q8_0 is, codes q − 16 and one scale per 32 weights.
 """
 
 from __future__ import annotations
