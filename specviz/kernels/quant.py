@@ -22,8 +22,8 @@ that is 32 MB a step instead of 113 MB. The same op file computes it, with the s
 The K-quant files (Qwen2.5's Q4_K_M) keep their own two-level scales (Q4KLinear, Q6KLinear; the ops q4k_linear and
 q6k_linear): a Q4_K super-block of 256 weights is 8 groups of 32 with a 6-bit scale and minimum each,
 w = (d sc) q − (dmin m), held as the codes, d and −dmin (one fp32 per 256 weights) and sc and m (a byte per group):
-0.58 bytes a weight; a Q6_K super-block is 16 sub-blocks of 16 weights with an int8 scale each,
-w = (d sc) (q − 32), held as 8-bit codes q − 32, d per 256 and sc per 16: 1.03 bytes a weight. The ops widen each
+0.59 bytes a weight; a Q6_K super-block is 16 sub-blocks of 16 weights with an int8 scale each,
+w = (d sc) (q − 32), held as 8-bit codes q − 32, d per 256 and sc per 16: 1.08 bytes a weight. The ops widen each
 tile of columns' scales into the layouts above (a Q4_1 group with scale d sc and minimum −dmin m; 8-bit codes with
 a scale per 16), exact in fp32, so the products are the very bits of the widened ones (parse_q4_k, parse_q6_k give
 those, for tests and tools). Q5_0 (the Qwen2.5-Coder-0.5B file's: 32 weights, an fp16 d, w = d (q − 16) for 5-bit
@@ -381,7 +381,7 @@ class Q8Linear(_BlockLinear):
 
 class Q4KLinear(_BlockLinear):
     """A frozen linear whose weight is Q4_K in its own two levels (parse_q4_k_levels): the values of Q4Linear's
-    widened Q4_1 groups for 0.58 bytes a weight instead of 0.75."""
+    widened Q4_1 groups for 0.59 bytes a weight instead of 0.75."""
 
     PROJECTION = Q4KProjection
     FORMAT = "Q4_K"
@@ -404,7 +404,7 @@ class Q4KLinear(_BlockLinear):
 
 class Q6KLinear(_BlockLinear):
     """A frozen linear whose weight is Q6_K as 8-bit codes with its own two-level scales (parse_q6_k_levels): the
-    values of Q8Linear's widened Q6_K for 1.03 bytes a weight instead of 1.25."""
+    values of Q8Linear's widened Q6_K for 1.08 bytes a weight instead of 1.25."""
 
     PROJECTION = Q6KProjection
     FORMAT = "Q6_K"
