@@ -32,10 +32,15 @@ serve: fetch
 	$(PY) -m specviz serve $(SERVE_ARGS)
 
 # llama.cpp as a bench peer (optional): llama-cpp-python built from its source distribution for this CPU, about
-# 12 minutes on 2 cores; `specviz bench` then runs llama.cpp beside ours on the same GGUF.
+# 12 minutes on 2 cores; `specviz bench` then runs llama.cpp beside ours on the same GGUF. Each run rebuilds it.
+# On x86-64 it is built without llama.cpp's AMX kernels, which -march=native turns on for Intel Xeons with AMX and
+# which crash on the first product there (ggml-org/llama.cpp#20824); its AVX-512 and VNNI paths stay.
 LLAMA_CPP_PYTHON ?= llama-cpp-python==0.3.36
+NO_AMX := -mno-amx-tile\ -mno-amx-int8\ -mno-amx-bf16
+PEERS_CMAKE_ARGS ?= $(if $(filter x86_64,$(shell uname -m)),-DCMAKE_C_FLAGS=$(NO_AMX) -DCMAKE_CXX_FLAGS=$(NO_AMX))
 peers: setup
-	$(PY) -m pip install --no-binary llama-cpp-python "$(LLAMA_CPP_PYTHON)"
+	$(PY) -m pip uninstall -y llama-cpp-python
+	CMAKE_ARGS='$(PEERS_CMAKE_ARGS)' $(PY) -m pip install --no-cache-dir --no-binary llama-cpp-python "$(LLAMA_CPP_PYTHON)"
 
 lint: setup
 	$(VENV)/bin/ruff check specviz app app.py tests scripts experiments

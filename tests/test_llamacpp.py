@@ -78,6 +78,7 @@ def with_stub(monkeypatch, tiny, tmp_path, plant=None):
     gguf = tmp_path / "tiny.Q4_1.gguf"
     monkeypatch.setattr(llamacpp, "import_llama", lambda: (module, speculative))
     monkeypatch.setattr(llamacpp, "gguf_of", lambda models: (gguf, None))
+    monkeypatch.setattr(llamacpp, "probe", lambda gguf, threads: None)  # the stub loads in this process only
     return module
 
 
@@ -149,6 +150,35 @@ def test_without_llama_cpp_python_the_report_says_why(tiny, prompts_file, monkey
     assert report["llama_cpp"]["available"] is False and "make peers" in report["llama_cpp"]["reason"]
     assert not any(r["method"].startswith("llama_cpp") for r in report["runs"])
     assert "llama.cpp peers: not run (llama-cpp-python is not installed" in bench.to_markdown(report)
+
+
+def test_a_llama_cpp_that_crashes_in_the_probe_is_left_out_and_the_bench_completes(tiny, prompts_file, tmp_path,
+                                                                                   monkeypatch):
+    module = with_stub(monkeypatch, tiny, tmp_path)
+    monkeypatch.undo()  # the real probe, with a child that dies as llama.cpp's AMX kernels do
+    monkeypatch.setattr(llamacpp, "import_llama", lambda: (module, None))
+    monkeypatch.setattr(llamacpp, "gguf_of", lambda models: (tmp_path / "tiny.Q4_1.gguf", None))
+    monkeypatch.setattr(llamacpp, "PROBE_CODE", "import os, signal, sys\n"
+                        "assert sys.argv[1].endswith('tiny.Q4_1.gguf') and sys.argv[2] == '2'\n"
+                        "os.kill(os.getpid(), signal.SIGSEGV)")
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    report = bench.run_bench(tiny, bench.load_prompts(prompts_file), settings())
+    jsonschema.validate(report, bench.BENCH_SCHEMA)
+    reason = report["llama_cpp"]["reason"]
+    assert report["llama_cpp"]["available"] is False and "crashed (SIGSEGV)" in reason and "make peers" in reason
+    assert module.calls == [] and not any(r["method"].startswith("llama_cpp") for r in report["runs"])
+    assert {r["method"] for r in report["runs"]} == {"none", "ngram"}  # ours still ran
+    assert "llama.cpp peers: not run (llama-cpp-python crashed (SIGSEGV)" in bench.to_markdown(report)
+
+
+@pytest.mark.parametrize("code, expected", [
+    ("pass", None),
+    ("raise SystemExit('no such file: ' + __import__('sys').argv[1])", "in a probe process: no such file: /x.gguf"),
+])
+def test_the_probe_passes_a_working_child_and_names_a_failing_one(monkeypatch, code, expected):
+    monkeypatch.setattr(llamacpp, "PROBE_CODE", code)
+    why = llamacpp.probe(Path("/x.gguf"), 1)
+    assert why == expected if expected is None else why.endswith(expected)
 
 
 def test_a_model_without_a_gguf_file_is_named(tiny, tmp_path, monkeypatch):

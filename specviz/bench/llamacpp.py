@@ -3,7 +3,11 @@ file our target was converted from, fed the same prompt tokens, with the same th
 budget as our engine, timed the same way (prefill included).
 
 Optional: `make peers` installs llama-cpp-python from its source distribution. The bench runs these two peers when
-the module imports and the model is a preset with a GGUF file; otherwise it says why in the report.
+the module imports, the model is a preset with a GGUF file, and a child process has loaded that file and decoded a
+few tokens with it; otherwise it says why in the report. The probe is there because llama.cpp runs in the bench's
+own process, so a crash in its kernels would end the whole bench without a report: a build of llama-cpp-python 0.3.36
+with llama.cpp's AMX kernels dies that way on the first product on an Intel Xeon with AMX (ggml-org/llama.cpp#20824),
+which is why `make peers` builds it without them.
 
 llama.cpp computes with its own kernels (its 4-bit dot products quantize the activations to 8 bits), so its greedy
 output is a near neighbour of ours, not the same bits: the report counts how many outputs equal `none`'s and
@@ -13,6 +17,9 @@ batched verify forward rounds differently from its one-token forward, so the two
 from __future__ import annotations
 
 import importlib
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -37,6 +44,38 @@ def import_llama():
         return importlib.import_module("llama_cpp"), importlib.import_module("llama_cpp.llama_speculative")
     except ImportError as err:
         return None, f"llama-cpp-python is not installed (`make peers` builds it): {err}"
+
+
+# What the probe's child runs: load the GGUF as the bench will (same threads), evaluate a short prompt as one batch
+# and decode a few tokens greedily, the products a bench run starts with.
+PROBE_CODE = """
+import sys
+import llama_cpp
+llm = llama_cpp.Llama(model_path=sys.argv[1], n_ctx=64, n_batch=64, n_threads=int(sys.argv[2]),
+                      n_threads_batch=int(sys.argv[2]), verbose=False)
+tokens = llm.generate(llm.tokenize(b"The cat sat on the mat. The cat sat on the"), temp=0.0, top_k=0, top_p=1.0)
+for _, token in zip(range(4), tokens):
+    pass
+"""
+PROBE_TIMEOUT_S = 600
+
+
+def probe(gguf: Path, threads: int) -> str | None:
+    """None if llama-cpp-python loads `gguf` and decodes with it in a child process, else why not, for the report."""
+    try:
+        done = subprocess.run([sys.executable, "-c", PROBE_CODE, str(gguf), str(threads)], capture_output=True,
+                              text=True, timeout=PROBE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return f"llama-cpp-python did not load and decode {gguf.name} within {PROBE_TIMEOUT_S} s in a probe process"
+    if done.returncode == 0:
+        return None
+    if done.returncode < 0:
+        name = signal.Signals(-done.returncode).name
+        return (f"llama-cpp-python crashed ({name}) loading and decoding {gguf.name} in a probe process on this "
+                "machine; a build with llama.cpp's AMX kernels does so on Intel Xeons with AMX: rebuild it with "
+                "`make peers`, which leaves them out")
+    last = done.stderr.strip().splitlines()[-1:] or [f"exit status {done.returncode}"]
+    return f"llama-cpp-python failed loading and decoding {gguf.name} in a probe process: {last[0]}"
 
 
 def gguf_of(models) -> tuple[Path | None, str | None]:
@@ -104,6 +143,10 @@ def llama_cpp_peers(models, settings: BenchSettings, n_ctx: int) -> tuple[LlamaC
     gguf, why = gguf_of(models)
     if gguf is None:
         return None, {"available": False, "reason": why}
-    peers = LlamaCppPeers(module, speculative, gguf, settings.k, torch.get_num_threads(), n_ctx,
+    threads = torch.get_num_threads()
+    why = probe(gguf, threads)
+    if why is not None:
+        return None, {"available": False, "reason": why}
+    peers = LlamaCppPeers(module, speculative, gguf, settings.k, threads, n_ctx,
                           engine.eos_ids(models.target, models.tokenizer), settings.seed)
     return peers, peers.info
