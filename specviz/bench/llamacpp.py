@@ -54,7 +54,7 @@ import llama_cpp
 llm = llama_cpp.Llama(model_path=sys.argv[1], n_ctx=64, n_batch=64, n_threads=int(sys.argv[2]),
                       n_threads_batch=int(sys.argv[2]), verbose=False)
 tokens = llm.generate(llm.tokenize(b"The cat sat on the mat. The cat sat on the"), temp=0.0, top_k=0, top_p=1.0)
-for _, token in zip(range(4), tokens):
+for _ in zip(range(4), tokens):
     pass
 """
 PROBE_TIMEOUT_S = 600
