@@ -97,18 +97,34 @@ LOSSLESS = Lossless()
 
 @dataclass(frozen=True)
 class Typical:
-    """Medusa's typical acceptance: accept x when p(x) > min(epsilon, delta · exp(−H(p))). NOT lossless: the
-    output no longer follows p exactly; events of such a run are marked lossy. At temperature 0 it is the
-    greedy rule."""
+    """Medusa's typical acceptance: accept x when p(x) > min(hard_cap, entropy_factor · exp(−H(p))). NOT lossless:
+    the output no longer follows p exactly; events of such a run are marked lossy. At temperature 0 it is the
+    greedy rule.
 
-    epsilon: float = 0.3
-    delta: float = 0.09
+    The constants are Medusa's (Cai et al., 2024; FasterDecoding/Medusa `medusa_generate` and
+    `evaluate_posterior`): the paper writes min(ε, δ · exp(−H)) with ε the hard threshold and δ the
+    entropy-dependent one; its code calls them `posterior_threshold=0.09` and `posterior_alpha=0.3` (recommended
+    there as about √posterior_threshold). The hard cap binds on confident distributions (low H), the entropy term on
+    flat ones. Two differences from Medusa's code, both kept on purpose: H here is the entropy of p itself (Medusa
+    adds 1e-5 inside the log), and the walk takes, at each node, the first child that passes (Medusa keeps the
+    longest passing candidate path, ties broken by likelihood)."""
+
+    hard_cap: float = 0.09  # ε in the paper, posterior_threshold in Medusa's code: the largest threshold ever used
+    entropy_factor: float = 0.3  # δ in the paper, posterior_alpha in Medusa's code: multiplies exp(−H(p))
     lossy = True  # a class attribute, not a field
+
+    def threshold(self, p_here: torch.Tensor) -> float:
+        """min(hard_cap, entropy_factor · exp(−H(p))) for one (V,) distribution p."""
+        entropy = float(-(p_here * torch.log(p_here.clamp_min(1e-12))).sum())
+        return min(self.hard_cap, self.entropy_factor * math.exp(-entropy))
 
     def __call__(self, tree: DraftTree, p: torch.Tensor, greedy: bool, generator: torch.Generator, n_top: int) -> Verdict:
         if greedy:
             return verify(tree, p, True, generator, n_top)
         return verify_typical(tree, p, self, generator, n_top)
+
+
+MEDUSA_TYPICAL = Typical()  # Medusa's published constants
 
 
 def verify_typical(tree: DraftTree, p: torch.Tensor, rule: Typical, generator: torch.Generator, n_top: int = 5) -> Verdict:
@@ -118,8 +134,7 @@ def verify_typical(tree: DraftTree, p: torch.Tensor, rule: Typical, generator: t
     node = ROOT
     while True:
         p_here = p[node + 1]
-        entropy = float(-(p_here * torch.log(p_here.clamp_min(1e-12))).sum())
-        threshold = min(rule.epsilon, rule.delta * math.exp(-entropy))
+        threshold = rule.threshold(p_here)
         moved_to = None
         for c in kids[node]:
             p_x = float(p_here[tree.tokens[c]])
