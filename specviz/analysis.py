@@ -200,19 +200,50 @@ def total_variation(a, b) -> float:
     return 0.5 * float(np.abs(a - b).sum())
 
 
-def goodness_of_fit(counts, p) -> dict:
-    """Chi-square test of observed counts against the distribution p. A count where p is 0 is an
-    impossible outcome: the statistic is then infinite and the p-value 0."""
+def goodness_of_fit(counts, p, min_expected: float = 5.0) -> dict:
+    """Pearson's chi-square test of observed counts against the distribution p. Outcomes whose expected count
+    n·p is below `min_expected` are pooled into one cell (the chi-square approximation needs it); with fewer than
+    two cells left no test is possible and the p-value is NaN. A count where p is 0 is an impossible outcome: the
+    statistic is then infinite and the p-value 0."""
     from scipy import stats
 
     counts, p = np.asarray(counts, dtype=float), normalise(p)
     n = counts.sum()
     support = p > 0
+    result = {"n": int(n), "chi2": math.nan, "dof": 0, "p_value": math.nan, "tv": total_variation(counts, p),
+              "pooled": 0, "cells": 0}
     if (counts[~support] > 0).any():
-        return {"n": int(n), "chi2": math.inf, "dof": int(support.sum() - 1), "p_value": 0.0, "tv": total_variation(counts, p)}
-    chi2, p_value = stats.chisquare(counts[support], n * p[support])
-    return {"n": int(n), "chi2": float(chi2), "dof": int(support.sum() - 1), "p_value": float(p_value),
-            "tv": total_variation(counts, p)}
+        return {**result, "chi2": math.inf, "dof": int(support.sum() - 1), "p_value": 0.0}
+    expected = n * p[support]
+    common = expected >= min_expected
+    observed_cells, expected_cells = list(counts[support][common]), list(expected[common])
+    if (~common).any():
+        observed_cells.append(counts[support][~common].sum())
+        expected_cells.append(expected[~common].sum())
+    result.update(pooled=int((~common).sum()), cells=len(observed_cells))
+    if len(observed_cells) < 2:
+        return result
+    chi2, p_value = stats.chisquare(observed_cells, expected_cells)
+    return {**result, "chi2": float(chi2), "dof": len(observed_cells) - 1, "p_value": float(p_value)}
+
+
+def detectable_tv(n_a: int, n_b: int, dof: int, level: float = 0.01, power: float = 0.8) -> float:
+    """The smallest total-variation distance between two distributions that Pearson's chi-square test of
+    homogeneity on n_a and n_b samples (dof degrees of freedom, rejecting at `level`) detects with probability at
+    least `power`, whatever the shape of the difference, in the test's large-sample approximation.
+
+    Under an alternative the statistic is noncentral chi-square with noncentrality λ = n_eff · Σ (a_i − b_i)² / m_i,
+    n_eff = n_a·n_b ÷ (n_a + n_b) and m the pooled shares. By Cauchy–Schwarz Σ (a_i − b_i)² / m_i ≥ (Σ |a_i − b_i|)²
+    = 4·TV², with equality when |a_i − b_i| is proportional to m_i (the hardest difference to see), so every
+    alternative at distance TV has λ ≥ 4·n_eff·TV². The answer is the TV whose λ gives the test `power`.
+    Above 1 (returned as is): no difference at all is sure to be seen with so few samples."""
+    from scipy import optimize, stats
+
+    if n_a <= 0 or n_b <= 0 or dof < 1:
+        return math.inf
+    critical = stats.chi2.ppf(1 - level, dof)
+    lam = optimize.brentq(lambda x: stats.ncx2.sf(critical, dof, x) - power, 1e-9, 1e6)
+    return math.sqrt(lam / (4 * n_a * n_b / (n_a + n_b)))
 
 
 def two_sample_test(samples_a: list, samples_b: list, min_expected: float = 5.0) -> dict:
@@ -248,6 +279,22 @@ def two_sample_test(samples_a: list, samples_b: list, min_expected: float = 5.0)
         result.update(chi2=0.0, p_value=1.0)  # one outcome only: both samples agree completely
     # else every outcome is rare: no test is possible (p_value stays NaN); more samples are needed
     return result
+
+
+# ------------------------------------------------------------------------------- the acceptance histogram
+
+
+def acceptance_histogram(steps: list[dict]) -> list[int]:
+    """From a run's step events, what specviz.decoding.metrics.acceptance_histogram computes from its counts:
+    index j = the steps that drafted something and committed exactly j drafted tokens (steps that drafted nothing
+    left out, as in vLLM's per-request `acceptance_histogram`); empty when nothing was drafted."""
+    drafting = [s for s in steps if s["nodes"]]
+    if not drafting:
+        return []
+    out = [0] * (max(n["depth"] for s in drafting for n in s["nodes"]) + 1)
+    for s in drafting:
+        out[sum(c["kind"] == "accepted" for c in s["committed"])] += 1
+    return out
 
 
 # ------------------------------------------------------------------------------- the measured batch surface

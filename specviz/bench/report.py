@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from specviz.analysis import predicted_speedup
+from specviz.bench import numerics
 from specviz.bench.probes import (
     draft_dtypes,
     machine_info,
@@ -15,6 +16,7 @@ from specviz.bench.probes import (
     target_forward,
 )
 from specviz.decoding.costs import fitting_context, interpolate
+from specviz.decoding.metrics import acceptance_histogram
 from specviz.kernels import fastlinear
 
 if TYPE_CHECKING:
@@ -125,6 +127,7 @@ def drafter_report(method: MethodRuns, none: MethodRuns, greedy: bool) -> dict:
         "accepted": accepted,
         "acceptance_rate": accepted / drafted if drafted else None,
         "per_position_acceptance": [a / n for a, n in zip(accepted_at, reached)],
+        "acceptance_histogram": acceptance_histogram(reached, accepted_at),
         "draft_share": sum(r.draft_s for r in method.runs) / wall,
         "verify_share": sum(r.verify_s for r in method.runs) / wall,
         # over every repeat, as the wall time (median over repeats) is: the first repeat alone may be the slow one
@@ -226,13 +229,17 @@ def build_report(models, prompts, encoded, settings, drafters, peers, runs, chai
     grouped = {m: MethodRuns([r for r in runs if r.method == m]) for m in dict.fromkeys([*drafters, *peers, *(r.method for r in runs)])}
     none = grouped["none"]
     drafter_reports = {name: drafter_report(grouped[name], none, greedy) for name in drafters}
+    dtype = next(models.target.parameters()).dtype
+    if greedy:  # a difference at a floating-point near-tie is a numerics event, not a failed drafter
+        ids = {p.id: list(e) for p, e in zip(prompts, encoded)}
+        numerics.sort_out(drafter_reports, lambda prompt, index: numerics.logits_after(
+            models.target, ids[prompt] + none.first(prompt).token_ids[:index], models.vocab_size), dtype)
     peer_reports = {name: peer_report(grouped[name], grouped["generate"], greedy) for name in peers}
     head_to_head = [{"ours": a, "peer": b, "speedup": summary(ratios(grouped[a], grouped[b]))}
                     for a, b in HEAD_TO_HEAD if a in grouped and b in grouped]
     bad = sorted({m["prompt"] for d in drafter_reports.values() for m in d["mismatches"]})
 
     floor = floor_report(streamed_weight_bytes(models.target), bandwidth, none)
-    dtype = next(models.target.parameters()).dtype
     return {
         "schema_version": SCHEMA_VERSION,
         "machine": {**machine_info(models.target.device, dtype, floor["bandwidth_gb_s"], fastlinear.is_packed(models.target),
@@ -428,6 +435,10 @@ def to_markdown(report: dict) -> str:
         lines += _table(["drafter"] + [f"d={d + 1}" for d in range(depth)],
                         [[f"`{n}`"] + [_f(a) for a in d["per_position_acceptance"]] + ["–"] * (depth - len(d["per_position_acceptance"]))
                          for n, d in report["drafters"].items() if d["per_position_acceptance"]])
+    if any(d.get("acceptance_histogram") for d in report["drafters"].values()):
+        lines += ["", "Acceptance histogram (verify steps that drafted something, by drafted tokens accepted: 0, 1, 2, …):", ""]
+        lines += _table(["drafter", "steps accepting 0, 1, 2, …"], [[f"`{n}`", ", ".join(map(str, d["acceptance_histogram"]))]
+                                                                    for n, d in report["drafters"].items() if d.get("acceptance_histogram")])
     if report["peers"]:
         lines += ["", "## Peers (transformers `generate()`, same model objects)", ""]
         lines += _table(["peer", "tokens/s", "ms/token", "speedup vs generate", "output = generate"],
@@ -458,6 +469,7 @@ def to_markdown(report: dict) -> str:
                           _f(p["other_ms_per_step"], ".1f"), _f(p["predicted"], ".2f", "×"), _f(p["measured"], ".2f", "×")]
                          for n, p in report["predicted_speedup"].items()])
     lines += ["", "## Weight-streaming floor", "", floor_sentence(report["floor"])]
+    lines += numerics.markdown(report)
     bad = [(n, x) for n, d in report["drafters"].items() for x in d["mismatches"]]
     bad += [(n, x) for n, p in report["peers"].items() for x in p["mismatches"]]
     if bad:

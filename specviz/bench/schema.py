@@ -22,6 +22,13 @@ _MISMATCH = {
     "properties": {"prompt": {"type": "string"}, "index": {"type": "integer"}, "expected": {"type": ["integer", "null"]},
                    "got": {"type": ["integer", "null"]}, "expected_tokens": {"type": "integer"}, "got_tokens": {"type": "integer"}},
 }
+_NUMERICS_EVENT = {  # a mismatch at a floating-point near-tie (specviz/bench/numerics.py)
+    "type": "object",
+    "required": [*_MISMATCH["required"], "top", "gap", "tolerance", "near_tie"],
+    "properties": {**_MISMATCH["properties"], "gap": _NUMBER, "tolerance": _NUMBER, "near_tie": {"const": True},
+                   "top": {"type": "array", "minItems": 2, "maxItems": 2,  # [[token id, logit], [token id, logit]]
+                           "items": {"type": "array", "prefixItems": [{"type": "integer"}, _NUMBER], "minItems": 2, "maxItems": 2}}},
+}
 _SPEED = {"new_tokens": {"type": "integer"}, "wall_s": _NUMBER, "tokens_per_s": _NUMBER, "ms_per_token": _NULLABLE_NUMBER}
 _CURVE = {"type": "object", "propertyNames": {"pattern": "^[0-9]+$"}, "additionalProperties": _NUMBER}
 
@@ -75,6 +82,9 @@ BENCH_SCHEMA = {
                     "steps": {"type": "integer"}, "tau": _NUMBER, "drafted": {"type": "integer"}, "accepted": {"type": "integer"},
                     "acceptance_rate": {"type": ["number", "null"], "minimum": 0, "maximum": 1},
                     "per_position_acceptance": {"type": "array", "items": {"type": "number", "minimum": 0, "maximum": 1}},
+                    # optional: reports written before they existed lack the histogram and the numerics events
+                    "acceptance_histogram": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+                    "numerics_events": {"type": "array", "items": _NUMERICS_EVENT},
                     "draft_share": _NUMBER, "verify_share": _NUMBER, "draft_ms_per_step": _NUMBER,
                     "verify_ms_per_step": _NUMBER, "inputs_per_step": _NUMBER, "tree": {"type": "boolean"},
                     "speedup_vs_none": _SUMMARY,

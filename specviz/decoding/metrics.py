@@ -43,8 +43,20 @@ class Metrics:
             "per_position_acceptance": [a / r for a, r in zip(self.accepted_at, self.reached)],
             "reached": list(self.reached),  # the counts behind it, per depth
             "accepted_at": list(self.accepted_at),
+            "acceptance_histogram": acceptance_histogram(self.reached, self.accepted_at),
             "wall_s": wall_s,
             "tokens_per_s": self.new_tokens / wall_s if wall_s > 0 else 0.0,
             "draft_s": self.draft_s,
             "verify_s": self.verify_s,
         }
+
+
+def acceptance_histogram(reached: list[int], accepted_at: list[int]) -> list[int]:
+    """[h0, h1, ..., hD]: hj = verify steps that drafted something and accepted exactly j drafted tokens (the
+    replacement/bonus token not counted; steps that drafted nothing left out, as vLLM's per-request
+    `acceptance_histogram` leaves them out). From the per-depth counts: reached[0] steps drafted at least one token,
+    accepted_at[d] steps accepted at least d + 1, so hj = accepted_at[j − 1] − accepted_at[j]."""
+    if not reached:
+        return []
+    at_least = [reached[0], *accepted_at, 0]  # at_least[j]: steps that accepted j or more
+    return [at_least[j] - at_least[j + 1] for j in range(len(accepted_at) + 1)]
