@@ -12,33 +12,21 @@ from app.runner import Fetches, RemoteModels, SharedModels
 from specviz import models as m
 from specviz.decoding import events as ev
 from specviz.decoding.costs import verify_curve
-from specviz.drafters import parse_spec
-from specviz.drafters.eagle import TreeShape
+from specviz.decoding.settings import FIELD_HELP, DecodeSettings
+from specviz.drafters import REGISTRY, parse_spec
 from specviz.errors import SpecvizError
-from specviz.settings import DecodeSettings
 
 ENV_MODEL = "SPECVIZ_DEFAULT_MODEL"  # a preset name or a local model folder the sidebar starts with
 ENV_BACKEND = "SPECVIZ_BACKEND"  # http://host:8000: the pages stream from a `specviz serve` service instead
 ENV_BACKEND_TOKEN = "SPECVIZ_BACKEND_TOKEN"
 DEFAULT_PROMPT = "Write a Python function that reverses a string."
-# The sidebar's EAGLE-2 tree settings start at the drafter's own defaults, so the pages run what the bench runs:
-# total_tokens is "auto" (a ticked checkbox); unticked, the slider's fixed budget, which starts at 24.
-TREE_DEFAULTS = {"depth": TreeShape().depth, "top_k": TreeShape().top_k, "total_tokens": 24, "lookup": 0}
-DRAFTER_HELP = {
-    "none": "plain autoregressive decoding: one target forward per token (the baseline)",
-    "ngram": "prompt lookup: copy what followed the last matching n-gram in the context (no q)",
-    "draft": "an independent small draft model proposes a chain of K tokens",
-    "medusa": "Medusa heads on the target's features propose a fixed tree",
-    "eagle2": "EAGLE-2: a feature-level draft head grows a dynamic tree",
-    "eagle3": "EAGLE-3: a head over three fused target layers grows the same dynamic tree",
-}
-TREE_DRAFTERS = ("eagle2", "eagle3")  # the EAGLE-2 dynamic tree: the sidebar's tree settings apply
+TREE_SLIDER_NODES = 24  # the fixed node budget the sidebar's slider starts at, once "auto" is unticked
 PREFERRED = ("eagle2", "medusa", "draft", "ngram", "none")  # the default drafter: the first available
 
 
 @dataclass(frozen=True, kw_only=True)
 class Settings(DecodeSettings):
-    """The sidebar: a decode configuration (specviz.settings.DecodeSettings) plus the model, the drafter and the
+    """The sidebar: a decode configuration (specviz.decoding.settings.DecodeSettings) plus the model, the drafter and the
     EAGLE-2 tree settings."""
 
     model: str
@@ -48,7 +36,8 @@ class Settings(DecodeSettings):
 
     def tree_for(self, drafter: str) -> tuple | None:
         """The tree settings a run of `drafter` uses: the sidebar's for eagle2, eagle3 and their variants, else none."""
-        return self.tree if parse_spec(drafter)[0] in TREE_DRAFTERS else None
+        spec = REGISTRY.get(parse_spec(drafter)[0])
+        return self.tree if spec is not None and spec.tree else None
 
     def stream_kwargs(self, **overrides) -> dict:
         """Arguments for specviz.stream (without models=); `overrides` replace any of them."""
@@ -184,39 +173,53 @@ def sidebar() -> tuple[SharedModels | None, Settings | None]:
         names = shared.drafters()
         default = names.index(next((d for d in PREFERRED if d in names), names[0]))
         drafter = st.sidebar.selectbox("Drafter", names, index=default, key="sb_drafter", help="\n\n".join(
-                                           f"**{d}**: {DRAFTER_HELP.get(d, '')}" for d in names))
-        st.sidebar.caption(DRAFTER_HELP.get(drafter, ""))
+                                           f"**{d}**: {drafter_help(d)}" for d in names))
+        st.sidebar.caption(drafter_help(drafter))
         temperature = st.sidebar.slider("Temperature", 0.0, 2.0, 0.0, 0.05, key="sb_temperature",
-                                        help="0 = greedy (argmax). Above 0, p and q are sampled and the lossless "
-                                             "acceptance rule applies.")
-        top_p = st.sidebar.slider("Top-p", 0.05, 1.0, 1.0, 0.05, key="sb_top_p")
-        top_k = st.sidebar.number_input("Top-k (0 = off)", 0, 100_000, 0, key="sb_top_k")
+                                        help=FIELD_HELP["temperature"] + ". Above 0, p and q are sampled and the "
+                                             "lossless acceptance rule applies.")
+        top_p = st.sidebar.slider("Top-p", 0.05, 1.0, 1.0, 0.05, key="sb_top_p", help=FIELD_HELP["top_p"])
+        top_k = st.sidebar.number_input("Top-k (0 = off)", 0, 100_000, 0, key="sb_top_k", help=FIELD_HELP["top_k"])
         k = st.sidebar.slider("K (drafted tokens per step)", 1, 8, 4, key="sb_k",
                               help="Chain drafters (n-gram, draft model) propose up to K tokens a step; `none` "
                                    "ignores it.")
+        tree_drafters = [d for d in names if d in REGISTRY and REGISTRY[d].tree]
         tree = None
-        if any(name in names for name in TREE_DRAFTERS):  # every run on the EAGLE-2 tree uses them
-            with st.sidebar.expander("Tree (EAGLE-2)", expanded=drafter in TREE_DRAFTERS):
-                st.caption("For every run on the EAGLE-2 tree (eagle2, eagle3): the pages' and the race's.")
-                tree = (
-                    ("depth", st.slider("depth", 1, 10, TREE_DEFAULTS["depth"], key="sb_depth")),
-                    ("top_k", st.slider("top_k (children expanded per depth)", 1, 10, TREE_DEFAULTS["top_k"], key="sb_tree_top_k")),
-                    ("total_tokens", "auto" if st.checkbox(
-                        "total_tokens auto", True, key="sb_total_auto",
-                        help="Keep the nodes that pay under this machine's measured verify-cost curve (the default "
-                             "everywhere else). Untick to fix the number of nodes.")
-                     else st.slider("total_tokens (nodes kept)", 2, 64, TREE_DEFAULTS["total_tokens"], key="sb_total")),
-                    ("lookup", st.slider("lookup (prompt-lookup tokens grafted on, 0 = off)", 0, 8, TREE_DEFAULTS["lookup"],
-                                         key="sb_lookup", help="Graft prompt lookup's continuation of the context "
-                                         "onto the tree as one more branch (the `eagle2:lookup=4` variant).")),
-                )
-        seed = st.sidebar.number_input("Seed", 0, 2**31 - 1, 0, key="sb_seed")
-        max_new = st.sidebar.slider("Max new tokens", 1, 256, 32, key="sb_max_new")
+        if tree_drafters:  # every run on the EAGLE-2 tree uses them
+            with st.sidebar.expander("Tree (EAGLE-2)", expanded=drafter in tree_drafters):
+                st.caption(f"For every run on the EAGLE-2 tree ({', '.join(tree_drafters)}): the pages' and the race's.")
+                tree = tree_controls(REGISTRY[tree_drafters[0]])
+        seed = st.sidebar.number_input("Seed", 0, 2**31 - 1, 0, key="sb_seed", help=FIELD_HELP["seed"])
+        max_new = st.sidebar.slider("Max new tokens", 1, 256, 32, key="sb_max_new", help=FIELD_HELP["max_new_tokens"])
         settings = Settings(model=shared.name, drafter=drafter, temperature=float(temperature), top_p=float(top_p),
                             top_k=int(top_k), k=int(k), seed=int(seed), max_new_tokens=int(max_new), tree=tree)
         st.sidebar.caption(f"target: `{shared.name}`, the engine {shared.where()}")
     st.session_state["_shared"], st.session_state["_settings"] = shared, settings
     return shared, settings
+
+
+def drafter_help(name: str) -> str:
+    """The drafter's one line from its spec (a variant such as eagle2:lookup=4 gets its base drafter's)."""
+    spec = REGISTRY.get(parse_spec(name)[0])
+    return spec.help if spec is not None else ""
+
+
+def tree_controls(spec) -> tuple:
+    """The dynamic tree's settings as sliders drawn from the drafter spec's options: their defaults and bounds.
+    total_tokens starts at "auto" (a ticked checkbox); unticked, a fixed number of nodes."""
+    depth, top_k, total, lookup = (spec.option(name) for name in ("depth", "top_k", "total_tokens", "lookup"))
+    auto = st.checkbox("total_tokens auto", total.default == "auto", key="sb_total_auto",
+                       help="Keep the nodes that pay under this machine's measured verify-cost curve (the default "
+                            "everywhere else). Untick to fix the number of nodes.")
+    return (
+        ("depth", st.slider(depth.name, int(depth.low), int(depth.high), depth.default, key="sb_depth", help=depth.help)),
+        ("top_k", st.slider("top_k (children expanded per depth)", int(top_k.low), int(top_k.high), top_k.default,
+                            key="sb_tree_top_k", help=top_k.help)),
+        ("total_tokens", "auto" if auto else st.slider("total_tokens (nodes kept)", 2, int(total.high) // 2,
+                                                       TREE_SLIDER_NODES, key="sb_total", help=total.help)),
+        ("lookup", st.slider("lookup (prompt-lookup tokens grafted on, 0 = off)", int(lookup.low), int(lookup.high) // 2,
+                             lookup.default, key="sb_lookup", help=lookup.help + " (the `eagle2:lookup=4` variant)")),
+    )
 
 
 def current() -> tuple[SharedModels | None, Settings | None]:

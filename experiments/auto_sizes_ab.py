@@ -14,10 +14,10 @@ import torch
 from specviz import api, models
 from specviz.decoding import engine
 from specviz.decoding.costs import interpolate, verify_curve
+from specviz.decoding.settings import DecodeSettings
 from specviz.drafters import draft_vocabulary, make_drafter
 from specviz.drafters.eagle import EagleDrafter, TreeShape
 from specviz.drafters.medusa import MedusaDrafter
-from specviz.settings import DecodeSettings
 
 QUESTIONS = Path(__file__).resolve().parents[2] / "shared" / "data" / "mt_bench.jsonl"
 OLD_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64)  # the sizes the curve was interpolated from

@@ -28,11 +28,11 @@ import torch
 
 from specviz import api, models
 from specviz.decoding import engine
+from specviz.decoding.settings import DecodeSettings
 from specviz.decoding.target import Target
 from specviz.drafters import NoDraft
-from specviz.kernels import fastlinear, quant
+from specviz.kernels import blocks, fastlinear, quant
 from specviz.kernels.kvcache import crop_cache
-from specviz.settings import DecodeSettings
 
 PROMPTS = Path(__file__).resolve().parents[1] / "specviz" / "bench" / "data" / "prompts.jsonl"
 WAYS = ("fp32", "q4")
@@ -62,7 +62,7 @@ def op_alone(rounds: int) -> list[str]:
         codes = torch.randint(0, 256, (out, 288), generator=generator, dtype=torch.uint8)
         scales = (torch.rand(out, 18, generator=generator) * 0.02).half().float()
         mins = (-torch.rand(out, 18, generator=generator) * 0.15).half().float()
-        packed = fastlinear.reorder(quant.dequantize(codes, scales, mins))
+        packed = fastlinear.reorder(blocks.dequantize(codes, scales, mins))
         x = torch.randn(1, 576, generator=generator)
         calls = {"fp32": partial(fastlinear.packed_product, x, packed, None),
                  "q4": partial(quant.q4_product, x, codes, scales, mins)}

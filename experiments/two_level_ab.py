@@ -18,7 +18,7 @@ import torch
 from specviz import models
 from specviz.bench.probes import streamed_weight_bytes
 from specviz.decoding.target import Target
-from specviz.kernels import quant
+from specviz.kernels import blocks, quant
 from specviz.kernels.kvcache import crop_cache
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
@@ -30,12 +30,12 @@ def widened(model) -> int:
     swaps = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
              if isinstance(child, (quant.Q4KLinear, quant.Q6KLinear))]
     for parent, name, child in swaps:
-        widen = quant.widen_q4_k if isinstance(child, quant.Q4KLinear) else quant.widen_q6_k
+        widen = blocks.widen_q4_k if isinstance(child, quant.Q4KLinear) else blocks.widen_q6_k
         bias = None if child.bias is None else child.bias.detach()
         setattr(parent, name, quant.block_linear(widen(*child.blocks()), bias))
     head = quant.q8_head(model)
     if head is not None and isinstance(head.linear, quant.Q6KLinear):
-        object.__setattr__(model, quant.HEAD_ATTRIBUTE, quant.Q8Head(*quant.widen_q6_k(*head.linear.blocks())))
+        object.__setattr__(model, quant.HEAD_ATTRIBUTE, quant.Q8Head(*blocks.widen_q6_k(*head.linear.blocks())))
     return len(swaps)
 
 

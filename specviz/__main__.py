@@ -1,4 +1,4 @@
 """python -m specviz {generate,models,train,bench} ..."""
-from specviz.cli import main
+from specviz.cli.main import main
 
 raise SystemExit(main())

@@ -7,9 +7,9 @@ from typing import Iterator
 
 from specviz.decoding import engine
 from specviz.decoding import events as ev
+from specviz.decoding.settings import DECODE_FIELDS, DecodeSettings
 from specviz.drafters import make_drafter
 from specviz.errors import SpecvizError
-from specviz.settings import DECODE_FIELDS, DecodeSettings
 
 
 @functools.lru_cache(maxsize=2)
@@ -53,7 +53,7 @@ def stream(
 ) -> Iterator[ev.Event]:
     """Decode `prompt` and yield a Start event, one Step per target forward and a Done event.
 
-    The decode configuration is a specviz.settings.DecodeSettings: pass one as `settings`, or its fields by name
+    The decode configuration is a specviz.decoding.settings.DecodeSettings: pass one as `settings`, or its fields by name
     (max_new_tokens, temperature, top_p, top_k, k, seed, n_top), which override those of `settings`.
     `models` takes already-loaded models (a specviz.models.LoadedModels, or `loaded(target, tokenizer, draft)`);
     otherwise `model`/`draft_model` name a preset, a local folder or a hub id. `backend="http://host:8000"`

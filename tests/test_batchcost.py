@@ -15,8 +15,8 @@ from test_bench import one_thread  # noqa: F401  (autouse: one torch thread, as 
 
 from app.state import ENV_MODEL
 from specviz import analysis
-from specviz import cli as specviz_cli
 from specviz.bench import batch
+from specviz.cli import main as specviz_cli
 from specviz.decoding import costs
 from specviz.errors import SpecvizError
 

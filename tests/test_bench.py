@@ -9,15 +9,15 @@ import pytest
 import torch
 
 from specviz import bench
-from specviz import cli as specviz_cli
+from specviz.bench import cli as specviz_cli
 from specviz.bench import probes
 from specviz.bench import report as bench_report
 from specviz.bench import run as bench_run
 from specviz.decoding import costs
 from specviz.decoding import verify as verify_module
+from specviz.decoding.drafter import Drafter
 from specviz.decoding.tree import DraftTree
 from specviz.drafters import make_drafter
-from specviz.drafters.base import Drafter
 from specviz.errors import SpecvizError
 from specviz.models import LoadedModels
 from specviz.models.heads import EagleHead, MedusaHeads

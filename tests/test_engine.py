@@ -190,7 +190,7 @@ def test_api_accepts_loaded_models(target, tok):
         (dict(drafter="none:depth=2"), "takes no options"),
         (dict(drafter="draft:adaptive=maybe"), "true or false"),
         (dict(drafter="ngram:k=2.5"), "whole number"),
-        (dict(drafter="ngram:min_ngram=0"), "1 <= min_ngram <= max_ngram"),
+        (dict(drafter="ngram:min_ngram=0"), "min_ngram must be a whole number >= 1"),
         (dict(drafter="ngram:min_ngram=4:max_ngram=2"), "1 <= min_ngram <= max_ngram"),
     ],
 )

@@ -15,7 +15,7 @@ LEAVES = {"specviz.errors", "specviz.atomic", "specviz.paths"}
 ALLOWED = {
     "specviz.kernels": set(),
     "specviz.models": {"specviz.kernels"},
-    "specviz.decoding": {"specviz.kernels", "specviz.models.compat", "specviz.drafters.base", "specviz.settings"},
+    "specviz.decoding": {"specviz.kernels", "specviz.models.compat"},
     "specviz.drafters": {"specviz.kernels", "specviz.models.compat", "specviz.decoding"},
 }
 
@@ -107,3 +107,9 @@ def test_each_layer_imports_only_what_lies_below_it(layer):
         for dep in deps if not any(dep == a or dep.startswith(a + ".") for a in allowed)
     }
     assert not wrong, sorted(wrong)
+
+
+def test_no_module_in_the_library_or_the_app_passes_500_lines():
+    long = {str(p.relative_to(ROOT)): n for p in [*ROOT.glob("specviz/**/*.py"), *ROOT.glob("app/**/*.py")]
+            if (n := len(p.read_text().splitlines())) > 500}
+    assert not long, long

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from specviz import bench
-from specviz import cli as specviz_cli
+from specviz.bench import cli as specviz_cli
 from specviz.bench import llamacpp
 from specviz.bench import report as bench_report
 from specviz.models import LoadedModels

@@ -18,6 +18,7 @@ from specviz.decoding.target import Target
 from specviz.drafters import NoDraft
 from specviz.drafters.ngram import NgramDrafter
 from specviz.errors import SpecvizError
+from specviz.kernels import blocks as gguf_blocks
 from specviz.kernels import fastdecoder, quant
 from specviz.models import quantized
 
@@ -57,7 +58,7 @@ def agrees(got, weight, x, bias=None) -> bool:
 @pytest.mark.parametrize("out,inp", SHAPES)
 def test_the_product_equals_dequantize_then_matmul(path, out, inp):
     codes, scales, mins = random_q4(out, inp, seed=out + inp)
-    weight = quant.dequantize(codes, scales, mins)
+    weight = gguf_blocks.dequantize(codes, scales, mins)
     x = torch.randn(max(ROWS), inp, generator=torch.Generator().manual_seed(1))
     for rows in ROWS:
         got = quant.q4_product(x[:rows], codes, scales, mins, path=path)
@@ -86,7 +87,7 @@ def random_q6(out, inp, seed):
 @pytest.mark.parametrize("blocks", [random_q8, random_q6], ids=["Q8_0", "Q6_K"])
 def test_the_8_bit_product_equals_dequantize_then_matmul(path, out, inp, blocks):
     codes, scales = blocks(out, inp, seed=out + inp)
-    weight = quant.dequantize_q8(codes, scales)
+    weight = gguf_blocks.dequantize_q8(codes, scales)
     x = torch.randn(max(ROWS), inp, generator=torch.Generator().manual_seed(1))
     for rows in ROWS:
         got = quant.q8_product(x[:rows], codes, scales, path=path)
@@ -101,7 +102,7 @@ def test_bias_and_leading_dimensions(path):
     x = torch.randn(2, 3, 64)
     got = quant.q4_product(x, codes, scales, mins, bias, path=path)
     assert got.shape == (2, 3, 40)
-    assert agrees(got.reshape(6, 40), quant.dequantize(codes, scales, mins), x.reshape(6, 64), bias)
+    assert agrees(got.reshape(6, 40), gguf_blocks.dequantize(codes, scales, mins), x.reshape(6, 64), bias)
 
 
 @needs_op
@@ -137,12 +138,12 @@ def test_a_planted_bug_is_caught(mutation):
     x = torch.randn(4, 576, generator=torch.Generator().manual_seed(4))
     got = quant.q4_product(x, codes, scales, mins)
     if mutation == "scale of the next group":
-        wrong = quant.dequantize(codes, scales.roll(-1, dims=1), mins)
+        wrong = gguf_blocks.dequantize(codes, scales.roll(-1, dims=1), mins)
     elif mutation == "minimum dropped":
-        wrong = quant.dequantize(codes, scales, torch.zeros_like(mins))
+        wrong = gguf_blocks.dequantize(codes, scales, torch.zeros_like(mins))
     else:
-        wrong = quant.dequantize((codes << 4) | (codes >> 4), scales, mins)
-    assert agrees(got, quant.dequantize(codes, scales, mins), x)
+        wrong = gguf_blocks.dequantize((codes << 4) | (codes >> 4), scales, mins)
+    assert agrees(got, gguf_blocks.dequantize(codes, scales, mins), x)
     assert not agrees(got, wrong, x)
 
 
@@ -153,12 +154,12 @@ def test_a_planted_bug_in_the_8_bit_product_is_caught(mutation):
     x = torch.randn(4, 576, generator=torch.Generator().manual_seed(4))
     got = torch.cat([quant.q8_product(x[:1], codes, scales), quant.q8_product(x[1:], codes, scales)])
     if mutation == "scale of the next group":
-        wrong = quant.dequantize_q8(codes, scales.roll(-1, dims=1))
+        wrong = gguf_blocks.dequantize_q8(codes, scales.roll(-1, dims=1))
     elif mutation == "codes off by one":
-        wrong = quant.dequantize_q8(codes.roll(1, dims=1), scales)
+        wrong = gguf_blocks.dequantize_q8(codes.roll(1, dims=1), scales)
     else:
-        wrong = quant.dequantize_q8(codes.view(torch.uint8).to(torch.int16).clamp(max=127).to(torch.int8), scales)
-    assert agrees(got, quant.dequantize_q8(codes, scales), x)
+        wrong = gguf_blocks.dequantize_q8(codes.view(torch.uint8).to(torch.int16).clamp(max=127).to(torch.int8), scales)
+    assert agrees(got, gguf_blocks.dequantize_q8(codes, scales), x)
     assert not agrees(got, wrong, x)
 
 
@@ -170,10 +171,10 @@ def test_a_planted_bug_in_the_16_weight_scales_is_caught(path):
     codes, scales = random_q6(576, 576, seed=10)
     x = torch.randn(4, 576, generator=torch.Generator().manual_seed(4))
     got = torch.cat([quant.q8_product(x[:1], codes, scales, path=path), quant.q8_product(x[1:], codes, scales, path=path)])
-    assert agrees(got, quant.dequantize_q8(codes, scales), x)
+    assert agrees(got, gguf_blocks.dequantize_q8(codes, scales), x)
     pairs = scales.reshape(576, -1, 2)
-    assert not agrees(got, quant.dequantize_q8(codes, pairs[..., 0].contiguous()), x)
-    assert not agrees(got, quant.dequantize_q8(codes, pairs.flip(-1).reshape(576, -1)), x)
+    assert not agrees(got, gguf_blocks.dequantize_q8(codes, pairs[..., 0].contiguous()), x)
+    assert not agrees(got, gguf_blocks.dequantize_q8(codes, pairs.flip(-1).reshape(576, -1)), x)
 
 
 def random_q4_k_levels(out, inp, seed):
@@ -206,16 +207,16 @@ def test_the_two_level_products_give_the_widened_ones_bits(path, out, inp):
     bits of q4_linear and q8_linear on the widened scales (widen_q4_k, widen_q6_k), for every row count, and so
     dequantize-then-matmul to rounding."""
     q4k, q6k = random_q4_k_levels(out, inp, seed=out), random_q6_k_levels(out, inp, seed=out + 1)
-    q4, q6 = quant.widen_q4_k(*q4k), quant.widen_q6_k(*q6k)
+    q4, q6 = gguf_blocks.widen_q4_k(*q4k), gguf_blocks.widen_q6_k(*q6k)
     x = torch.randn(max(ROWS), inp, generator=torch.Generator().manual_seed(1))
     bias = torch.randn(out)
     for rows in ROWS:
         got = quant.q4k_product(x[:rows], *q4k, bias, path=path)
         assert torch.equal(got, quant.q4_product(x[:rows], *q4, bias, path=path)), rows
-        assert agrees(got, quant.dequantize(*q4), x[:rows], bias), rows
+        assert agrees(got, gguf_blocks.dequantize(*q4), x[:rows], bias), rows
         got = quant.q6k_product(x[:rows], *q6k, path=path)
         assert torch.equal(got, quant.q8_product(x[:rows], *q6, path=path)), rows
-        assert agrees(got, quant.dequantize_q8(*q6), x[:rows]), rows
+        assert agrees(got, gguf_blocks.dequantize_q8(*q6), x[:rows]), rows
 
 
 @needs_op
@@ -230,22 +231,22 @@ def test_a_planted_bug_in_the_two_level_scales_is_caught(path, mutation):
     codes, d, dmin, sc, m = q4k
     got4 = quant.q4k_product(x, *q4k, path=path)
     got6 = quant.q6k_product(x, *q6k, path=path)
-    assert agrees(got4, quant.dequantize(*quant.widen_q4_k(*q4k)), x)
-    assert agrees(got6, quant.dequantize_q8(*quant.widen_q6_k(*q6k)), x)
+    assert agrees(got4, gguf_blocks.dequantize(*gguf_blocks.widen_q4_k(*q4k)), x)
+    assert agrees(got6, gguf_blocks.dequantize_q8(*gguf_blocks.widen_q6_k(*q6k)), x)
     if mutation == "the next super-block's d":
-        wrong4 = quant.dequantize(*quant.widen_q4_k(codes, d.roll(-1, dims=1), dmin, sc, m))
+        wrong4 = gguf_blocks.dequantize(*gguf_blocks.widen_q4_k(codes, d.roll(-1, dims=1), dmin, sc, m))
         assert not agrees(got4, wrong4, x)
-        assert not agrees(got6, quant.dequantize_q8(*quant.widen_q6_k(q6k[0], q6k[1].roll(-1, dims=1), q6k[2])), x)
+        assert not agrees(got6, gguf_blocks.dequantize_q8(*gguf_blocks.widen_q6_k(q6k[0], q6k[1].roll(-1, dims=1), q6k[2])), x)
     elif mutation == "sc of the next group":
-        assert not agrees(got4, quant.dequantize(*quant.widen_q4_k(codes, d, dmin, sc.roll(-1, dims=1), m)), x)
+        assert not agrees(got4, gguf_blocks.dequantize(*gguf_blocks.widen_q4_k(codes, d, dmin, sc.roll(-1, dims=1), m)), x)
     elif mutation == "minimums' sign dropped":
-        assert not agrees(got4, quant.dequantize(*quant.widen_q4_k(codes, d, -dmin, sc, m)), x)
+        assert not agrees(got4, gguf_blocks.dequantize(*gguf_blocks.widen_q4_k(codes, d, -dmin, sc, m)), x)
     elif mutation == "Q6_K's sc read unsigned":
         unsigned = q6k[1].repeat_interleave(16, 1) * q6k[2].view(torch.uint8).float()
-        assert not agrees(got6, quant.dequantize_q8(q6k[0], unsigned), x)
+        assert not agrees(got6, gguf_blocks.dequantize_q8(q6k[0], unsigned), x)
     else:
-        _, scales = quant.widen_q6_k(*q6k)
-        assert not agrees(got6, quant.dequantize_q8(q6k[0], scales.reshape(64, -1, 2).flip(-1).reshape(64, -1)), x)
+        _, scales = gguf_blocks.widen_q6_k(*q6k)
+        assert not agrees(got6, gguf_blocks.dequantize_q8(q6k[0], scales.reshape(64, -1, 2).flip(-1).reshape(64, -1)), x)
 
 
 @needs_op
@@ -301,16 +302,16 @@ def q4_1_blocks(weight: torch.Tensor) -> np.ndarray:
 def test_the_parser_reads_q4_1_blocks_as_gguf_dequantizes_them():
     blocks = q4_1_blocks(torch.randn(24, 128, generator=torch.Generator().manual_seed(0)))
     expected = torch.from_numpy(gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType.Q4_1).copy())
-    assert torch.equal(quant.dequantize(*quant.parse_q4_1(blocks)), expected)
+    assert torch.equal(gguf_blocks.dequantize(*gguf_blocks.parse_q4_1(blocks)), expected)
 
 
 def test_the_parser_reads_q8_0_blocks_as_gguf_dequantizes_them():
     weight = torch.randn(24, 128, generator=torch.Generator().manual_seed(0)).numpy()
     blocks = gguf.quants.quantize(weight, gguf.GGMLQuantizationType.Q8_0)
     expected = torch.from_numpy(gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType.Q8_0).copy())
-    codes, scales = quant.parse_q8_0(blocks)
+    codes, scales = gguf_blocks.parse_q8_0(blocks)
     assert codes.dtype == torch.int8 and codes.shape == (24, 128) and scales.shape == (24, 4)
-    assert torch.equal(quant.dequantize_q8(codes, scales), expected)
+    assert torch.equal(gguf_blocks.dequantize_q8(codes, scales), expected)
 
 
 def random_k_blocks(kind, rows: int, supers: int, seed: int, scale: float = 0.01) -> np.ndarray:
@@ -333,22 +334,22 @@ def test_the_k_quant_and_q5_0_parsers_read_blocks_as_gguf_dequantizes_them(kind)
     raw = random_k_blocks(kind, rows=5, supers=blocks, seed=0)
     expected = torch.from_numpy(gguf.quants.dequantize(raw, kind).copy())
     if kind != gguf.GGMLQuantizationType.Q5_0:  # the two-level reading gives the same values
-        levels = (quant.parse_q4_k_levels if kind == gguf.GGMLQuantizationType.Q4_K else quant.parse_q6_k_levels)(raw)
+        levels = (gguf_blocks.parse_q4_k_levels if kind == gguf.GGMLQuantizationType.Q4_K else gguf_blocks.parse_q6_k_levels)(raw)
         assert torch.equal(quant.dequantize_blocks(levels), expected)
     if kind == gguf.GGMLQuantizationType.Q4_K:
-        codes, scales, mins = quant.parse_q4_k(raw)
+        codes, scales, mins = gguf_blocks.parse_q4_k(raw)
         assert codes.shape == (5, 384) and scales.shape == mins.shape == (5, 24)
-        got = quant.dequantize(codes, scales, mins)
+        got = gguf_blocks.dequantize(codes, scales, mins)
     elif kind == gguf.GGMLQuantizationType.Q6_K:
-        codes, scales = quant.parse_q6_k(raw)
+        codes, scales = gguf_blocks.parse_q6_k(raw)
         assert codes.dtype == torch.int8 and codes.shape == (5, 768) and scales.shape == (5, 48)
         assert int(codes.min()) == -32 and int(codes.max()) == 31
-        got = quant.dequantize_q8(codes, scales)
+        got = gguf_blocks.dequantize_q8(codes, scales)
     else:
-        codes, scales = quant.parse_q5_0(raw)
+        codes, scales = gguf_blocks.parse_q5_0(raw)
         assert codes.dtype == torch.int8 and codes.shape == (5, 768) and scales.shape == (5, 24)
         assert int(codes.min()) == -16 and int(codes.max()) == 15
-        got = quant.dequantize_q8(codes, scales)
+        got = gguf_blocks.dequantize_q8(codes, scales)
     assert torch.equal(got, expected)
 
 
@@ -361,12 +362,12 @@ def test_the_parser_reads_the_real_file_as_gguf_does():
         tensor = tensors[name]
         assert tensor.tensor_type == gguf.GGMLQuantizationType.Q4_1
         expected = torch.from_numpy(gguf.quants.dequantize(tensor.data, tensor.tensor_type).copy())
-        assert torch.equal(quant.dequantize(*quant.parse_q4_1(tensor.data)), expected), name
+        assert torch.equal(gguf_blocks.dequantize(*gguf_blocks.parse_q4_1(tensor.data)), expected), name
     head = quantized.q8_head_tensors(path)  # SmolLM2's tied LM head: its Q8_0 embedding
     embedding = tensors["token_embd.weight"]
     assert head is not None and embedding.tensor_type == gguf.GGMLQuantizationType.Q8_0
     expected = torch.from_numpy(gguf.quants.dequantize(embedding.data, embedding.tensor_type).copy())
-    assert torch.equal(quant.dequantize_q8(*head), expected)
+    assert torch.equal(gguf_blocks.dequantize_q8(*head), expected)
 
 
 @pytest.mark.parametrize("key,names", [
@@ -415,14 +416,14 @@ def tiny_pair(hidden=64, **options):
         for index, layer in enumerate(model.model.layers):
             for block, name in quantized.PROJECTIONS.values():
                 linear = getattr(getattr(layer, block), name)
-                codes, scales, mins = quant.parse_q4_1(q4_1_blocks(linear.weight))
-                linear.weight.copy_(quant.dequantize(codes, scales, mins))
+                codes, scales, mins = gguf_blocks.parse_q4_1(q4_1_blocks(linear.weight))
+                linear.weight.copy_(gguf_blocks.dequantize(codes, scales, mins))
                 tensors[(index, block, name)] = (codes, scales, mins)
         head = gguf.quants.quantize(model.lm_head.weight.numpy(), gguf.GGMLQuantizationType.Q8_0)
-        model.lm_head.weight.copy_(quant.dequantize_q8(*quant.parse_q8_0(head)))
+        model.lm_head.weight.copy_(gguf_blocks.dequantize_q8(*gguf_blocks.parse_q8_0(head)))
     q4 = copy.deepcopy(model)
     assert quantized.replace_projections(q4, tensors) == 14
-    assert quantized.attach_q8_head(q4, quant.parse_q8_0(head))
+    assert quantized.attach_q8_head(q4, gguf_blocks.parse_q8_0(head))
     return model, q4, tensors
 
 
@@ -451,7 +452,7 @@ def k_quant_qwen2():
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                          tie_word_embeddings=False, eos_token_id=0, pad_token_id=0)
     model = Qwen2ForCausalLM(config).eval().requires_grad_(False)
-    parse = {"Q4_K": quant.parse_q4_k_levels, "Q6_K": quant.parse_q6_k_levels, "Q5_0": quant.parse_q5_0}
+    parse = {"Q4_K": gguf_blocks.parse_q4_k_levels, "Q6_K": gguf_blocks.parse_q6_k_levels, "Q5_0": gguf_blocks.parse_q5_0}
     tensors, seed = {}, 0
     with torch.no_grad():
         for index, layer in enumerate(model.model.layers):
@@ -459,12 +460,12 @@ def k_quant_qwen2():
                 linear = getattr(getattr(layer, block), name)
                 kind = "Q4_K" if (index, name) == (1, "down_proj") else K_FORMATS[name]
                 out, inp = linear.weight.shape
-                blocks = inp // (32 if kind == "Q5_0" else 256)
+                n_blocks = inp // (32 if kind == "Q5_0" else 256)
                 seed += 1
-                parsed = parse[kind](random_k_blocks(getattr(gguf.GGMLQuantizationType, kind), out, blocks, seed, scale=2e-4))
+                parsed = parse[kind](random_k_blocks(getattr(gguf.GGMLQuantizationType, kind), out, n_blocks, seed, scale=2e-4))
                 linear.weight.copy_(quant.dequantize_blocks(parsed))
                 tensors[(index, block, name)] = parsed
-        head = quant.parse_q6_k_levels(random_k_blocks(gguf.GGMLQuantizationType.Q6_K, 64, 1, 99, scale=2e-3))
+        head = gguf_blocks.parse_q6_k_levels(random_k_blocks(gguf.GGMLQuantizationType.Q6_K, 64, 1, 99, scale=2e-3))
         model.lm_head.weight.copy_(quant.dequantize_blocks(head))
     blocked = copy.deepcopy(model)
     assert quantized.replace_projections(blocked, tensors) == 14
@@ -572,7 +573,7 @@ def test_the_layer_ops_rms_norm_is_torchs_to_rounding_and_does_not_depend_on_the
 
 def test_an_8_bit_head_that_does_not_match_the_loaded_one_is_not_used():
     fp32, _, _ = tiny_pair()
-    codes, scales = quant.parse_q8_0(gguf.quants.quantize(fp32.lm_head.weight.numpy(), gguf.GGMLQuantizationType.Q8_0))
+    codes, scales = gguf_blocks.parse_q8_0(gguf.quants.quantize(fp32.lm_head.weight.numpy(), gguf.GGMLQuantizationType.Q8_0))
     assert not quantized.attach_q8_head(fp32, (codes, scales * 2))
     assert not quantized.attach_q8_head(fp32, None) and quantized.q8_head(fp32) is None
     assert quantized.attach_q8_head(fp32, (codes, scales)) and "specviz_q8_head" not in str(fp32.state_dict().keys())
@@ -606,19 +607,19 @@ def test_quantizing_to_q4_1_recovers_a_q4_1_weights_codes_and_moves_any_weight_b
     starts = torch.arange(0, 48, 16)  # the first byte of each group of 32 codes
     codes[:, starts] &= 0xF0  # code 0 (the group's minimum) and code 15 (its maximum) in every group
     codes[:, starts + 1] |= 0x0F
-    weight = quant.dequantize(codes, scales, mins)
-    got_codes, got_scales, got_mins = quant.quantize_q4_1(weight)
+    weight = gguf_blocks.dequantize(codes, scales, mins)
+    got_codes, got_scales, got_mins = gguf_blocks.quantize_q4_1(weight)
     assert torch.equal(got_codes, codes) and torch.equal(got_mins, mins)
     torch.testing.assert_close(got_scales, scales, rtol=1e-6, atol=0)
 
     weight = torch.randn(40, 96, generator=torch.Generator().manual_seed(12))
     weight[3, :32] = 0.25  # a constant group: no step, the value itself
-    got_codes, got_scales, got_mins = quant.quantize_q4_1(weight)
-    error = (quant.dequantize(got_codes, got_scales, got_mins) - weight).abs().reshape(40, 3, 32)
+    got_codes, got_scales, got_mins = gguf_blocks.quantize_q4_1(weight)
+    error = (gguf_blocks.dequantize(got_codes, got_scales, got_mins) - weight).abs().reshape(40, 3, 32)
     assert (error <= got_scales.unsqueeze(-1) / 2 * (1 + 1e-5) + 1e-7).all() and error[3, 0].max() == 0
     assert got_scales[3, 0] == 0 and got_codes.dtype == torch.uint8 and got_codes.shape == (40, 48)
     with pytest.raises(ValueError, match="groups of 32"):
-        quant.quantize_q4_1(torch.zeros(4, 40))
+        gguf_blocks.quantize_q4_1(torch.zeros(4, 40))
 
 
 def random_eagle_head(target_config, folder=None):

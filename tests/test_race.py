@@ -14,8 +14,8 @@ from streamlit.testing.v1 import AppTest
 from app import lanes, state
 from app.runner import SharedModels
 from specviz import models as m
+from specviz.decoding.settings import DecodeSettings
 from specviz.errors import SpecvizError
-from specviz.settings import DecodeSettings
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 TIMEOUT = 120  # AppTest's default (3 s) is for scripts without a model; a 2-core CPU under load needs far more

@@ -12,7 +12,8 @@ import httpx
 import pytest
 import uvicorn
 
-from specviz import api, cli
+from specviz import api
+from specviz.cli import main as cli
 from specviz.decoding import events as ev
 from specviz.errors import SpecvizError
 from specviz.serve.client import Client

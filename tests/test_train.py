@@ -294,7 +294,7 @@ def test_depth2_training_pass_equals_sequential_drafting():
 
 
 def test_cli_builds_the_training_config():
-    from specviz.cli import build_train_parser, train_config
+    from specviz.train.cli import build_train_parser, train_config
 
     argv = ["draft", "--steps", "7", "--draft-layers", "0", "5", "--max-minutes", "2", "--resume"]
     cfg = train_config(build_train_parser().parse_args(argv), argv)

@@ -204,7 +204,7 @@ def test_prompt_lookup_grafted_onto_the_eagle_tree_keeps_the_output_and_learns_i
 
 
 def test_grafted_tokens_are_counted_along_the_accepted_path_even_when_the_text_ends():
-    from specviz.drafters.base import Outcome
+    from specviz.decoding.drafter import Outcome
     from specviz.drafters.eagle import accepted_along
 
     def outcome(accepted, committed):

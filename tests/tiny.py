@@ -64,7 +64,7 @@ def hf_greedy(model, prompt_ids, max_new_tokens):
 
 def decode_settings(max_new_tokens: int = 64, sampling=None, **fields):
     """A DecodeSettings, with the sampling given as one specviz.decoding.sampling.Sampling if at all."""
-    from specviz.settings import DecodeSettings
+    from specviz.decoding.settings import DecodeSettings
 
     if sampling is not None:
         fields.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)

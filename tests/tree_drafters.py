@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
+from specviz.decoding.drafter import Drafter, DraftRequest
 from specviz.decoding.tree import ROOT, DraftTree
-from specviz.drafters.base import Drafter, DraftRequest
 
 
 class TopBTree(Drafter):

@@ -13,9 +13,9 @@ from specviz.bench.prompts import Prompt, check_unique_ids
 from specviz.bench.report import Run, build_report
 from specviz.decoding import engine
 from specviz.decoding.costs import synchronize, verify_costs
+from specviz.decoding.settings import DecodeSettings
 from specviz.drafters import available, make_drafter, parse_spec, variants
 from specviz.errors import SpecvizError
-from specviz.settings import DecodeSettings
 
 FULL_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64)  # dense where the CPU curve is not smooth (see costs.AUTO_SIZES)
 QUICK_SIZES = (1, 4, 16)
@@ -29,7 +29,7 @@ ProgressCallback = Callable[[int, int, str], None]
 
 @dataclass(frozen=True)
 class BenchSettings(DecodeSettings):
-    """A decode configuration (specviz.settings.DecodeSettings: k is also num_assistant_tokens and
+    """A decode configuration (specviz.decoding.settings.DecodeSettings: k is also num_assistant_tokens and
     prompt_lookup_num_tokens for the peers) plus what the bench measures around it."""
 
     max_new_tokens: int = 128

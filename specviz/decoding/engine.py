@@ -13,14 +13,14 @@ import torch
 from specviz.decoding import events as ev
 from specviz.decoding import sampling
 from specviz.decoding.costs import synchronize
+from specviz.decoding.drafter import Drafter, DraftRequest, Outcome
 from specviz.decoding.metrics import Metrics
+from specviz.decoding.settings import DecodeSettings
 from specviz.decoding.target import Target
 from specviz.decoding.tree import DraftTree
 from specviz.decoding.verify import Verdict, top_n
-from specviz.drafters.base import Drafter, DraftRequest, Outcome
 from specviz.errors import SpecvizError
 from specviz.kernels.kvcache import keep_cache_entries
-from specviz.settings import DecodeSettings
 
 
 @dataclass

@@ -1,54 +1,96 @@
-"""The drafters: one module per topology, each with its Drafter and a `build(models, k, options)` that checks
-its own options; this registry turns a name (with options: 'eagle2:lookup=4') into a fresh drafter for one run.
+"""The drafters: one module per topology, each declaring its SPEC (specviz/drafters/spec.py: name, needs, help,
+options with bounds, build); this registry turns a name (with options: 'eagle2:lookup=4') into a fresh drafter for
+one run. The CLI, the service and the app ask the registry; none of them lists drafters or options of its own.
 
-    base.py         the interface (propose / observe, the acceptance rule a drafter brings) and `none`
-    ngram.py        prompt lookup                   draft_model.py  an independent small draft model
-    medusa.py       Medusa heads, a fixed tree      eagle.py        an EAGLE head growing the EAGLE-2 dynamic tree
+    base.py         `none`, and what the drafters share     ngram.py        prompt lookup
+    draft_model.py  an independent small draft model         medusa.py       Medusa heads, a fixed tree
+    eagle.py        an EAGLE head growing the EAGLE-2 dynamic tree
     eagle3.py       an EAGLE-3 head (three fused target layers) on the same tree
-    options.py      the spec parser, option types, the draft vocabulary
+    spec.py         DrafterSpec and Option                   options.py      the spec parser, the draft vocabulary
+
+The interface every drafter implements (Drafter, DraftRequest, Outcome) lives beside the loop that calls it, in
+specviz/decoding/drafter.py.
 """
 from __future__ import annotations
 
+from specviz.decoding.drafter import Drafter, DraftRequest, Outcome
 from specviz.drafters import base, draft_model, eagle, eagle3, medusa, ngram
-from specviz.drafters.base import Drafter, DraftRequest, NoDraft, Outcome
-from specviz.drafters.options import EAGLE_DRAFT_VOCAB, check_types, default_draft_vocab, draft_vocabulary, parse_spec
+from specviz.drafters.base import NoDraft
+from specviz.drafters.options import EAGLE_DRAFT_VOCAB, default_draft_vocab, draft_vocabulary, parse_spec
+from specviz.drafters.spec import DrafterSpec, K, Option
 from specviz.errors import SpecvizError
 
-# name -> build(models, k, options): the drafter for one run
-BUILDERS = {"none": base.build, "ngram": ngram.build, "draft": draft_model.build, "medusa": medusa.build,
-            "eagle2": eagle.build, "eagle3": eagle3.build}
-DRAFTERS = tuple(BUILDERS)
-NEEDS = {"draft": "draft", "medusa": "medusa", "eagle2": "eagle", "eagle3": "eagle3"}  # the part of LoadedModels a drafter needs
+# name -> its spec, in the order menus list them; a new drafter is one more line here
+REGISTRY: dict[str, DrafterSpec] = {spec.name: spec for spec in (
+    base.SPEC,
+    ngram.SPEC,
+    draft_model.SPEC,
+    medusa.SPEC,
+    eagle.SPEC,
+    eagle3.SPEC,
+)}
+
+
+def register(spec: DrafterSpec) -> None:
+    """Add a drafter defined outside this package (a plug-in, a test's toy): from then on the CLI, the API, the
+    service and the app offer it like the built-in ones."""
+    if spec.name in REGISTRY:
+        raise SpecvizError(f"a drafter named '{spec.name}' is already registered")
+    if ":" in spec.name or not spec.name.strip():
+        raise SpecvizError(f"a drafter name must be non-empty and hold no ':', got {spec.name!r}")
+    REGISTRY[spec.name] = spec
+
+
+def unregister(name: str) -> None:
+    REGISTRY.pop(name, None)
+
+
+def spec_of(name: str) -> DrafterSpec:
+    """The spec of a drafter by its name (without options); a clear message for an unknown one."""
+    spec = REGISTRY.get(name)
+    if spec is None:
+        raise SpecvizError(f"unknown drafter '{name}'; choose one of: {', '.join(REGISTRY)}")
+    return spec
 
 
 def available(models) -> list[str]:
     """The drafters that can run on these models (the draft model and heads may be missing)."""
-    return [name for name in DRAFTERS if name not in NEEDS or getattr(models, NEEDS[name], None) is not None]
+    return [name for name, spec in REGISTRY.items() if spec.available(models)]
 
 
 def variants(models) -> list[str]:
-    """Variants worth running beside the plain drafters by default (the bench, the race, the Benchmarks page):
-    the draft chain with its adaptive stop (among the fastest at temperature 1 in docs/performance.md, and faster
-    than a fixed K at 0; the plain `draft` keeps a fixed K, as transformers' assisted generation does) and EAGLE-2
-    with prompt lookup grafted onto its tree (the fastest there at temperature 0)."""
-    ready = available(models)
-    return [v for v, base in (("draft:adaptive=true", "draft"), ("eagle2:lookup=4", "eagle2")) if base in ready]
+    """Variants worth running beside the plain drafters by default (the bench, the race, the Benchmarks page),
+    as each spec names them: the draft chain with its adaptive stop (among the fastest at temperature 1 in
+    docs/performance.md, and faster than a fixed K at 0; the plain `draft` keeps a fixed K, as transformers'
+    assisted generation does) and EAGLE-2 with prompt lookup grafted onto its tree (the fastest at temperature 0)."""
+    return [spec.variant for spec in REGISTRY.values() if spec.variant and spec.available(models)]
+
+
+def check_options(name: str, options: dict | None = None, served: bool = False) -> tuple[DrafterSpec, dict]:
+    """A drafter spec ('eagle2:lookup=4') and extra options, checked against the drafter's spec without building
+    anything: (its spec, the merged options). `served`: as a service's client sent them."""
+    name, spec_options = parse_spec(name)
+    options = {**spec_options, **(options or {})}
+    spec = spec_of(name)
+    if "k" in options and spec.option("k") is None and not served:
+        K.check(name, options["k"])  # the decode setting k: every drafter takes it, the chain drafters use it
+        spec.check({key: value for key, value in options.items() if key != "k"})
+    else:
+        spec.check(options, served)
+    return spec, options
 
 
 def make_drafter(name: str, models, k: int = 4, options: dict | None = None) -> Drafter:
     """models: a specviz.models.LoadedModels (target, draft, heads ...). options: drafter-specific settings.
 
     name may carry options itself ('eagle2:total_tokens=16', see parse_spec); `options` override them."""
-    name, spec_options = parse_spec(name)
-    options = {**spec_options, **(options or {})}
-    check_types(name, options)
+    spec, options = check_options(name, options)
     k = options.pop("k", k)
-    if k < 1:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise SpecvizError(f"k (draft length) must be >= 1, got {k}")
-    if name not in BUILDERS:
-        raise SpecvizError(f"unknown drafter '{name}'; choose one of: {', '.join(DRAFTERS)}")
-    return BUILDERS[name](models, k, options)
+    return spec.build(models, k, options)
 
 
-__all__ = ["BUILDERS", "DRAFTERS", "EAGLE_DRAFT_VOCAB", "DraftRequest", "Drafter", "NoDraft", "Outcome", "available",
-           "default_draft_vocab", "draft_vocabulary", "make_drafter", "parse_spec", "variants"]
+__all__ = ["EAGLE_DRAFT_VOCAB", "REGISTRY", "DraftRequest", "Drafter", "DrafterSpec", "NoDraft", "Option", "Outcome",
+           "available", "check_options", "default_draft_vocab", "draft_vocabulary", "make_drafter", "parse_spec",
+           "register", "spec_of", "unregister", "variants"]

@@ -1,13 +1,10 @@
-"""The drafter interface every topology implements: propose a tree, then observe what was accepted."""
+"""What the drafters share: `none` (plain decoding through the same loop), the tree budget and draft-vocabulary
+checks, and the timing rule that stops drafting once it no longer pays."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import torch
-
-from specviz.decoding.sampling import Sampling
+from specviz.decoding.drafter import Drafter, DraftRequest
 from specviz.decoding.tree import DraftTree
-from specviz.decoding.verify import LOSSLESS
+from specviz.drafters.spec import DrafterSpec, Option
 from specviz.errors import SpecvizError
 
 
@@ -25,52 +22,6 @@ def check_vocab_covers(drafter: str, draft_vocab, needed: int) -> None:
     if draft_vocab is not None and len(draft_vocab) < needed:
         raise SpecvizError(f"{drafter} ranks {needed} candidates per position but its draft vocabulary has only "
                            f"{len(draft_vocab)} tokens; use a larger draft_vocab")
-
-
-@dataclass
-class DraftRequest:
-    ids: torch.Tensor  # (L,) committed token ids on the CPU; the last one (the root) is not in any cache yet
-    max_depth: int  # no deeper than this: a step commits at most max_depth drafted tokens (the token budget)
-    sampling: Sampling  # q is processed with the same settings as p
-    generator: torch.Generator  # CPU generator: every random draw of a run comes from it, in order
-    n_top: int  # size of the top-N lists kept for display
-
-
-@dataclass
-class Outcome:
-    accepted: int  # drafted tokens accepted and committed this step (none past an end-of-sequence cut)
-    committed: list[int]  # tokens committed this step (accepted + replacement/bonus)
-    features: torch.Tensor | None  # (len(committed), H) target hidden states at the root and each committed accepted node
-
-
-class Drafter:
-    """Subclasses override `propose`, and `start`/`observe` when they keep per-run state.
-
-    A drafter object serves one run: make a fresh one per run (models it holds are shared, read-only)."""
-
-    name = "base"
-    needs_features = False  # wants the target's final hidden states (input to its LM head)
-    feature_layers: tuple[int, ...] = ()  # with needs_features: these decoder layers' inputs instead, side by side
-    # how the target's verdict on this drafter's tree is reached: (tree, p, greedy, generator, n_top) -> Verdict;
-    # every drafter verifies losslessly unless a lossy rule is explicitly asked for (Medusa's typical=true)
-    acceptance = LOSSLESS
-
-    @property
-    def lossy(self) -> bool:
-        return self.acceptance.lossy
-
-    def start(self, prompt_ids: torch.Tensor, features: torch.Tensor | None) -> None:
-        """prompt_ids (L,); features (L - 1, H) for the prompt minus its last token, when needs_features."""
-
-    def propose(self, request: DraftRequest) -> DraftTree:
-        raise NotImplementedError
-
-    def observe(self, outcome: Outcome) -> None:
-        """Called after every verification."""
-
-    def options(self) -> dict:
-        """Settings shown in the start event."""
-        return {}
 
 
 class NoDraft(Drafter):
@@ -106,6 +57,12 @@ class DraftTiming:
 
 
 def build(models, k: int, options: dict) -> Drafter:
-    if options:
-        raise SpecvizError(f"drafter 'none' takes no options, got: {', '.join(options)}")
     return NoDraft()
+
+
+SPEC = DrafterSpec("none", "plain autoregressive decoding: one target forward per token (the baseline)", build)
+
+
+DRAFT_VOCAB = Option("draft_vocab", int, "trained", "the ids it may draft: trained (the vocabulary it was trained "
+                     "with), full (every token), or the N most frequent of the trained one", low=1, high=1 << 20,
+                     words=("trained", "full"))

@@ -7,10 +7,12 @@ import torch
 
 from specviz.decoding import sampling
 from specviz.decoding.costs import interpolate, verify_curve
+from specviz.decoding.drafter import Drafter, DraftRequest
 from specviz.decoding.tree import DraftTree
 from specviz.decoding.verify import top_n
-from specviz.drafters.base import Drafter, DraftRequest, DraftTiming
+from specviz.drafters.base import DRAFT_VOCAB, DraftTiming
 from specviz.drafters.options import construct, draft_vocabulary
+from specviz.drafters.spec import DrafterSpec, K, Option
 from specviz.errors import SpecvizError
 from specviz.kernels import fastdecoder, quant
 from specviz.kernels.fastlinear import rows_projection
@@ -118,3 +120,11 @@ def build(models, k: int, options: dict) -> DraftModelDrafter:
     cost = interpolate(verify_curve(models)) if options.get("adaptive") else None
     return construct(DraftModelDrafter, "draft", options, models.draft, k=k, vocab_size=models.vocab_size,
                      draft_vocab=vocab, verify_cost=cost)
+
+
+SPEC = DrafterSpec(
+    "draft", "an independent small draft model proposes a chain of K tokens", build, needs="draft",
+    options=(K, Option("adaptive", bool, False, "stop the chain once the draft's own estimate says one more token "
+                       "no longer pays under the measured verify cost"),
+             DRAFT_VOCAB),
+    variant="draft:adaptive=true")

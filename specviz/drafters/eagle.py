@@ -15,17 +15,12 @@ from dataclasses import dataclass
 import torch
 
 from specviz.decoding.costs import interpolate, verify_curve
+from specviz.decoding.drafter import Drafter, DraftRequest, Outcome
 from specviz.decoding.tree import ROOT, DraftTree
-from specviz.drafters.base import (
-    Drafter,
-    DraftRequest,
-    DraftTiming,
-    Outcome,
-    check_total_tokens,
-    check_vocab_covers,
-)
+from specviz.drafters.base import DRAFT_VOCAB, DraftTiming, check_total_tokens, check_vocab_covers
 from specviz.drafters.ngram import lookup
-from specviz.drafters.options import default_draft_vocab, draft_vocabulary
+from specviz.drafters.options import EAGLE_DRAFT_VOCAB, default_draft_vocab, draft_vocabulary
+from specviz.drafters.spec import DrafterSpec, Option, head_of
 from specviz.errors import SpecvizError
 from specviz.kernels import fastdecoder
 from specviz.kernels.fastlinear import rows_projection
@@ -321,9 +316,7 @@ def best_budget(log_scores: list[float], verify_cost) -> int:
 
 
 def build(models, k: int, options: dict) -> EagleDrafter:
-    heads = models.head("eagle", options.pop("head", None))  # head=FOLDER: one trained elsewhere, e.g. to compare
-    if heads is None:
-        raise SpecvizError(f"no eagle2 head is available for '{models.name}'; train one with `specviz train eagle`")
+    heads = head_of(models, "eagle", options, "eagle2", "specviz train eagle")
     vocab = draft_vocabulary(heads, options.pop("draft_vocab", default_draft_vocab("eagle2", heads)))
     shape, graft, cost = tree_options(models, options, "eagle2")
     return EagleDrafter(heads, models.target, shape, draft_vocab=vocab, verify_cost=cost, lookup=graft)
@@ -338,3 +331,23 @@ def tree_options(models, options: dict, name: str) -> tuple[TreeShape, int, obje
     if options:
         raise SpecvizError(f"unknown {name} options: {', '.join(options)}")
     return shape, graft, interpolate(verify_curve(models)) if shape.total_tokens == "auto" else None
+
+
+# The dynamic tree's options, shared by eagle2 and eagle3 (the app's tree controls are drawn from these).
+TREE_OPTIONS = (
+    Option("depth", int, TreeShape.depth, "tree depth: drafted tokens one step can commit at most", low=1, high=12),
+    Option("top_k", int, TreeShape.top_k, "children expanded per depth", low=1, high=16),
+    Option("total_tokens", int, TreeShape.total_tokens, "nodes kept for verification: auto (what pays under this "
+           "machine's measured verify cost) or a fixed number", low=1, high=128, words=("auto",)),
+    Option("early_stop", bool, TreeShape.early_stop, "with total_tokens=auto: stop growing once one more depth costs "
+           "more to draft than it can save"),
+    Option("lookup", int, 0, "prompt-lookup tokens grafted onto the tree as one more branch (0 = off)", low=0, high=16),
+)
+HEAD = Option("head", str, None, "a head folder on this machine instead of the loaded one", served=False)
+
+SPEC = DrafterSpec(
+    "eagle2", "EAGLE-2: a feature-level draft head grows a dynamic tree", build, needs="eagle",
+    options=(*TREE_OPTIONS, Option("draft_vocab", int, EAGLE_DRAFT_VOCAB, DRAFT_VOCAB.help + f" (default: the "
+                                   f"{EAGLE_DRAFT_VOCAB:,} most frequent, where the head was trained with more)",
+                                   low=1, high=DRAFT_VOCAB.high, words=DRAFT_VOCAB.words), HEAD),
+    tree=True, variant="eagle2:lookup=4")

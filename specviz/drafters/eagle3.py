@@ -12,7 +12,8 @@ exactly the target's.
 """
 from __future__ import annotations
 
-from specviz.drafters.eagle import EagleDrafter, TreeShape, tree_options
+from specviz.drafters.eagle import HEAD, TREE_OPTIONS, EagleDrafter, TreeShape, tree_options
+from specviz.drafters.spec import DrafterSpec, head_of
 from specviz.errors import SpecvizError
 from specviz.kernels.fastlinear import rows_projection
 
@@ -53,12 +54,13 @@ class Eagle3Drafter(EagleDrafter):
 
 
 def build(models, k: int, options: dict) -> Eagle3Drafter:
-    head = models.head("eagle3", options.pop("head", None))  # head=FOLDER: a published or locally trained head
-    if head is None:
-        raise SpecvizError(f"no eagle3 head is available for '{models.name}'; train one with `specviz train eagle3` "
-                           "or pass one: eagle3:head=FOLDER")
+    head = head_of(models, "eagle3", options, "eagle3", "specviz train eagle3")  # a published or locally trained one
     shape, graft, cost = tree_options(models, options, "eagle3")
     if head.draft_vocab_size < shape.top_k:
         raise SpecvizError(f"eagle3 ranks {shape.top_k} candidates per position but the head's draft vocabulary has "
                            f"only {head.draft_vocab_size} tokens")
     return Eagle3Drafter(head, models.target, shape, verify_cost=cost, lookup=graft)
+
+
+SPEC = DrafterSpec("eagle3", "EAGLE-3: a head over three fused target layers grows the same dynamic tree", build,
+                   needs="eagle3", options=(*TREE_OPTIONS, HEAD), tree=True)

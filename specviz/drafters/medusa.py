@@ -2,22 +2,19 @@
 which top-ranked tokens of each head to combine; verification is the shared tree rule (lossless)."""
 from __future__ import annotations
 
+import inspect
 import math
 
 import torch
 
 from specviz.decoding.costs import interpolate, verify_curve
+from specviz.decoding.drafter import Drafter, DraftRequest, Outcome
 from specviz.decoding.tree import ROOT, DraftTree
 from specviz.decoding.verify import Typical, top_n
-from specviz.drafters.base import (
-    Drafter,
-    DraftRequest,
-    Outcome,
-    check_total_tokens,
-    check_vocab_covers,
-)
-from specviz.drafters.eagle import best_budget
+from specviz.drafters.base import DRAFT_VOCAB, check_total_tokens, check_vocab_covers
+from specviz.drafters.eagle import HEAD, best_budget
 from specviz.drafters.options import construct, default_draft_vocab, draft_vocabulary
+from specviz.drafters.spec import DrafterSpec, Option, head_of
 from specviz.errors import SpecvizError
 from specviz.kernels.fastlinear import rows_projection
 
@@ -47,7 +44,7 @@ class MedusaDrafter(Drafter):
     needs_features = True
 
     def __init__(self, heads, target, tree=DEFAULT_TREE, draft_vocab: torch.Tensor | None = None,
-                 typical: bool = False, epsilon: float = 0.3, delta: float = 0.09, total_tokens=None,
+                 typical: bool = False, epsilon: float = 0.09, delta: float = 0.3, total_tokens=None,
                  verify_cost=None):
         """typical=True: Medusa's typical acceptance at temperature > 0. It is not lossless, so the run's
         events are all marked lossy; the default is the lossless rule.
@@ -130,10 +127,28 @@ class MedusaDrafter(Drafter):
 
 
 def build(models, k: int, options: dict) -> MedusaDrafter:
-    heads = models.head("medusa", options.pop("head", None))  # head=FOLDER: one trained elsewhere, e.g. to compare
-    if heads is None:
-        raise SpecvizError(f"no medusa head is available for '{models.name}'; train one with `specviz train medusa`")
+    heads = head_of(models, "medusa", options, "medusa", "specviz train medusa")
     vocab = draft_vocabulary(heads, options.pop("draft_vocab", default_draft_vocab("medusa", heads)))
     options.setdefault("total_tokens", "auto")  # the fixed tree, cut to what pays off on this machine
     cost = interpolate(verify_curve(models)) if options["total_tokens"] == "auto" else None
     return construct(MedusaDrafter, "medusa", options, heads, models.target, draft_vocab=vocab, verify_cost=cost)
+
+
+def _default(option: str):
+    return inspect.signature(MedusaDrafter).parameters[option].default
+
+
+SPEC = DrafterSpec(
+    "medusa", "Medusa heads on the target's features propose a fixed tree", build, needs="medusa",
+    options=(Option("total_tokens", int, "auto", "nodes of the fixed tree kept: auto (the best by path score under "
+                    "the measured verify cost) or a fixed number", low=1, high=128, words=("auto",)),
+             DRAFT_VOCAB,
+             Option("typical", bool, False, "Medusa's typical acceptance at temperature > 0: faster, NOT lossless "
+                    "(the run's events are marked lossy)"),
+             Option("epsilon", float, _default("epsilon"), "typical acceptance: the hard cap of the threshold",
+                    low=0, high=1, open_interval=True),
+             Option("delta", float, _default("delta"), "typical acceptance: the factor on exp(-entropy)",
+                    low=0, high=1, open_interval=True),
+             Option("tree", object, DEFAULT_TREE, "the fixed tree as paths of per-head ranks (Python API only)",
+                    served=False),
+             HEAD))

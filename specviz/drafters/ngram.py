@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import torch
 
+from specviz.decoding.drafter import Drafter, DraftRequest
 from specviz.decoding.tree import DraftTree
-from specviz.drafters.base import Drafter, DraftRequest
 from specviz.drafters.options import construct
+from specviz.drafters.spec import DrafterSpec, K, Option
 from specviz.errors import SpecvizError
 
 
@@ -55,3 +56,9 @@ def lookup_match(ids: torch.Tensor, k: int, max_ngram: int, min_ngram: int) -> t
 
 def build(models, k: int, options: dict) -> NgramDrafter:
     return construct(NgramDrafter, "ngram", options, k=k)
+
+
+SPEC = DrafterSpec(
+    "ngram", "prompt lookup: copy what followed the last matching n-gram in the context (no q)", build,
+    options=(K, Option("max_ngram", int, 3, "longest n-gram it matches", low=1, high=8),
+             Option("min_ngram", int, 1, "shortest n-gram it matches", low=1, high=8)))

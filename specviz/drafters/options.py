@@ -1,10 +1,10 @@
-"""Drafter options: the 'name:key=value' spec, option types, the draft vocabulary, and building a drafter from
-its options with a clear message for one it does not take."""
+"""Drafter options: the 'name:key=value' spec, the draft vocabulary, and building a drafter from its options with
+a clear message for one it does not take (specviz/drafters/spec.py declares what each drafter takes)."""
 from __future__ import annotations
 
 import inspect
 
-from specviz.drafters.base import Drafter
+from specviz.decoding.drafter import Drafter
 from specviz.errors import SpecvizError
 
 
@@ -23,8 +23,6 @@ def parse_spec(spec: str) -> tuple[str, dict]:
 
 
 BOOLEANS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
-BOOLEAN_OPTIONS = ("adaptive", "early_stop", "typical")
-INTEGER_OPTIONS = ("k", "depth", "top_k", "max_ngram", "min_ngram", "lookup")
 
 
 def _option_value(text: str):
@@ -34,14 +32,6 @@ def _option_value(text: str):
         except ValueError:
             pass
     return BOOLEANS.get(text.lower(), text)
-
-
-def check_types(name: str, options: dict) -> None:
-    for key, value in options.items():
-        if key in BOOLEAN_OPTIONS and not isinstance(value, bool):
-            raise SpecvizError(f"{name} option {key} must be true or false, got {value!r}")
-        if key in INTEGER_OPTIONS and (isinstance(value, bool) or not isinstance(value, int)):
-            raise SpecvizError(f"{name} option {key} must be a whole number, got {value!r}")
 
 
 # eagle2's default draft vocabulary: the 4,096 most frequent tokens of its trained one (16,384 for the shipped head).

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from specviz.errors import SpecvizError
-from specviz.kernels import fastdecoder, quant
+from specviz.kernels import blocks, fastdecoder, quant
 from specviz.models.cache import cache_lock, is_fetched, model_dir
 from specviz.models.presets import ModelFile
 
@@ -68,15 +68,15 @@ def eight_bit_parsers() -> dict:
     """GGUF types read as 8-bit codes and scales → their parser."""
     import gguf
 
-    return {gguf.GGMLQuantizationType.Q8_0: quant.parse_q8_0, gguf.GGMLQuantizationType.Q6_K: quant.parse_q6_k_levels,
-            gguf.GGMLQuantizationType.Q5_0: quant.parse_q5_0}
+    return {gguf.GGMLQuantizationType.Q8_0: blocks.parse_q8_0, gguf.GGMLQuantizationType.Q6_K: blocks.parse_q6_k_levels,
+            gguf.GGMLQuantizationType.Q5_0: blocks.parse_q5_0}
 
 
 def four_bit_parsers() -> dict:
     """GGUF types read as 4-bit blocks → their parser."""
     import gguf
 
-    return {gguf.GGMLQuantizationType.Q4_1: quant.parse_q4_1, gguf.GGMLQuantizationType.Q4_K: quant.parse_q4_k_levels}
+    return {gguf.GGMLQuantizationType.Q4_1: blocks.parse_q4_1, gguf.GGMLQuantizationType.Q4_K: blocks.parse_q4_k_levels}
 
 
 def q8_head_tensors(path: Path) -> tuple[torch.Tensor, ...] | None:

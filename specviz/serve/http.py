@@ -18,22 +18,22 @@ import functools
 import hmac
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Annotated, AsyncIterator, Literal
 
 from fastapi import Depends, FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specviz import api
 from specviz.decoding.costs import verify_curve
-from specviz.drafters import available, make_drafter, parse_spec, variants
+from specviz.decoding.settings import DECODE_FIELDS, FIELD_HELP, FIELD_TYPES, DecodeSettings
+from specviz.drafters import K, available, check_options, make_drafter, parse_spec, variants
 from specviz.errors import SpecvizError
 from specviz.serve.metrics import ServiceMetrics
 from specviz.serve.runs import CANCELLED, FAILED, QueueFull, Run, RunRequest, Scheduler
-from specviz.settings import DecodeSettings
 
 KEEPALIVE_S = 15.0  # an SSE comment this often while nothing happens, so proxies keep the connection open
 
@@ -46,25 +46,6 @@ class Limits:
     max_prompt_chars: int = 32_000
     max_body_bytes: int = 256 * 1024
     max_n_top: int = 20
-    max_k: int = 16  # draft length of the chain drafters
-    max_depth: int = 12  # tree depth (eagle2, eagle3)
-    max_top_k: int = 16  # children expanded per depth (eagle2, eagle3)
-    max_tree_tokens: int = 128  # nodes of a tree (eagle2, eagle3, medusa)
-    max_lookup: int = 16
-    max_ngram: int = 8  # longest n-gram prompt lookup matches
-    max_draft_vocab: int = 1 << 20
-
-
-# The drafter options a request may give, per drafter: anything else (a head folder, Medusa's own tree, ...) is
-# refused. Numbers are bounded in Service._check_bounds; the drafter checks their types itself.
-OPTIONS = {
-    "none": set(),
-    "ngram": {"k", "max_ngram", "min_ngram"},
-    "draft": {"k", "adaptive", "draft_vocab"},
-    "medusa": {"total_tokens", "draft_vocab", "typical", "epsilon", "delta"},
-    "eagle2": {"depth", "top_k", "total_tokens", "early_stop", "draft_vocab", "lookup"},
-    "eagle3": {"depth", "top_k", "total_tokens", "early_stop", "lookup"},
-}
 
 
 class ClientError(SpecvizError):
@@ -81,8 +62,8 @@ class Message(BaseModel):
     content: str
 
 
-class RunBody(BaseModel):
-    """POST /v1/runs: the parameters of specviz.stream (the fields of DecodeSettings among them)."""
+class RunParameters(BaseModel):
+    """POST /v1/runs, besides the decode settings: what to decode, where, and how much detail to keep."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
     prompt: str | None = None
@@ -90,15 +71,14 @@ class RunBody(BaseModel):
     model: str | None = None  # one the service loaded (default: the first)
     drafter: str = "ngram"  # a drafter with options, e.g. "eagle2:lookup=4"
     drafter_options: dict[str, int | float | bool | str] = Field(default_factory=dict)
-    max_new_tokens: int = 64
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    k: int = 4
-    seed: int = 0
-    n_top: int = 5
     detail: bool = True  # False: leave out tree-building stages and top-N lists
     chat: bool = True  # False: the prompt as it is, without the chat template
+
+
+# POST /v1/runs: the parameters of specviz.stream, the fields of DecodeSettings among them (read from it, not
+# written again here)
+RunBody = create_model("RunBody", __base__=RunParameters, __doc__=RunParameters.__doc__, **{
+    f.name: (FIELD_TYPES[f.name], Field(f.default, description=FIELD_HELP[f.name])) for f in fields(DecodeSettings)})
 
 
 class ChatBody(BaseModel):
@@ -160,20 +140,26 @@ class Service:
             raise ClientError(f"model {name!r} is not loaded here; this service runs only: {', '.join(self.models)} "
                               "(it never loads a path or a hub id from a request)", 404)
         models = self.models[name]
-        drafter, spec_options = parse_spec(body.drafter)
-        options = {**spec_options, **body.drafter_options}
-        if "head" in options:
-            raise ClientError("drafter option head= names a folder on the server; the service runs only the heads "
-                              "it loaded")
+        drafter = parse_spec(body.drafter)[0]
         if drafter not in available(models):
             raise ClientError(f"drafter {drafter!r} is not available for {name}; available: {', '.join(available(models))}")
-        offered = OPTIONS.get(drafter, set())
-        if set(options) - offered:
-            raise ClientError(f"{drafter} option(s) {', '.join(sorted(set(options) - offered))} are not offered by "
-                              f"the service; it takes: {', '.join(sorted(offered)) or 'none'}")
-        self._check_bounds(body, options)
-        settings = DecodeSettings(body.max_new_tokens, body.temperature, body.top_p, body.top_k,
-                                  options.get("k", body.k), body.seed, body.n_top if body.detail else 0)
+        spec_options = {**parse_spec(body.drafter)[1], **body.drafter_options}
+        if "head" in spec_options:
+            raise ClientError("drafter option head= names a folder on the server; the service runs only the heads "
+                              "it loaded")
+        k = spec_options.get("k", body.k)
+        for field_name, value, high in (("max_new_tokens", body.max_new_tokens, lim.max_new_tokens),
+                                        ("n_top", body.n_top, lim.max_n_top)):
+            if not 0 <= value <= high or (field_name == "max_new_tokens" and value < 1):
+                raise ClientError(f"{field_name} must be a whole number from {int(field_name == 'max_new_tokens')} to "
+                                  f"{high} here, got {value!r}")
+        try:
+            K.check(drafter, k, served=True)
+            check_options(body.drafter, body.drafter_options, served=True)  # the spec's allow-list and bounds
+            settings = DecodeSettings(**{**{f: getattr(body, f) for f in DECODE_FIELDS}, "k": k,
+                                         "n_top": body.n_top if body.detail else 0})
+        except SpecvizError as err:
+            raise ClientError(str(err)) from err
         try:
             make_drafter(body.drafter, models, k=settings.k, options=body.drafter_options)  # its own option checks
             ids = api.encode_prompt(models.tokenizer, prompt, body.chat)
@@ -186,27 +172,6 @@ class Service:
             raise ClientError(f"the prompt ({len(ids)} tokens) + max_new_tokens ({settings.max_new_tokens}) exceeds "
                               f"{name}'s context of {limit} tokens")
         return RunRequest(prompt, name, body.drafter, body.drafter_options, settings, body.detail, body.chat)
-
-    def _check_bounds(self, body: RunBody, options: dict) -> None:
-        lim = self.limits
-        bounded = [("max_new_tokens", body.max_new_tokens, 1, lim.max_new_tokens), ("n_top", body.n_top, 0, lim.max_n_top),
-                   ("k", options.get("k", body.k), 1, lim.max_k), ("depth", options.get("depth", 1), 1, lim.max_depth),
-                   ("top_k (tree)", options.get("top_k", 1), 1, lim.max_top_k),
-                   ("lookup", options.get("lookup", 0), 0, lim.max_lookup),
-                   ("max_ngram", options.get("max_ngram", 1), 1, lim.max_ngram),
-                   ("min_ngram", options.get("min_ngram", 1), 1, lim.max_ngram)]
-        for field_name in ("epsilon", "delta"):  # Medusa's typical acceptance
-            value = options.get(field_name, 0.1)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
-                raise ClientError(f"{field_name} must be a number between 0 and 1, got {value!r}")
-        vocab = options.get("draft_vocab", "trained")
-        if vocab not in ("trained", "full"):
-            bounded.append(("draft_vocab", vocab, 1, lim.max_draft_vocab))
-        if options.get("total_tokens", "auto") != "auto":
-            bounded.append(("total_tokens", options["total_tokens"], 1, lim.max_tree_tokens))
-        for field_name, value, low, high in bounded:
-            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-                raise ClientError(f"{field_name} must be a whole number from {low} to {high} here, got {value!r}")
 
     def chat_request(self, body: ChatBody) -> RunRequest:
         extra = dict(body.specviz)

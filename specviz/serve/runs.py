@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from specviz.decoding import events as ev
+from specviz.decoding.settings import DecodeSettings
 from specviz.errors import SpecvizError
 from specviz.serve.metrics import ServiceMetrics
-from specviz.settings import DecodeSettings
 
 QUEUED, RUNNING, DONE, FAILED, CANCELLED = "queued", "running", "done", "failed", "cancelled"
 FINISHED = (DONE, FAILED, CANCELLED)

@@ -1,5 +1,5 @@
 import sys
 
-from specviz.cli import train_main
+from specviz.train.cli import train_main
 
 sys.exit(train_main(sys.argv[1:]))

@@ -1,0 +1,7 @@
+"""The command line, one module per command family; every command is a thin layer over the library and an error
+a user can cause prints one line. `main` (specviz/cli/main.py) puts the commands together:
+
+    main.py      the `specviz` parser and its error handling        args.py      options shared by several commands
+    generate.py  generate, drafters, models, fetch                  specviz/serve/cli.py   serve, load-bench
+    specviz/bench/cli.py   bench, batch-cost                        specviz/train/cli.py   train
+"""
