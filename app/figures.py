@@ -398,3 +398,18 @@ def timing_breakdown(runs: dict[str, list[dict]]) -> go.Figure:
                       height=320, margin={"l": 10, "r": 10, "t": 40, "b": 10},
                       xaxis={"title": "step"}, yaxis={"title": "ms"}, legend={"orientation": "h", "y": -0.25})
     return fig
+
+
+def acceptance_histogram_figure(histograms: dict[str, list[int]], title: str = "acceptance histogram") -> go.Figure:
+    """Grouped bars, one group per run or method: of its verify steps that drafted something, the share that accepted
+    0, 1, 2, … drafted tokens (specviz.analysis.acceptance_histogram; hover for the counts)."""
+    fig = go.Figure()
+    for name, counts in histograms.items():
+        total = sum(counts)
+        if total:
+            fig.add_bar(name=label(name), x=list(range(len(counts))), y=[c / total for c in counts], customdata=counts,
+                        hovertemplate=f"{label(name)}: %{{customdata}} steps accepted %{{x}} (%{{y:.0%}})<extra></extra>")
+    fig.update_layout(title=title, barmode="group", height=300, margin={"l": 10, "r": 10, "t": 40, "b": 10},
+                      xaxis={"title": "drafted tokens accepted in the step", "dtick": 1},
+                      yaxis={"title": "share of the steps that drafted", "tickformat": ".0%"})
+    return fig

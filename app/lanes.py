@@ -69,6 +69,24 @@ def build_lanes(runs: dict[str, list[dict]]) -> list[Lane]:
     return lanes
 
 
+def first_difference(base: list[dict], other: list[dict]) -> dict | None:
+    """Where a greedy run's tokens first part from `none`'s (None where they do not): the index, each run's token
+    there, and the target's top tokens at that position as `none`'s step saw them ([id, text, p]; at temperature 0
+    p is the softmax of the logits, so ln(p1 ÷ p2) is the gap between the top two logits)."""
+    a, b = base[-1]["token_ids"], other[-1]["token_ids"]
+    if a == b:
+        return None
+    index = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    done, top = 0, []
+    for step in (e for e in base if e["type"] == "step"):
+        done += len(step["committed"])
+        if done > index:  # `none` commits one token a step, drawn from its final distribution
+            top = step["final"]["dist_top"] or []
+            break
+    return {"index": index, "none": a[index] if index < len(a) else None, "got": b[index] if index < len(b) else None,
+            "top": top}
+
+
 # ------------------------------------------------------------------------------------------ the document
 
 
@@ -195,7 +213,7 @@ _JS = r"""
     head.append(el("span", "lane-name", lane.drafter), stats.tokens, stats.steps, stats.tau, stats.tps);
     if (lane.same_as_none !== null && lane.drafter !== "none") {
       head.appendChild(el("span", "same " + (lane.same_as_none ? "ok" : "bad"),
-        lane.same_as_none ? "same text as none ✓" : "differs from none ✗"));
+        lane.same_as_none ? "same text as none ✓" : "differs from none ⚠"));
     }
     head.appendChild(finish);
     const track = el("div", "track"), fill = el("div", "fill");

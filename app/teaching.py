@@ -27,6 +27,32 @@ EAGLE2 = "Li et al., 2024, *EAGLE-2: Faster Inference of Language Models with Dy
 EAGLE3 = "Li et al., 2025, *EAGLE-3: Scaling up Inference Acceleration of Large Language Models via Training-Time Test*"
 PROMPT_LOOKUP = "Saxena, 2023, *Prompt Lookup Decoding* (github.com/apoorvumang/prompt-lookup-decoding)"
 VLLM_METRICS = "vLLM documentation, *Speculative decoding* metrics (mean acceptance length)"
+VLLM_LOSSLESS = ("vLLM documentation, *Speculative Decoding*, “Lossless guarantees”: lossless “up to the precision "
+                 "limits of hardware numerics”")
+VLLM_PER_REQUEST = "vLLM documentation, *Per-Request Acceptance Metrics* (`acceptance_histogram`, experimental)"
+SAFEAILAB_EAGLE = ("SafeAILab/EAGLE, the EAGLE-2/3 code: `evaluate_posterior` in `eagle/model/utils.py` (q(x) = 1 for "
+                   "a tree child; a rejected child's p set to 0 and p renormalised)")
+MEDUSA_CODE = "FasterDecoding/Medusa, `medusa_generate` (posterior_threshold = 0.09, posterior_alpha = 0.3)"
+
+# ------------------------------------------------------------------------------------- said once, used everywhere
+
+GREEDY_IDENTITY = (
+    "At temperature 0 a drafted token is accepted only when it is the target's argmax, so the output is the "
+    "target's own greedy output **up to floating-point near-ties**: verifying K + 1 tokens in one (tree-masked) "
+    "forward adds the same products in a different order than plain decoding's one-token forward, and where the "
+    "target's two most likely tokens have logits within rounding of each other the argmax can come out the other "
+    "way. Such a flip is rarer in float32 (24 significant bits) than in bfloat16 (8), the usual GPU precision. "
+    f"Sources: {CHEN} (the output is the target's “within hardware numerics”); {VLLM_LOSSLESS}. The bench reports "
+    "such a flip as a numerics event with the target's two logits, not as a failed drafter "
+    "(`specviz/bench/numerics.py`).")
+
+HISTOGRAM_NOTE = (
+    "**Reading the acceptance histogram** (verify steps that drafted something, by how many drafted tokens they "
+    "accepted, the replacement/bonus token not counted): a head that is right early and wrong late puts most steps "
+    "at 1 or 2 and few at the full depth, the counts falling step by step; a lookup that is all or nothing puts "
+    "its steps at 0 (no match, or a wrong one) and at the whole copied span, with little between. Per-position "
+    "acceptance gives the same information per depth, τ its mean (plus one, over every step). vLLM reports the "
+    f"same histogram per request ({VLLM_PER_REQUEST}), so a request where the drafter fails shows up as a pile at 0.")
 
 # ------------------------------------------------------------------------------------ tree verification
 
@@ -170,8 +196,9 @@ TOPOLOGIES = (
         "none if a small model of the same family exists; here a 3-layer model distilled from the target's answers",
         "a whole second model and its own KV cache",
         "yes: a sampled chain, α = min(1, p/q) and the residual max(0, p − q)",
-        "T5-XXL (11B) with a T5-small draft: 2×–3× on TPU-v4; Chinchilla 70B with a 4B draft: 2–2.5× "
-        "on TPU-v4 (distributed)",
+        "T5-XXL (11B) with a T5-small draft: 3.4× and 3.1× at T = 0, 2.6× and 2.3× at T = 1 (English–German "
+        "translation, CNN/DM summarisation; one TPU-v4; the abstract's 2×–3× spans every draft it tried); Chinchilla "
+        "70B with a 4B draft: 2–2.5× (distributed, on TPU-v4)",
         f"{LEVIATHAN}; {CHEN}", "draft-smollm2-135m"),
     Topology(
         "medusa", "Medusa heads",
@@ -179,11 +206,14 @@ TOPOLOGIES = (
         "heads at once, combined into a fixed tree of their top-k picks",
         "heads trained on the frozen target's features (Medusa-1), or jointly with it (Medusa-2, which changes the "
         "target)",
-        "a few residual blocks on top of the target (no KV cache of their own)",
+        "per head a residual block and, in the published Medusa heads, its own hidden × vocabulary output layer, "
+        "which dominates its size (4,096 × 32,000 ≈ 131M parameters a head on Vicuna-7B); the heads shipped here "
+        "share the target's LM head instead, so each adds one residual block (no KV cache of their own)",
         "with the rejection rule (its tree children are point masses), yes; with Medusa's *typical acceptance* "
-        "(its paper's default at temperature > 0), **no**: the output no longer follows p",
-        "Vicuna-7B/13B/33B and Zephyr-7B: Medusa-1 over 2.2×, Medusa-2 2.3×–3.6× (one NVIDIA A100)",
-        MEDUSA, "medusa-smollm2-135m"),
+        "(which its paper proposes for temperature > 0 in place of rejection sampling; its code's hard cap 0.09 and "
+        "entropy factor 0.3), **no**: the output no longer follows p",
+        "Vicuna-7B/13B/33B and Zephyr-7B: Medusa-1 over 2.2×, Medusa-2 2.3×–3.6× (the abstract's ranges)",
+        f"{MEDUSA}; {MEDUSA_CODE}", "medusa-smollm2-135m"),
     Topology(
         "eagle2", "EAGLE-2 (Extrapolation Algorithm for Greater Language-model Efficiency)",
         "the target's second-to-top-layer features plus the token sampled one step ahead (the next token), "
@@ -191,7 +221,7 @@ TOPOLOGIES = (
         "one decoder layer trained to regress the target's features and predict its tokens (self-distilled here)",
         "one decoder layer and a small KV cache; reuses the target's embedding and LM head",
         "yes: tree children are point masses, α = p'(x)",
-        "EAGLE: LLaMA2-Chat 70B 2.7×–3.5× (dialogue, code, maths, instructions; 4× A100 40 GB); EAGLE-2: "
+        "EAGLE: LLaMA2-Chat 70B 2.7×–3.5× (over MT-bench, HumanEval, GSM8K and Alpaca; 4× A100 40 GB); EAGLE-2: "
         "3.05×–4.26×, 20–40 % faster than EAGLE",
         f"{EAGLE}; {EAGLE2}", "eagle-smollm2-135m"),
     Topology(
@@ -236,8 +266,8 @@ What EAGLE-3 changes, and what stays:
 | training inputs | the true features (and one fed-back step here) | its own outputs fed back over several unrolled steps, masked as in drafting (*training-time test*) |
 | tree, verification | EAGLE-2's dynamic tree; point masses, α = p′(x) | the same |
 
-Only the drafting differs: the tree and the verification rule are one and the same code, so the output is the
-target's for both.
+Only the drafting differs: the tree and the verification rule are one and the same code, so both produce the
+target's output (at temperature 0 its greedy text, up to floating-point near-ties).
 """
 
 
@@ -288,7 +318,11 @@ class Question:
     argmax_token: str | None  # greedy: the target's most likely token here
     alpha: float
     accepted: bool
-    after_rejection: bool = False  # a sibling was rejected before it at the same parent: p is the updated p'
+    after_rejection: bool = False  # sampled, and a sibling was rejected before it at the same parent: p is p'
+
+    @property
+    def p_label(self) -> str:
+        return p_label(self.greedy, self.after_rejection)
 
     def reason(self) -> str:
         if self.greedy:
@@ -320,7 +354,8 @@ def questions(events: list[dict], seed: int = 0, n: int = 6) -> list[Question]:
         for i, test in enumerate(step["tests"]):
             node = step["nodes"][test["node"]]
             top = targets.get(node["parent"])
-            after = any(step["nodes"][t["node"]]["parent"] == node["parent"] for t in step["tests"][:i])
+            # only a sampled test updates p after a rejected sibling; at T = 0 every test reads the raw p
+            after = not greedy and any(step["nodes"][t["node"]]["parent"] == node["parent"] for t in step["tests"][:i])
             pool.append(Question(
                 kind="accept", step=step["step"], test_index=i, token=test["text"], p=test["p"], q=test["q"],
                 u=test["u"], greedy=greedy, argmax_token=top[0][1] if top else None, alpha=test["alpha"],
@@ -344,6 +379,22 @@ def questions(events: list[dict], seed: int = 0, n: int = 6) -> list[Question]:
             used.add((question.step, question.test_index))
             chosen.append(question)
     return chosen
+
+
+def p_label(greedy: bool, after_rejection: bool) -> str:
+    """What the p(x) a test used is: at temperature 0 always the target's raw p (the argmax rule updates nothing);
+    sampled, p′ after a rejected sibling at the same parent."""
+    return "p′(x), after the rejected siblings" if after_rejection and not greedy else "p(x), target"
+
+
+def alpha_label(greedy: bool, point_mass: bool, after_rejection: bool = False) -> str:
+    """The rule that gave a test its α: the argmax at temperature 0, p(x) or p′(x) for a point mass, else
+    min(1, p/q)."""
+    if greedy:
+        return "α (T = 0: 1 if x is the argmax, else 0)"
+    if point_mass:
+        return "α = p′(x)" if after_rejection else "α = p(x)"
+    return "α = min(1, p/q)"
 
 
 def check_answer(question: Question, guess) -> tuple[bool, str]:

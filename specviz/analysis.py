@@ -19,14 +19,6 @@ GPU_DATASHEET = {
     "H200": {"bandwidth_tb_s": 4.8, "bf16_tflops": 989.0, "source": "NVIDIA H200 datasheet"},
 }
 
-# A published industry guide's worked example (shown on the cost page; not measured here): an 8×H100 node serving
-# a 70B model at 16-bit. (ms per token, tokens/s, $ per million output tokens) as the guide gives them.
-GUIDE_EXAMPLE = (
-    {"label": "plain autoregressive", "ms_per_token": 42.1, "tokens_per_s": 23.7, "usd_per_million": 18.40},
-    {"label": "with speculative decoding", "ms_per_token": 12.3, "tokens_per_s": None, "usd_per_million": 5.38},
-)
-GUIDE_ACCEPTANCE_LENGTH = 3.42  # tokens per target forward, as the same guide gives it
-
 
 # ------------------------------------------------------------------------------------------ bandwidth
 
@@ -44,20 +36,6 @@ def usd_per_million(usd_per_gpu_hour: float, n_gpus: int, tokens_per_s: float) -
     if tokens_per_s <= 0:
         return math.inf
     return usd_per_gpu_hour * n_gpus / (tokens_per_s * 3600) * 1e6
-
-
-def implied_usd_per_hour(usd_per_million_tokens: float, tokens_per_s: float) -> float:
-    """The hourly price that a $/M figure and a tokens/s figure imply together (inverse of usd_per_million)."""
-    return usd_per_million_tokens * tokens_per_s * 3600 / 1e6
-
-
-def guide_rows() -> list[dict]:
-    """The guide's example with tokens/s (1000 / ms when the guide gives none) and the implied $/hour."""
-    rows = []
-    for row in GUIDE_EXAMPLE:
-        tps = row["tokens_per_s"] or 1000 / row["ms_per_token"]
-        rows.append({**row, "tokens_per_s": tps, "implied_usd_per_hour": implied_usd_per_hour(row["usd_per_million"], tps)})
-    return rows
 
 
 # -------------------------------------------------------------------------------------------- speedup

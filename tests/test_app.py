@@ -141,6 +141,10 @@ def test_lossless_page_samples_both_sides(app):
     labels = [m.label for m in at.metric]
     assert labels[:4] == ["N per side", "total variation", "chi-square", "p-value"]
     assert at.metric[0].value == "10 / 10"
+    if any(s.value == "How sure are we?" for s in at.subheader):  # a test ran (dof ≥ 1)
+        sure = next(m.value for m in at.metric if m.label.startswith("smallest difference this N"))
+        assert sure == "none: too few samples" or 0 < float(sure) <= 1
+        assert any("Cauchy–Schwarz" in c.value for c in at.caption)
 
 
 def test_sandbox_converges_to_p_and_catches_a_planted_bug(app):
@@ -290,10 +294,47 @@ def test_the_pages_do_not_claim_what_does_not_hold(app):
     assert "Point masses" in text and "α = p(x)" in text
     sixteen_bit_70b = [o for o in at.selectbox(key="ov_preset").options if o.startswith("70B model, 16-bit")]
     assert sixteen_bit_70b and all("2×" in o for o in sixteen_bit_70b)  # 140 GB fits no single 80 GB H100
+    assert "identical to the target's" not in text and "up to floating-point near-ties" in text
+    assert "EAGLE's and SpecInfer's" not in text and "SafeAILab" in " ".join(c.value for c in at.caption)
+    at.selectbox(key="ov_preset").set_value(next(o for o in sixteen_bit_70b if "H200" in o))
+    ok(at.run())
+    h200 = " ".join(c.value for c in at.caption)
+    assert "130 GiB" in h200 and "about 10 GiB" in h200 and "about 1 GB" not in h200  # 70e9 × 2 B = 130 GiB
     at.button(key="ov_measure").click()
     ok(at.run())
     assert not any("at batch 1 weight streaming dominates" in c.value for c in at.caption)
     at = open_page(at, "app/pages/cost.py")
     text = " ".join(m.value for m in at.markdown)
     assert "does not depend on the price." not in text and "total** throughput" in text
-    assert any("3.42" in w.value and "upper bound" in w.value for w in at.warning)
+    assert "industry guide" not in text and "3.42" not in text  # figures nobody can check are gone
+    assert any("upper bound" in w.value for w in at.warning)
+    at = open_page(at, "app/pages/topologies.py")
+    text = " ".join(m.value for m in at.markdown) + " ".join(c.value for c in at.caption)
+    assert "for 7B–70B targets on GPUs" not in text and "TPUs" in text
+    assert "can mean τ" not in text and "or τ;" not in text and "τ is a count of" in text
+    at = open_page(at, "app/pages/tree.py")
+    assert not any("token for token" in m.value for m in at.markdown)
+
+
+def test_the_acceptance_histogram_shows_on_the_live_page_the_race_and_the_benchmarks(app):
+    at = decode(app, max_new=12)
+    note = [c.value for c in at.caption if "Reading the acceptance histogram" in c.value]
+    drafted = any(s.get("nodes") for s in at.session_state["live_events"] if s["type"] == "step")
+    assert bool(note) == drafted
+    at = open_page(at, "app/pages/race.py")
+    at.number_input(key="race_max_new").set_value(6)
+    at.button(key="race_run").click()
+    ok(at.run())
+    assert any("Reading the acceptance histogram" in c.value and "Counts per lane" in c.value for c in at.caption)
+    at = open_page(at, "app/pages/benchmarks.py")
+    assert any("This report predates the histogram" in c.value for c in at.caption)  # the shipped report
+    from specviz import bench
+
+    report = json.loads(bench.REFERENCE_REPORT.read_text())
+    for d in report["drafters"].values():
+        d["acceptance_histogram"] = [2, 3, 1] if d["per_position_acceptance"] else []
+    at.session_state["bench_report"] = (report, "this session's run")
+    at.radio(key="bench_source").set_value("this session's run")
+    ok(at.run())
+    captions = [c.value for c in at.caption if "Reading the acceptance histogram" in c.value]
+    assert captions and not any("predates" in c for c in captions)

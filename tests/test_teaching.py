@@ -189,3 +189,61 @@ def test_the_lab_sandbox_samples_picked_siblings_and_catches_their_bug(app):
     at.checkbox(key="lab_bug_siblings").check()
     ok(at.run())
     assert float(next(m.value for m in at.metric if m.label == "p-value")) < 0.001
+
+
+# ------------------------------------------------------------------------------------------- labels and wording
+
+
+@pytest.fixture(scope="module")
+def greedy_tree_run() -> list[dict]:
+    """A greedy run (T = 0) of a top-3 tree drafter: siblings are tested in turn, but p is never updated."""
+    target = tiny_llama(scale=3.0)
+    draft = tiny_llama(seed=1, layers=1, scale=3.0)
+    with torch.no_grad():
+        events = engine.decode(target, TinyTokenizer(64), TopBTree(draft, b=3, depth=2), PROMPT,
+                               decode_settings(max_new_tokens=24, temperature=0.0))
+        return [ev.to_dict(e) for e in events]
+
+
+def test_the_quiz_labels_p_and_alpha_by_the_rule_that_ran(greedy_tree_run, tree_run):
+    """At T = 0 a later sibling's test reads the raw p and α is the argmax rule's 0 or 1: no p′, no min(1, p/q)."""
+    greedy = teaching.questions(greedy_tree_run, n=100)
+    later = [q for q in greedy if any(
+        s["step"] == q.step and any(s["nodes"][t["node"]]["parent"] == s["nodes"][s["tests"][q.test_index]["node"]]["parent"]
+                                    for t in s["tests"][:q.test_index]) for s in greedy_tree_run if s["type"] == "step")]
+    assert later, "the greedy run has no later sibling to label"
+    assert all(q.p_label == "p(x), target" and not q.after_rejection for q in greedy)
+    assert teaching.alpha_label(True, False) == teaching.alpha_label(True, True) == "α (T = 0: 1 if x is the argmax, else 0)"
+    sampled = teaching.questions(tree_run, n=100)
+    assert any(q.after_rejection and q.p_label == "p′(x), after the rejected siblings" for q in sampled)
+    assert teaching.alpha_label(False, True, True) == "α = p′(x)" and teaching.alpha_label(False, False) == "α = min(1, p/q)"
+
+
+def test_the_lab_labels_a_greedy_test_by_the_argmax_rule(app, greedy_tree_run):
+    app.session_state["trace"], app.session_state["trace_source"] = greedy_tree_run, "test run"
+    at = open_page(app, "app/pages/lab.py")
+    labels = [m.label for m in at.metric]
+    assert "α (T = 0: 1 if x is the argmax, else 0)" in labels
+    assert not any("min(1, p/q)" in label or "p′" in label for label in labels)
+
+
+def test_the_lab_p_value_says_what_it_can_and_declines_with_too_few_samples(app):
+    at = open_page(app, "app/pages/lab.py")
+    help_text = next(m.proto.help for m in at.metric if m.label == "p-value")
+    assert "at least this large" in help_text and "1 % of the time" in help_text
+    assert "they do not." not in help_text  # a p-value below 0.01 is evidence at the 1 % level, not proof
+    at.select_slider(key="lab_n").set_value(10)
+    ok(at.run())
+    assert next(m.value for m in at.metric if m.label == "p-value") == "—"
+    assert any("expects fewer than 5" in i.value for i in at.info)
+
+
+def test_the_teaching_text_quotes_its_sources_as_they_are():
+    draft, medusa, eagle = (next(t for t in teaching.TOPOLOGIES if t.drafter == d) for d in ("draft", "medusa", "eagle2"))
+    assert "3.4× and 3.1× at T = 0, 2.6× and 2.3× at T = 1" in draft.published  # Leviathan's T5-small rows
+    assert "131M" in medusa.overhead and "share the target's LM head" in medusa.overhead
+    assert "0.09" in medusa.lossless and "0.3" in medusa.lossless
+    assert "MT-bench, HumanEval, GSM8K and Alpaca" in eagle.published
+    assert "near-ties" in teaching.GREEDY_IDENTITY and "within hardware numerics" in teaching.GREEDY_IDENTITY
+    assert "evaluate_posterior" in teaching.SAFEAILAB_EAGLE
+    assert "all or nothing" in teaching.HISTOGRAM_NOTE and "right early and wrong late" in teaching.HISTOGRAM_NOTE

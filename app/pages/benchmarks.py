@@ -7,7 +7,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import state
+from app import figures, state, teaching
 from specviz import bench
 from specviz.errors import SpecvizError
 
@@ -122,6 +122,20 @@ def llama_cpp_tables(section: dict | None) -> None:
                "own plain decoding in the Markdown report.")
 
 
+def numerics_table(report: dict) -> None:
+    """Greedy differences from `none` at a floating-point near-tie: numerics events, with the target's two logits."""
+    events = [(n, x) for n, d in report["drafters"].items() for x in d.get("numerics_events", [])]
+    if not events:
+        return
+    st.info(f"{len(events)} numerics event(s): a drafter's greedy output parted from `none`'s where the target's two "
+            "most likely tokens were within floating-point rounding of each other (the two logits below, recomputed "
+            "by the bench with a one-token forward). Not a failed drafter: " + teaching.GREEDY_IDENTITY)
+    st.dataframe([{"drafter": n, "prompt": x["prompt"], "token": x["index"], "none's token": x["expected"],
+                   "drafter's token": x["got"], "top-1 (id, logit)": f"{x['top'][0][0]}, {x['top'][0][1]:.6g}",
+                   "top-2 (id, logit)": f"{x['top'][1][0]}, {x['top'][1][1]:.6g}", "gap": x["gap"],
+                   "tolerance": x["tolerance"]} for n, x in events], hide_index=True)
+
+
 # ------------------------------------------------------------------------------------------- charts
 def rates_figure(report: dict) -> go.Figure:
     drafters, peers = report["drafters"], report["peers"]
@@ -233,8 +247,9 @@ def show(report: dict) -> None:
                + f"; {m['device']} {m['dtype']}; torch {m['torch']}, transformers {m['transformers']}; {m['date']}. "
                f"{c['n_prompts']} prompts, {c['max_new_tokens']} new tokens at most, temperature {c['temperature']}, K = {c['k']}.")
     if report["outputs_match_none"] is False:
-        st.error("At temperature 0 these prompts gave a drafter output different from `none`'s, which a lossless "
-                 f"drafter must never do: {', '.join(report['mismatching_prompts'])}. See the mismatch list below.")
+        st.error("At temperature 0 these prompts gave a drafter output different from `none`'s, and not at a "
+                 "floating-point near-tie of the target's two most likely tokens: a failed drafter. "
+                 f"{', '.join(report['mismatching_prompts'])}. See the mismatch list below.")
     elif report["outputs_match_none"] is None:
         st.info("Temperature > 0: outputs are samples, so they are not compared token by token (the *Is it really "
                 "lossless?* page tests the distributions).")
@@ -248,6 +263,7 @@ def show(report: dict) -> None:
                        **spread("speedup vs generate", p["speedup_vs_generate"]),
                        "output = generate": p["outputs_match_generate"]} for n, p in report["peers"].items()],
                      hide_index=True)
+    numerics_table(report)
     llama_cpp_tables(report.get("llama_cpp"))
     c1, c2 = st.columns(2)
     c1.plotly_chart(rates_figure(report), key="bench_rates")
@@ -256,8 +272,15 @@ def show(report: dict) -> None:
         c1, c2 = st.columns(2)
         c1.plotly_chart(cost_figure(report), key="bench_cost")
         c2.plotly_chart(predicted_figure(report), key="bench_predicted")
+    histograms = {n: d["acceptance_histogram"] for n, d in report["drafters"].items() if d.get("acceptance_histogram")}
     if any(d["per_position_acceptance"] for d in report["drafters"].values()):
-        st.plotly_chart(acceptance_figure(report), key="bench_acceptance")
+        c1, c2 = (st.columns(2) if histograms else (st.container(), None))
+        c1.plotly_chart(acceptance_figure(report), key="bench_acceptance")
+        if histograms:
+            c2.plotly_chart(figures.acceptance_histogram_figure(histograms, "Acceptance histogram (all prompts)"),
+                            key="bench_histogram")
+        st.caption(teaching.HISTOGRAM_NOTE + (" This report predates the histogram (its drafters carry no "
+                                              "`acceptance_histogram`)." if not histograms else ""))
     st.markdown("**Weight-streaming floor.** A plain decoding step reads every weight once: " + bench.floor_sentence(report["floor"]))
     points = bench.none_against_bandwidth(report)
     if points:

@@ -16,6 +16,7 @@ state.intro(
 
 
 CHAIN_DRAFTERS = ("ngram", "draft")
+H100_TB_S = analysis.GPU_DATASHEET["H100 SXM"]["bandwidth_tb_s"]  # NVIDIA H100 datasheet, not measured here
 
 
 def measured_runs() -> dict[str, list[dict]]:
@@ -62,44 +63,33 @@ price = c1.number_input("$ per GPU-hour", 0.0, 1000.0, 2.50, 0.1, key="cost_pric
 gpus = c2.number_input("Number of GPUs", 1, 1024, 8, key="cost_gpus")
 source = c3.selectbox("tokens/s from", ["entered"] + list(runs), key="cost_source")
 if source == "entered":
-    tps = st.number_input("tokens/s", 0.001, 1e6, 23.7, key="cost_tps")
+    tps = st.number_input("tokens/s", 0.001, 1e6, 50.0, key="cost_tps",
+                          help="An example; or pick a run measured in this session above.")
 else:
     tps = state.done_of(runs[source])["stats"]["tokens_per_s"]
     st.caption(f"tokens/s = {tps:.2f}, measured in this session ({source}).")
 st.metric("Cost per million output tokens", f"${analysis.usd_per_million(price, gpus, tps):,.2f}")
 
-# ------------------------------------------------------------------------------------------ the guide
-st.header("2. A published worked example")
-st.markdown("A published industry guide on speculative decoding gives these figures for an **8×H100 node serving "
-            "a 70B model at 16-bit** (quoted, not measured here):")
-rows = analysis.guide_rows()
-st.dataframe([{"setting": r["label"], "ms/token": r["ms_per_token"], "tokens/s": round(r["tokens_per_s"], 1),
-               "$ per million (guide)": f"{r['usd_per_million']:.2f}",
-               "implied $/hour (computed)": round(r["implied_usd_per_hour"], 4)} for r in rows], hide_index=True)
-implied = rows[0]["implied_usd_per_hour"]
+# ------------------------------------------------------------------------------------ a worked example
+st.header("2. A worked example: one 8×H100 node, 70B at 16-bit")
+node_ms = analysis.ms_per_token(70e9, 2, 8 * H100_TB_S * 1e12)
+node_tps = 1000 / node_ms
 st.markdown(
-    f"**Implied by the guide's figures, not a quoted price:** 18.40 × 23.7 × 3600 ÷ 10⁶ = **\\${implied:.4f} per hour** "
-    f"(and 5.38 × {rows[1]['tokens_per_s']:.2f} × 3600 ÷ 10⁶ = \\${rows[1]['implied_usd_per_hour']:.4f} for the faster "
-    f"row: the two agree, so the guide used one hourly price of about \\${implied:.2f} for the whole stream). If that "
-    f"is one GPU's price, the 8-GPU node costs 8 × as much per hour and the same tokens/s would cost "
-    f"8 × \\${rows[0]['usd_per_million']:.2f} = \\${8 * rows[0]['usd_per_million']:.2f} per million; check the figures "
-    f"against your own price in the calculator above. For this one stream the saving of speculative decoding "
-    f"({rows[0]['ms_per_token'] / rows[1]['ms_per_token']:.2f}× fewer \\$ per token) does not depend on the price; "
-    "a serving node, though, is paid for by its **total** throughput over every stream it batches, and section 4 "
-    "shows the speedup shrinking as the batch grows, so at a busy node the saving per token is smaller."
+    f"The 140 GB of 16-bit weights do not fit in one 80 GB H100, so 8 GPUs each stream an eighth of them per token: "
+    f"70e9 × 2 bytes ÷ (8 × {H100_TB_S} TB/s) = **{node_ms:.1f} ms per token** at least, so at most "
+    f"**{node_tps:.0f} tokens/s** for one stream (the bound of *Why it works*; datasheet bandwidth, perfect scaling, "
+    "no KV-cache reads). At the price above that is at least "
+    f"**\\${analysis.usd_per_million(price, 8, node_tps):,.2f} per million tokens** when the node serves that one "
+    "stream alone. A serving node, though, is paid for by its **total** throughput over every stream it batches, which "
+    "divides the cost per token; section 4 shows the speedup of speculative decoding shrinking as the batch grows, so "
+    "at a busy node it saves less per token."
 )
 st.warning(
-    f"A check on the guide's figures: its speedup, {rows[0]['ms_per_token']:.1f} ÷ {rows[1]['ms_per_token']:.1f} = "
-    f"{rows[0]['ms_per_token'] / rows[1]['ms_per_token']:.2f}×, equals the acceptance length it quotes "
-    f"({analysis.GUIDE_ACCEPTANCE_LENGTH:.2f} tokens per target forward). That would mean a speculative step costs "
-    "exactly one plain step: drafting free, and verifying K + 1 tokens no dearer than 1. Neither holds (section 3 "
-    "measures both); treat the guide's speedup as an upper bound."
+    "Reading a quoted speedup: speedup = τ ÷ the step's cost in plain steps (section 3). A speedup equal to τ, the "
+    "tokens per target forward, would mean a speculative step costs exactly one plain step: drafting free, and "
+    "verifying K + 1 tokens no dearer than 1. Neither holds (section 3 and the *Benchmarks* page measure both), so "
+    "at batch 1 τ is an upper bound on the speedup, not the speedup."
 )
-st.caption("The node's bandwidth bound: the 140 GB of 16-bit weights do not fit in one 80 GB H100, so 8 GPUs each "
-           "stream an eighth of them per token: 70e9 × 2 bytes ÷ (8 × 3.35 TB/s) = "
-           f"{analysis.ms_per_token(70e9, 2, 8 * 3.35e12):.1f} ms. The guide's 42.1 ms/token is about "
-           f"{42.1 / analysis.ms_per_token(70e9, 2, 8 * 3.35e12):.0f}× that; the guide does not say where the rest "
-           "goes (see *Why it works* for the bound).")
 
 # ---------------------------------------------------------------------------------- predicted speedup
 st.header("3. Predicted vs measured speedup")

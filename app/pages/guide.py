@@ -37,7 +37,8 @@ PATH = [
      "After the race, compare the predicted and the measured speedup of the `ngram` run."),
     ("app/pages/lossless.py", "Is it really lossless?", 1,
      "The statistical check that speculative sampling leaves the target's distribution unchanged.",
-     "Run the check and read the p-value: what would a value below 0.01 mean?"),
+     "Run the check and read the p-value: what would a value below 0.01 mean? Then read *How sure are we*: how "
+     "large a difference could your N have missed?"),
 ]
 
 state.intro(

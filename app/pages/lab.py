@@ -9,8 +9,14 @@ state.intro(
     "Rejection sampling lab",
     "A drafted token x (drawn from the draft's **q**) is kept when u ≤ α = min(1, p(x)/q(x)) with u uniform in "
     "[0, 1]; otherwise a replacement is drawn from the residual max(0, p − q), normalised (**p** = target).  \n"
-    "Look at one real test from a run, then build your own p and q and watch the outputs follow p exactly.",
+    "Look at one real test from a run, then build your own p and q and watch the outputs approach p: the proof says "
+    "they follow p exactly; sampling can only show how far from p they could still be.",
 )
+
+P_VALUE_HELP = ("If the outputs really follow p, the probability of a chi-square at least this large. Below 0.01 is "
+                "evidence at the 1 % level that they do not, and happens 1 % of the time when they do; above it, the "
+                "test only failed to see a difference (how small a difference it could see depends on the samples). "
+                "Outcomes expecting fewer than 5 samples are pooled (the approximation needs it).")
 
 tab_run, tab_quiz, tab_sandbox = st.tabs(["A test from a real run", "Check yourself", "Sandbox: your own p and q"])
 
@@ -40,16 +46,17 @@ with tab_run:
         test = step["tests"][index]
         node = step["nodes"][test["node"]]
         p_row = next((r for r in step["target"] if r["node"] == node["parent"]), None)
+        earlier = [t for t in step["tests"][:index] if step["nodes"][t["node"]]["parent"] == node["parent"]]
+        after = bool(earlier) and not greedy  # at T = 0 a rejected sibling changes nothing
         m = st.columns(5)
-        m[0].metric("p(x), target", f"{test['p']:.4f}")
+        m[0].metric(teaching.p_label(greedy, after), f"{test['p']:.4f}")
         point_mass = test["q"] is None
         m[1].metric("q(x) in the test", "1 (point mass)" if point_mass else f"{test['q']:.4f}",
                     help="A picked token (prompt lookup, a tree's top-k child) is a point mass: q = δx." if point_mass else None)
-        m[2].metric("α = p(x)" if point_mass else "α = min(1, p/q)", f"{test['alpha']:.4f}")
+        m[2].metric(teaching.alpha_label(greedy, point_mass, after), f"{test['alpha']:.4f}")
         m[3].metric("u", "— (greedy)" if test["u"] is None else f"{test['u']:.4f}")
         m[4].metric("decision", "accept" if test["accepted"] else "reject")
-        earlier = [t for t in step["tests"][:index] if step["nodes"][t["node"]]["parent"] == node["parent"]]
-        if earlier:
+        if after:
             st.caption("An earlier sibling was rejected at this parent, so this test used the residual of that "
                        "rejection as p (the bars below show the target's p before any update).")
         b1, b2 = st.columns(2)
@@ -110,8 +117,7 @@ with tab_quiz:
                 asked = next(s for s in state.steps_of(trace) if s["step"] == q.step)
                 st.markdown(f"**{i + 1}.** Step {q.step}, drafted token {figures.md_code(q.token)}")
                 facts = st.columns(3)
-                p_label = "p′(x), after the rejected siblings" if q.after_rejection else "p(x), target"
-                facts[0].metric(p_label, f"{q.p:.4g}")
+                facts[0].metric(q.p_label, f"{q.p:.4g}")
                 facts[1].metric("q(x)", "point mass (picked)" if q.q is None else f"{q.q:.4g}")
                 if greedy:
                     node = asked["nodes"][asked["tests"][q.test_index]["node"]]
@@ -198,9 +204,15 @@ with tab_sandbox:
     m[0].metric("samples", f"{n:,}")
     m[1].metric("accepted drafts" if not siblings else "a sibling came out", f"{accepted / n:.1%}", help=accepted_help)
     m[2].metric("total variation to p", f"{fit['tv']:.4f}")
-    m[3].metric("chi-square vs p", f"{fit['chi2']:.2f}", help=f"{fit['dof']} degrees of freedom")
-    m[4].metric("p-value", f"{fit['p_value']:.3f}",
-                help="Probability of a chi-square this large if outputs really follow p. Below 0.01: they do not.")
+    tested = fit["p_value"] == fit["p_value"]  # NaN: too few samples for the chi-square approximation
+    m[3].metric("chi-square vs p", f"{fit['chi2']:.2f}" if tested else "—",
+                help=f"{fit['dof']} degrees of freedom over {fit['cells']} cells")
+    m[4].metric("p-value", f"{fit['p_value']:.3f}" if tested else "—", help=P_VALUE_HELP)
+    if not tested:
+        st.info(f"No chi-square test at {n:,} samples: every outcome expects fewer than 5 (n × p), so its "
+                "approximation does not hold. Take more samples.")
+    elif fit["pooled"]:
+        st.caption(f"{fit['pooled']} outcome(s) expecting fewer than 5 samples were pooled into one cell for the test.")
     st.plotly_chart(figures.histogram_pair(names, {"outputs": list(counts / n), "p (target)": list(p),
                                                    "q (draft)": list(q)},
                                            f"{n:,} speculative samples", {"outputs": "#444", "p (target)": "#1f77b4",

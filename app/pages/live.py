@@ -3,7 +3,8 @@ import time
 
 import streamlit as st
 
-from app import figures, lanes, state
+from app import figures, lanes, state, teaching
+from specviz import analysis
 from specviz.errors import SpecvizError
 
 state.intro(
@@ -31,6 +32,7 @@ class View:
         self.text = st.empty()
         self.metrics = st.empty()
         self.chart = st.empty()
+        self.histogram = st.empty()
         self.log = st.empty()
         self.draws = 0
 
@@ -56,7 +58,14 @@ class View:
         if steps:
             self.draws += 1
             self.chart.plotly_chart(figures.steps_chart(steps), key=f"live_chart_{self.draws}")
-        if steps:
+            counts = analysis.acceptance_histogram(steps)
+            with self.histogram.container():
+                if counts:
+                    st.plotly_chart(figures.acceptance_histogram_figure(
+                        {start["drafter"]: counts}, f"acceptance histogram: {sum(counts)} steps drafted; steps "
+                        "accepting 0, 1, 2, … drafted tokens: " + ", ".join(map(str, counts))),
+                        key=f"live_histogram_{self.draws}")
+                    st.caption(teaching.HISTOGRAM_NOTE)
             self.log.dataframe(step_log(steps), hide_index=True, height=min(400, 36 * (len(steps) + 1) + 3))
 
 

@@ -11,7 +11,8 @@ state.intro(
     "Speculative sampling promises outputs distributed exactly as the target's (p), whatever the draft (q). Test "
     "it: sample N continuations of one prompt with a drafter and N with the target alone (`none`), at "
     "temperature > 0,  \nthen compare the first generated tokens with a chi-square test and the total variation "
-    "distance. Equal distributions give a p-value that is usually not small (below 0.01 only 1% of the time).",
+    "distance. Equal distributions give a p-value below 0.01 only 1 % of the time; a larger one shows no difference "
+    "was seen, and *How sure are we* below says how large a difference could have gone unseen.",
 )
 shared, settings = state.require_model()
 if shared is None:
@@ -89,14 +90,34 @@ if verdict != verdict:  # NaN: every outcome too rare to test
             "distribution is too flat for this N. Sample more runs or lower the temperature.")
 else:
     (st.success if verdict >= 0.01 else st.warning)(
-        f"p-value {verdict:.3f}: " + ("no evidence that the two distributions differ." if verdict >= 0.01 else
+        f"p-value {verdict:.3f}: " + ("no evidence at the 1 % level that the two distributions differ (not proof "
+                                      "that they are equal: see below)." if verdict >= 0.01 else
                                       "the samples differ more than chance usually allows (or this is the 1% case)."))
 st.caption(f"Pearson's chi-square test of homogeneity on a 2 × {test['columns']} table (a standard two-sample "
-           "test; the p-value is the probability of a chi-square this large when both samples come from one "
+           "test; the p-value is the probability of a chi-square at least this large when both samples come from one "
            f"distribution, so below 0.01 happens 1 % of the time by chance); {test['pooled']} rare outcomes (expected "
            "count below 5) pooled into one column. Total variation = ½ Σ |share in sample A − share in sample B|; with "
            f"N = {test['n_a']} and {test['n_b']}, two samples of one distribution (these two pooled) differ by a TV of "
            f"about {test['noise_tv']:.2f} from sampling noise alone (normal approximation; it shrinks as 1/√N).")
+
+if test["dof"] >= 1:
+    st.subheader("How sure are we?")
+    sure = analysis.detectable_tv(test["n_a"], test["n_b"], test["dof"])
+    st.metric("smallest difference this N is sure to see (total variation)",
+              f"{sure:.3f}" if sure < 1 else "none: too few samples",
+              help="Detected with probability at least 80 % by this test at the 1 % level, whatever the shape of "
+                   "the difference.")
+    sizes = [100, 300, 1_000, 3_000, 10_000, 30_000]
+    st.dataframe([{"N per side": f"{size:,}", "smallest TV seen with probability ≥ 80 %":
+                   round(analysis.detectable_tv(size, size, test["dof"]), 3)} for size in sizes], hide_index=True)
+    st.caption(
+        f"Method: with {test['dof']} degrees of freedom the test rejects at the 1 % level above the chi-square "
+        "quantile; under a difference the statistic is about noncentral chi-square with noncentrality "
+        "λ = N_eff · Σ (a − b)² ÷ m (N_eff = N_a·N_b ÷ (N_a + N_b), m the pooled shares), and Σ (a − b)² ÷ m ≥ "
+        "(Σ |a − b|)² = 4·TV² (Cauchy–Schwarz), so every difference of that TV has λ ≥ 4·N_eff·TV². The table "
+        "solves for the TV whose λ gives 80 % power (`specviz.analysis.detectable_tv`, tested by simulation in "
+        "`tests/test_power.py`). A p-value above 0.01 says only that the difference is probably below that; that "
+        "it is zero comes from the proof on *Why it works*, not from sampling.")
 
 counts_a, counts_b = Counter(side_a), Counter(side_b)
 top = sorted(set(counts_a) | set(counts_b), key=lambda o: -(counts_a[o] + counts_b[o]))[:25]

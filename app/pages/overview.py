@@ -25,8 +25,9 @@ PRESETS = {
         70.0, 2.0, 2 * H100, "140 GB of weights do not fit in one 80 GB H100: two GPUs (tensor parallel) each "
         "hold and stream half of them, so their bandwidths add up."),
     "70B model, 16-bit, 2× H200 (2 × 4.8 TB/s)": (
-        70.0, 2.0, 2 * H200, "On one 141 GB H200 the 140 GB of weights would leave about 1 GB for the KV cache: "
-        "two GPUs are the practical minimum."),
+        70.0, 2.0, 2 * H200, "The weights take 70e9 × 2 bytes = 140e9 bytes = 130 GiB; one H200's 141 GB of HBM3e "
+        "(about 141 GiB of device memory) would leave about 10 GiB before the runtime's own overhead, little room "
+        "for the KV cache of many sequences: two GPUs split the weights and add their bandwidths."),
     "8B model, 16-bit, H100 SXM (3.35 TB/s)": (8.0, 2.0, H100, "16 GB of weights: fits one GPU with room for the KV cache."),
     "70B model, 4-bit, H100 SXM (3.35 TB/s)": (70.0, 0.5, H100, "35 GB of 4-bit weights fit one 80 GB H100."),
 }
@@ -118,19 +119,19 @@ So each target forward commits between 1 and K + 1 tokens.
 **Point masses.** A token that was picked rather than sampled (prompt lookup, a tree's top-k children) has
 q = δₓ, all its mass on x. The same rule then gives **α = p(x)**, and after a rejection the residual is p with x
 removed and renormalised. In a tree the siblings under one parent are tested in turn, each against what is left
-of p after the siblings rejected before it (EAGLE's and SpecInfer's multi-candidate verification); the
-*EAGLE tree explorer* shows every test of a real step with the rule it used.
+of p after the siblings rejected before it (SpecInfer's multi-candidate rule with q = δₓ; the rule SafeAILab's
+EAGLE-2/3 code runs on its trees); the *EAGLE tree explorer* shows every test of a real step with the rule it used.
 
 **Why it is lossless:** the token that comes out is x with probability min(q(x), p(x)) (accepted) plus
 (1 − Σ min(p, q)) · r(x) (rejected, then replaced), which adds up to exactly p(x). The output has the target's
-distribution whatever the draft is; a better draft only makes it faster. At temperature 0 (greedy) the rule
-reduces to "accept while the draft's token is the target's argmax", so the output is identical to the target's.
-The *Rejection sampling lab* page lets you check this by sampling, and *Is it really lossless?* checks it on the
-real model.
+distribution whatever the draft is; a better draft only makes it faster. The *Rejection sampling lab* page
+lets you watch it by sampling, and *Is it really lossless?* tests it on the real model; a test that sees no
+difference only bounds how large one could be, the proof is what makes it exact.
 """
 )
+st.markdown(teaching.GREEDY_IDENTITY)
 st.caption(f"Sources: the rule, the residual and the proof that the output follows p: {teaching.LEVIATHAN} "
            f"(section 2.3 and its appendix) and {teaching.CHEN}, which found it independently. Several candidates "
-           f"per position and point-mass children: {teaching.SPECINFER}; EAGLE verifies its trees the same way "
-           f"({teaching.EAGLE}). The bandwidth bound of section 1: each decode step at batch 1 reads every weight "
+           f"per position: {teaching.SPECINFER}; point-mass children, as {teaching.SAFEAILAB_EAGLE} (EAGLE-1's "
+           "paper samples its children and verifies them with the draft's probabilities instead). The bandwidth bound of section 1: each decode step at batch 1 reads every weight "
            "once, so time ≥ bytes ÷ bandwidth (a lower bound, not a measurement).")

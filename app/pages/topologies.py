@@ -37,8 +37,9 @@ if report:
         f"temperature {report['config']['temperature']}, on a {machine['cores']}-core {machine['cpu']} CPU "
         f"({machine['date'][:10]}); speedup = median over prompts of tokens/s ÷ tokens/s of `none`. Command: "
         f"`{report['config']['command']}`. The *Benchmarks* page shows the whole report. The published figures are "
-        "for 7B–70B targets on GPUs, where a forward pass is far more memory-bound than a 135M model's on a CPU, and "
-        "with heads trained on much more data: they are not comparable one to one."
+        "for far larger targets (T5-XXL 11B and Chinchilla 70B on TPUs, 7B–70B models on GPUs), whose forward passes "
+        "are far more memory-bound than a 135M model's on a CPU, with drafters trained on much more data: they are not "
+        "comparable one to one."
     )
 st.markdown(teaching.EAGLE3_NOTE)
 st.markdown(
@@ -56,7 +57,7 @@ st.markdown(
 st.header("2. What the acceptance numbers mean")
 st.markdown(
     """
-One run, four numbers, all correct, and easily confused:
+One run, five numbers, all correct, and easily confused:
 
 | name | definition | where you see it |
 |---|---|---|
@@ -64,10 +65,13 @@ One run, four numbers, all correct, and easily confused:
 | **α, per tested token** | accepted ÷ **tested** tokens (a chain stops testing at its first rejection) | the α of E = (1 − α^(K+1)) ÷ (1 − α) on *Cost and scale* |
 | **τ, acceptance length** | tokens committed per target forward, **the replacement or bonus token included** (`none` has τ = 1) | the EAGLE papers' τ; vLLM's *mean acceptance length* |
 | **per-position acceptance** | of the steps whose draft reached depth d, the share that accepted a token at depth d | the race's per-position chart |
+| **acceptance histogram** | of the steps that drafted, how many accepted 0, 1, 2, … drafted tokens | *Live decoding*, the race, *Benchmarks*; vLLM's per-request `acceptance_histogram` |
 
 A tree drafter drafts many tokens per step but can accept at most one path of them, so its acceptance rate is
-low by construction even when it is doing well. Papers that quote "80 %" mean a per-position or per-tested-token
-rate, or τ; compare τ with τ.
+low by construction even when it is doing well. A percentage in a paper is a rate, never τ (τ is a count of
+tokens, such as 3.5): EAGLE's "about 0.8" is its draft's accuracy, the share of its predictions that are the
+target's token; vLLM's `draft_acceptance_rate` is accepted ÷ drafted. Read which rate it is before comparing, and
+compare τ with τ.
 """
 )
 tree_run = (report or {}).get("drafters", {}).get("eagle2")
@@ -77,8 +81,9 @@ if tree_run and tree_run["steps"]:
         f"and accepted {tree_run['accepted'] / tree_run['steps']:.2f} of them: an acceptance rate of "
         f"{tree_run['acceptance_rate']:.0%}, and yet τ = {tree_run['tau']:.2f} tokens per target forward "
         "(the accepted ones plus the one token every step adds).")
-st.caption(f"Sources: τ as the EAGLE papers define it ({teaching.EAGLE}); {teaching.VLLM_METRICS}: vLLM counts the "
-           "bonus token in its mean acceptance length. The counts below come from the run's own events "
+st.caption(f"Sources: τ as the EAGLE papers define it ({teaching.EAGLE}), and its draft accuracy of about 0.8 "
+           f"(the same paper); {teaching.VLLM_METRICS}: vLLM counts the bonus token in its mean acceptance length; "
+           f"{teaching.VLLM_PER_REQUEST}. The counts below come from the run's own events "
            "(see docs/events.md: `stats.drafted`, `stats.accepted`, the steps' `tests`).")
 
 trace, source = state.get_trace()

@@ -43,7 +43,7 @@ def side_by_side() -> None:
         st.info("This needs a model with both an EAGLE-2 and an EAGLE-3 head (the embedded model ships both).")
     else:
         st.caption("Both drafters decode the prompt above at temperature 0 with the sidebar's tree settings, so they "
-                   "commit the same text (the target's greedy text) and meet the same contexts; pick a position where "
+                   "commit the same text (the target's greedy text, up to floating-point near-ties) and meet the same contexts; pick a position where "
                    "both drafted, and compare the two trees grown from it.")
         if st.button("Draft with both", key="tree_both_run"):
             runs = {}
@@ -175,8 +175,8 @@ if greedy:
     st.markdown(
         "At temperature 0 both rules collapse to one: a drafted token is accepted exactly when it is the target's "
         "argmax at its parent, and the step's last token is that argmax. The output is then the target's own greedy "
-        "text, token for token (tested against transformers' `generate()`). Run at a temperature above 0 to see "
-        "the two rules differ."
+        "text up to floating-point near-ties (*Why it works* says when the two can part; tested against "
+        "transformers' `generate()`). Run at a temperature above 0 to see the two rules differ."
     )
 else:
     left, right = st.columns(2)
@@ -191,8 +191,9 @@ else:
         "*Why it is lossless:* the first child x₁ comes out with probability p(x₁). It is rejected with probability "
         "1 − p(x₁), and the second child then comes out with probability (1 − p(x₁)) · p(x₂) ÷ (1 − p(x₁)) = p(x₂); "
         "and so on. A token y that is no child comes out with (1 − Σ p(xᵢ)) · p(y) ÷ (1 − Σ p(xᵢ)) = p(y). Every "
-        f"token has exactly its target probability ({teaching.SPECINFER}; the same rule as EAGLE's own "
-        f"verification, {teaching.EAGLE})."
+        f"token has exactly its target probability ({teaching.SPECINFER}, its multi-candidate rule with q = δₓ; "
+        f"the rule of {teaching.SAFEAILAB_EAGLE}; EAGLE-1's paper instead samples its children and verifies them "
+        f"with the draft's probabilities, {teaching.EAGLE})."
     )
     right.markdown(
         "**The chain rule (a sampled draft, as the draft model at temperature > 0).** When x was *drawn* from q:\n"

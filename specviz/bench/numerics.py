@@ -60,7 +60,10 @@ def sort_out(drafters: dict[str, dict], logits_at: Callable[[str, int], torch.Te
                 failures.append(found)
                 continue
             verdict = near_tie(logits_at(found["prompt"], found["index"]), found["expected"], found["got"], dtype)
-            (events if verdict["near_tie"] else failures).append({**found, **verdict})
+            if verdict["near_tie"]:
+                events.append({**found, **verdict})
+            else:
+                failures.append(found)
         report["mismatches"], report["numerics_events"] = failures, events
         report["outputs_match_none"] = not failures
 
