@@ -46,7 +46,9 @@ m2.metric("Milliseconds per token (at least)", f"{ms:,.1f} ms")
 m3.metric("Tokens per second (at most)", f"{1000 / ms:,.1f}")
 st.caption(f"ms/token = parameters × bytes per parameter ÷ bandwidth = {params_b:g}e9 × {bpp:g} B ÷ {bw:g}e12 B/s. "
            "Bandwidths are datasheet figures, not measured here: H100 SXM 3.35 TB/s (NVIDIA H100 datasheet), "
-           "H200 4.8 TB/s (NVIDIA H200 datasheet). Real decoding is a little slower (KV cache reads, kernel overheads).")
+           "H200 4.8 TB/s (NVIDIA H200 datasheet). Real decoding is slower than the bound (KV-cache reads, kernel "
+           "overheads): the shipped bench report's plain decoding reaches about half of it on its CPU (*Benchmarks*, "
+           "weight-streaming floor).")
 
 # ------------------------------------------------------------------------------------- this machine
 st.header("2. This machine, measured")
