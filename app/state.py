@@ -8,8 +8,11 @@ from typing import Callable
 
 import streamlit as st
 
-from app.runner import Fetches, RemoteModels, SharedModels
+from app.runner import Fetches
 from specviz import models as m
+from specviz.backends import Backend
+from specviz.backends.local import LocalBackend
+from specviz.backends.service import ServiceBackend
 from specviz.decoding import events as ev
 from specviz.decoding.costs import verify_curve
 from specviz.decoding.settings import FIELD_HELP, DecodeSettings
@@ -50,11 +53,11 @@ class Settings(DecodeSettings):
 
 
 @st.cache_resource(show_spinner=False, max_entries=2)
-def _shared_models(name: str, _progress: Callable | None = None) -> SharedModels:
+def _shared_models(name: str, _progress: Callable | None = None) -> LocalBackend:
     models = m.load(name, progress=_progress)
     if models.eagle is not None or models.medusa is not None:
         verify_curve(models)  # the tree drafters' "auto" budget: measured now, not in a visitor's first run
-    return SharedModels(models)
+    return LocalBackend(models)
 
 
 @st.cache_resource(show_spinner=False, ttl=30)
@@ -64,7 +67,7 @@ def _remote_models(url: str) -> list[dict]:
     return Client(url, token=os.environ.get(ENV_BACKEND_TOKEN)).models()
 
 
-def load_remote(url: str) -> RemoteModels | None:
+def load_remote(url: str) -> ServiceBackend | None:
     """The sidebar's choice among the models a `specviz serve` service loaded."""
     try:
         rows = _remote_models(url)
@@ -73,10 +76,10 @@ def load_remote(url: str) -> RemoteModels | None:
         return None
     names = [r["name"] for r in rows]
     name = st.sidebar.selectbox("Model (on the service)", names, key="sb_remote_model")
-    return RemoteModels(url, rows[names.index(name)], token=os.environ.get(ENV_BACKEND_TOKEN))
+    return ServiceBackend(url, rows[names.index(name)], token=os.environ.get(ENV_BACKEND_TOKEN))
 
 
-def load_shared(name: str) -> SharedModels | None:
+def load_shared(name: str) -> Backend | None:
     """The process-wide model for `name`, loading (and fetching) it with a progress bar the first time."""
     bar = st.sidebar.empty()
 
@@ -159,7 +162,7 @@ def _follow_fetch(job) -> None:
                "stop it.")
 
 
-def sidebar() -> tuple[SharedModels | None, Settings | None]:
+def sidebar() -> tuple[Backend | None, Settings | None]:
     """Draw the shared sidebar; remember its model and settings for the pages in session_state."""
     st.sidebar.header("Settings")
     backend = os.environ.get(ENV_BACKEND, "").strip()
@@ -222,18 +225,18 @@ def tree_controls(spec) -> tuple:
     )
 
 
-def current() -> tuple[SharedModels | None, Settings | None]:
+def current() -> tuple[Backend | None, Settings | None]:
     return st.session_state.get("_shared"), st.session_state.get("_settings")
 
 
-def require_model() -> tuple[SharedModels | None, Settings | None]:
+def require_model() -> tuple[Backend | None, Settings | None]:
     shared, settings = current()
     if shared is None:
         st.warning("No model is loaded: choose one in the sidebar.")
     return shared, settings
 
 
-def run_decode(shared: SharedModels, prompt: str, settings: Settings, into: list | None = None,
+def run_decode(shared: Backend, prompt: str, settings: Settings, into: list | None = None,
                on_event: Callable[[dict, list], None] | None = None, **overrides) -> list[dict] | None:
     """Decode with the shared model under its lock, appending each event (as a dict) to `into`.
 

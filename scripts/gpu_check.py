@@ -32,7 +32,7 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 from specviz import bench, models  # noqa: E402
 from specviz.atomic import write_atomically  # noqa: E402
 from specviz.bench import batch, probes  # noqa: E402
-from specviz.cli import report_mismatches  # noqa: E402
+from specviz.bench.cli import report_mismatches  # noqa: E402
 from specviz.decoding import costs  # noqa: E402
 from specviz.errors import SpecvizError  # noqa: E402
 

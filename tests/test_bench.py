@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from specviz import bench
+from specviz.backends import local as local_backend
 from specviz.bench import cli as specviz_cli
 from specviz.bench import probes
 from specviz.bench import report as bench_report
@@ -220,8 +221,8 @@ def plant_a_wrong_token(monkeypatch):
         return verdict
 
     monkeypatch.setattr(verify_module, "verify", accept_everything)
-    monkeypatch.setattr(bench_run, "make_drafter",
-                        lambda name, models, k=4, options=None: ConstantDrafter() if name == "ngram" else make_drafter(name, models, k, options))
+    planted = lambda name, models, k=4, options=None: ConstantDrafter() if name == "ngram" else make_drafter(name, models, k, options)  # noqa: E731
+    monkeypatch.setattr(local_backend, "make_drafter", planted)  # where the bench's runs get their drafters
 
 
 def test_the_mismatch_detector_fires_on_a_planted_wrong_token(tiny, prompts_file, tmp_path, monkeypatch, capsys):
@@ -336,7 +337,7 @@ def test_the_benchmarks_page_runs_a_bench_and_shows_a_saved_report(tiny_model_di
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     assert not at.error, [e.value for e in at.error]
-    assert len(at.get("plotly_chart")) == 6  # rates, spread, verify cost, predicted, acceptance, none vs bandwidth
+    assert len(at.get("plotly_chart")) == 7  # rates, spread, verify cost, predicted, acceptance, its histogram, none vs bandwidth
     assert "python -m specviz bench --model" in at.code[0].value
 
     at.radio(key="bench_source").set_value("a file on the server")  # the page's default report

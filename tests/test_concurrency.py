@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from app.runner import SharedModels
+from specviz.backends.local import LocalBackend
 from specviz.errors import SpecvizError
 
 JOBS = [  # four sessions with different settings
@@ -21,7 +21,7 @@ def tokens(events):
 
 
 def test_four_simultaneous_sessions_each_get_their_solo_output(tiny_models):
-    shared = SharedModels(tiny_models)
+    shared = LocalBackend(tiny_models)
     alone = [tokens(shared.run(max_new_tokens=12, **job)) for job in JOBS]
     results, spans, errors = [None] * len(JOBS), [None] * len(JOBS), []
     waited = []
@@ -55,7 +55,7 @@ def test_four_simultaneous_sessions_each_get_their_solo_output(tiny_models):
 
 
 def test_a_stopped_or_failed_session_releases_the_model(tiny_models):
-    shared = SharedModels(tiny_models)
+    shared = LocalBackend(tiny_models)
     stream = shared.stream("Say hello.", drafter="ngram", max_new_tokens=20)
     next(stream)  # the start event: the run now holds the lock
     assert shared.lock.locked()

@@ -24,7 +24,7 @@ from specviz import models, paths
 from specviz.errors import SpecvizError
 from specviz.models import cache as model_cache
 from specviz.models import convert, loading, presets, wheels
-from specviz.models.presets import ModelFile, WheelPiece
+from specviz.models.files import ModelFile, WheelPiece
 
 VERSION = "0.0.1"
 

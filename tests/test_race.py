@@ -12,8 +12,8 @@ from streamlit.delta_generator import DeltaGenerator
 from streamlit.testing.v1 import AppTest
 
 from app import lanes, state
-from app.runner import SharedModels
 from specviz import models as m
+from specviz.backends.local import LocalBackend
 from specviz.decoding.settings import DecodeSettings
 from specviz.errors import SpecvizError
 
@@ -26,7 +26,7 @@ THREE = ["none", "ngram", "draft"]
 @pytest.fixture(scope="module")
 def runs(tiny_model_dir) -> dict[str, list[dict]]:
     """A race of three drafters at temperature 0 on the tiny model (its own draft model)."""
-    shared = SharedModels(m.load(str(tiny_model_dir), draft_model=str(tiny_model_dir), device="cpu"))
+    shared = LocalBackend(m.load(str(tiny_model_dir), draft_model=str(tiny_model_dir), device="cpu"))
     return {d: shared.run(PROMPT, drafter=d, settings=DecodeSettings(max_new_tokens=10)) for d in THREE}
 
 

@@ -5,7 +5,8 @@
 
   - Decoding: every method runs on every prompt, interleaved (prompt by prompt, methods in turn, the order
     rotated per prompt so that machine drift cancels), after a warm-up. At temperature 0 every drafter's output
-    must equal `none`'s token for token; a mismatch is reported loudly and fails the run.
+    must equal `none`'s token for token, up to floating-point near-ties (reported as numerics events,
+    specviz/bench/numerics.py); any other mismatch is reported loudly and fails the run.
   - Peers: generate(), generate(assistant_model=draft) with the same K and a constant schedule, and
     generate(prompt_lookup_num_tokens=K), on the same model objects, prompts and token budget.
   - The verify-cost curve: one target forward over n new tokens after a KV cache of a realistic context, as a
@@ -28,8 +29,9 @@ from specviz.bench.report import (
            per_prompt_speedups,
            to_markdown,
 )
-from specviz.bench.run import QUICK_SIZES, BenchSettings, quick_settings, run_bench
+from specviz.bench.run import run_bench
 from specviz.bench.schema import BENCH_SCHEMA, load_report, parse_report, validate
+from specviz.bench.settings import QUICK_SIZES, BenchSettings, quick_settings
 
 REFERENCE_REPORT = Path(__file__).parent / "data" / "reference-t0.json"  # the Benchmarks page's default report
 

@@ -104,6 +104,10 @@ def report_mismatches(report: dict, out=None) -> None:
         for x in d["mismatches"]:
             print(f"MISMATCH: drafter '{name}' differs from 'none' on prompt {x['prompt']} at token {x['index']} "
                   f"(none: {x['expected']}, {name}: {x['got']}; lengths {x['expected_tokens']} / {x['got_tokens']})", file=out)
+        for x in d.get("numerics_events", []):
+            print(f"note: drafter '{name}' parts from 'none' on prompt {x['prompt']} at token {x['index']} at a "
+                  f"floating-point near-tie (logit gap {x['gap']:.3g}, within {x['tolerance']:.3g}): a numerics "
+                  "event, not a failed drafter", file=out)
     for name, p in report["peers"].items():
         for x in p["mismatches"]:
             print(f"note: peer '{name}' differs from plain generate() on prompt {x['prompt']} at token {x['index']}", file=out)

@@ -31,7 +31,7 @@ from specviz.bench.report import Run
 from specviz.decoding import engine
 
 if TYPE_CHECKING:
-    from specviz.bench.run import BenchSettings
+    from specviz.bench.settings import BenchSettings
 
 PLAIN, LOOKUP = "llama_cpp", "llama_cpp_lookup"
 NAMES = (PLAIN, LOOKUP)

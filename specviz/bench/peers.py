@@ -15,7 +15,7 @@ from specviz.decoding import engine
 from specviz.decoding.costs import synchronize
 
 if TYPE_CHECKING:
-    from specviz.bench.run import BenchSettings
+    from specviz.bench.settings import BenchSettings
 
 PEERS = ("generate", "generate_assisted", "generate_prompt_lookup")
 

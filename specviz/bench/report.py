@@ -20,7 +20,7 @@ from specviz.decoding.metrics import acceptance_histogram
 from specviz.kernels import fastlinear
 
 if TYPE_CHECKING:
-    from specviz.bench.run import BenchSettings
+    from specviz.bench.settings import BenchSettings
 
 SCHEMA_VERSION = 1
 # ours vs theirs: the pairs a user chooses between

@@ -2,63 +2,36 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Callable
 
-from specviz.api import encode_prompt
+from specviz.backends.local import LocalBackend, as_local
 from specviz.bench import llamacpp
 from specviz.bench.peers import peer_arguments, run_peer
 from specviz.bench.probes import BandwidthProbe
 from specviz.bench.prompts import Prompt, check_unique_ids
 from specviz.bench.report import Run, build_report
-from specviz.decoding import engine
+from specviz.bench.settings import BenchSettings
 from specviz.decoding.costs import synchronize, verify_costs
-from specviz.decoding.settings import DecodeSettings
+from specviz.decoding.prompt import encode_prompt
 from specviz.drafters import available, make_drafter, parse_spec, variants
 from specviz.errors import SpecvizError
-
-FULL_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64)  # dense where the CPU curve is not smooth (see costs.AUTO_SIZES)
-QUICK_SIZES = (1, 4, 16)
 
 # progress(done, total, label): called after each unit of work (a decode, a cost curve)
 ProgressCallback = Callable[[int, int, str], None]
 
 
-# ------------------------------------------------------------------------------------------- settings
-
-
-@dataclass(frozen=True)
-class BenchSettings(DecodeSettings):
-    """A decode configuration (specviz.decoding.settings.DecodeSettings: k is also num_assistant_tokens and
-    prompt_lookup_num_tokens for the peers) plus what the bench measures around it."""
-
-    max_new_tokens: int = 128
-    drafters: tuple[str, ...] = ()  # empty: every drafter available for the models; `none` always runs
-    repeats: int = 1  # decodes of each (prompt, method); the median time is kept
-    peers: bool = True  # transformers' generate() peers
-    llama_cpp: bool = True  # llama.cpp's peers, where llama-cpp-python is installed and the model has a GGUF
-    warmup: bool = True
-    verify_sizes: tuple[int, ...] = FULL_SIZES  # () skips the cost curves and the prediction
-    context_len: int = 256  # cached tokens before the timed forward: a prompt plus part of an answer
-    cost_repeats: int = 5  # timed forwards per size, median kept (after one untimed)
-    tree_branching: int = 4  # the tree curve's shape: a full tree, this many children per node, breadth first
-    bandwidth_mb: int = 256  # size of the tensor copied to measure memory bandwidth
-    bandwidth_repeats: int = 5
-
-
-def quick_settings(**overrides) -> BenchSettings:
-    """Fewer cost-curve sizes and repeats: a smoke run."""
-    return BenchSettings(**{"verify_sizes": QUICK_SIZES, "cost_repeats": 3, "bandwidth_repeats": 3, **overrides})
-
-
-def run_drafter(models, name: str, prompt: Prompt, prompt_ids: list[int], settings: BenchSettings, repeat: int = 0) -> Run:
-    """Decode with our engine, consuming its event stream like every other client; time the whole stream."""
-    drafter = make_drafter(name, models, k=settings.k)
-    device = models.target.device
+def run_drafter(backend: LocalBackend | object, name: str, prompt: Prompt, prompt_ids: list[int], settings: BenchSettings,
+                repeat: int = 0) -> Run:
+    """Decode with our engine through its backend, consuming its event stream like every other client; time the
+    whole stream. backend: a LocalBackend, or loaded models."""
+    backend = as_local(backend)
+    device = backend.models.target.device
+    stream = backend.stream(prompt_ids, drafter=name, settings=settings.decode_settings())
+    start = next(stream)  # the drafter is built and the prompt taken: the decode's own time starts here
     synchronize(device)
     started = time.perf_counter()
-    events = list(engine.decode(models.target, models.tokenizer, drafter, prompt_ids, settings.decode_settings(),
-                                models.name, prompt.text, models.vocab_size))
+    events = [start, *stream]
     synchronize(device)
     wall = time.perf_counter() - started
     stats = events[-1].stats
@@ -89,7 +62,10 @@ def chosen_drafters(models, requested: tuple[str, ...]) -> list[str]:
 
 def run_bench(models, prompts: list[Prompt], settings: BenchSettings | None = None,
               progress: ProgressCallback | None = None, command: str = "") -> dict:
-    """Run the whole benchmark on already-loaded models (a specviz.models.LoadedModels) and return the report."""
+    """Run the whole benchmark on our engine in this process (a LocalBackend, or loaded models: a
+    specviz.models.LoadedModels) and return the report. The peers run on the same model objects."""
+    backend = as_local(models)
+    models = backend.models
     settings = settings or BenchSettings()
     if settings.repeats < 1:
         raise SpecvizError(f"repeats must be >= 1, got {settings.repeats}")
@@ -121,7 +97,7 @@ def run_bench(models, prompts: list[Prompt], settings: BenchSettings | None = No
             return llama.run(method, prompt, ids, run_settings, repeat)
         if method in peer_args:
             return run_peer(models, method, peer_args[method], prompt, ids, run_settings, repeat)
-        return run_drafter(models, method, prompt, ids, run_settings, repeat)
+        return run_drafter(backend, method, prompt, ids, run_settings, repeat)
 
     if settings.warmup:  # every method once, on a short decode: kernels, allocators and caches warmed alike
         short = replace(settings, max_new_tokens=min(16, settings.max_new_tokens))

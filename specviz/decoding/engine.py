@@ -268,6 +268,8 @@ class _Run:
         return ev.Step(
             step=self.metrics.steps,
             position=past_len,
+            drafted=len(tree),
+            accepted=kinds.count("accepted"),
             nodes=nodes,
             build=[self._annotate(stage) for stage in tree.build],
             target=[ev.TargetRow(node=r, p_top=text.top(top)) for r, top in zip(rows, tops)],

@@ -6,13 +6,15 @@ This is the contract the CLI, the pages and the benchmark consume; docs/events.m
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Union
 
 from specviz.atomic import replacing
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 1  # traces of the same major version load; a minor one adds fields with defaults
+SCHEMA_MINOR = 1  # 1: Start.detail, Step.drafted and Step.accepted; Step's detail fields optional
+FULL, COUNTS = "full", "counts"  # the levels of detail a Start announces for its run's steps
 
 # A top-N list: [[token_id, text, prob], ...], most likely first.
 TopN = list
@@ -31,8 +33,11 @@ class Start:
     device: str
     dtype: str
     lossy: bool = False  # true only for an explicitly requested lossy acceptance rule
+    detail: str = FULL  # what its steps carry: FULL (tree, p, q, u, residual) or COUNTS (drafted/accepted counts)
+    engine: str = "specviz"  # what decoded it
     type: str = "start"
     schema_version: int = SCHEMA_VERSION
+    schema_minor: int = SCHEMA_MINOR
 
 
 @dataclass
@@ -76,17 +81,23 @@ class Committed:
 
 @dataclass
 class Step:
+    """One target forward. Every engine gives the first five fields; the detail fields (the tree, the target's
+    rows, the tests and the replacement or bonus) come from an engine whose Start says detail "full" (ours), and
+    are empty where it says "counts" (an engine that reports only how many drafted tokens it accepted)."""
+
     step: int
     position: int  # sequence position of the root token
-    nodes: list[DraftNode]
-    build: list[dict]  # tree construction stages (EAGLE-2), may be empty
-    target: list[TargetRow]  # the target's top-N at the root and at each accepted node
-    tests: list[Test]
-    accepted_path: list[int]
-    final: dict  # {"token", "text", "kind", "dist_top"}: the replacement or bonus and what it was drawn from
     committed: list[Committed]
     text_delta: str  # text that became final in this step
-    timing: dict  # {"draft_ms", "verify_ms", "step_ms", "elapsed_s", "tokens_per_s"}
+    timing: dict  # {"draft_ms", "verify_ms", "step_ms", "elapsed_s", "tokens_per_s"} (what the engine measured)
+    drafted: int | None = None  # drafted tokens verified in this step (None: not reported)
+    accepted: int | None = None  # of them, accepted and committed
+    nodes: list[DraftNode] = field(default_factory=list)
+    build: list[dict] = field(default_factory=list)  # tree construction stages (EAGLE-2), may be empty
+    target: list[TargetRow] = field(default_factory=list)  # the target's top-N at the root and each accepted node
+    tests: list[Test] = field(default_factory=list)
+    accepted_path: list[int] = field(default_factory=list)
+    final: dict | None = None  # {"token", "text", "kind", "dist_top"}: the replacement or bonus and its distribution
     lossy: bool = False
     type: str = "step"
 
@@ -120,9 +131,9 @@ def from_dict(data: dict) -> Event:
         raise ValueError(f"not a specviz event: type {kind!r}")
     return Step(**{
         **data,
-        "nodes": [DraftNode(**n) for n in data["nodes"]],
-        "target": [TargetRow(**r) for r in data["target"]],
-        "tests": [Test(**t) for t in data["tests"]],
+        "nodes": [DraftNode(**n) for n in data.get("nodes", [])],
+        "target": [TargetRow(**r) for r in data.get("target", [])],
+        "tests": [Test(**t) for t in data.get("tests", [])],
         "committed": [Committed(**c) for c in data["committed"]],
     })
 
@@ -176,8 +187,9 @@ _top = {
 _top_or_null = {"anyOf": [_top, {"type": "null"}]}
 
 
-def _obj(props: dict, extra_required=()) -> dict:
-    return {"type": "object", "properties": props, "required": list(props) + list(extra_required)}
+def _obj(props: dict, required=None) -> dict:
+    """An object with these properties, all required unless `required` names the ones that are."""
+    return {"type": "object", "properties": props, "required": list(props if required is None else required)}
 
 
 SCHEMA = {
@@ -198,7 +210,12 @@ SCHEMA = {
                 "device": {"type": "string"},
                 "dtype": {"type": "string"},
                 "lossy": {"type": "boolean"},
-            }
+                "detail": {"enum": [FULL, COUNTS]},
+                "engine": {"type": "string"},
+                "schema_minor": _int,
+            },
+            required=("type", "schema_version", "model", "drafter", "sampling", "options", "seed", "max_new_tokens",
+                      "prompt_text", "prompt_token_ids", "device", "dtype"),
         ),
         _obj(
             {
@@ -240,14 +257,14 @@ SCHEMA = {
                     ),
                 },
                 "accepted_path": {"type": "array", "items": _int},
-                "final": _obj(
+                "final": {"anyOf": [{"type": "null"}, _obj(
                     {
                         "token": _int,
                         "text": {"type": "string"},
                         "kind": {"enum": ["replacement", "bonus", "autoregressive"]},
                         "dist_top": _top,
                     }
-                ),
+                )]},
                 "committed": {
                     "type": "array",
                     "items": _obj(
@@ -263,7 +280,10 @@ SCHEMA = {
                     {"draft_ms": _num, "verify_ms": _num, "step_ms": _num, "elapsed_s": _num, "tokens_per_s": _num}
                 ),
                 "lossy": {"type": "boolean"},
-            }
+                "drafted": {"type": ["integer", "null"]},
+                "accepted": {"type": ["integer", "null"]},
+            },
+            required=("type", "step", "position", "committed", "text_delta", "timing"),
         ),
         _obj(
             {

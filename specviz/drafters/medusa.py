@@ -52,7 +52,7 @@ class MedusaDrafter(Drafter):
         only the best nodes by path score, as the EAGLE-2 drafter does."""
         check_total_tokens("medusa", total_tokens, whole_tree_allowed=True)
         if typical:
-            self.acceptance = Typical(epsilon, delta)
+            self.acceptance = Typical(hard_cap=epsilon, entropy_factor=delta)
         self.heads = heads
         self.lm_head = target.get_output_embeddings().weight  # (V, H)
         self.vocab = draft_vocab

@@ -11,7 +11,7 @@ from specviz.errors import SpecvizError
 from specviz.paths import cache_root
 
 if TYPE_CHECKING:
-    from specviz.models.presets import ModelFile, Preset
+    from specviz.models.files import ModelFile, Preset
 
 
 def model_dir(key: str) -> Path:

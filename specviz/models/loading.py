@@ -22,7 +22,8 @@ from specviz.models.device import (
     resolve_device,
 )
 from specviz.models.eagle3 import Eagle3Head
-from specviz.models.presets import PRESETS, Preset, preset_model_files
+from specviz.models.files import Preset
+from specviz.models.presets import PRESETS, preset_model_files
 from specviz.models.wheels import ProgressCallback
 
 

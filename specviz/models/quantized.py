@@ -27,7 +27,7 @@ import torch
 from specviz.errors import SpecvizError
 from specviz.kernels import blocks, fastdecoder, quant
 from specviz.models.cache import cache_lock, is_fetched, model_dir
-from specviz.models.presets import ModelFile
+from specviz.models.files import ModelFile
 
 WEIGHTS = ("fp32", "q4")  # the choices of load(weights=...) and --weights
 # GGUF tensor names of a Llama-family block → the projection they become (transformers' names)

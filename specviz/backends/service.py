@@ -1,0 +1,69 @@
+"""The service backend: one model of a `specviz serve` service, streaming the same events over HTTP. The service
+queues every client's runs itself."""
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Callable, Iterator
+
+from specviz.backends.base import FULL, events, run, settings_of
+from specviz.decoding import events as ev
+from specviz.errors import SpecvizError
+from specviz.serve.client import Client
+
+
+class ServiceBackend:
+    remote = True
+    detail = FULL
+    models = None  # the weights are on the service
+    lock = None
+
+    def __init__(self, url: str, row: dict, token: str | None = None):
+        self.url, self.row, self.token = url, row, token  # row: the service's /v1/models entry for the model
+
+    @classmethod
+    def connect(cls, url: str, model: str | None = None, token: str | None = None) -> ServiceBackend:
+        rows = Client(url, token=token).models()
+        names = [r["name"] for r in rows]
+        if model is not None and model not in names:
+            raise SpecvizError(f"the service at {url} has no model {model!r}; it runs: {', '.join(names)}")
+        return cls(url, rows[names.index(model) if model is not None else 0], token)
+
+    @property
+    def name(self) -> str:
+        return self.row["name"]
+
+    @property
+    def device(self) -> str:
+        return self.row["device"]
+
+    @property
+    def dtype(self) -> str:
+        return self.row["dtype"]
+
+    def drafters(self) -> list[str]:
+        return [d for d in self.row["drafters"] if ":" not in d]
+
+    def variants(self) -> list[str]:
+        return [d for d in self.row["drafters"] if ":" in d]
+
+    def where(self) -> str:
+        return f"on the service at {self.url}, on {self.device} ({self.dtype})"
+
+    def describe(self) -> dict:
+        return {"name": self.name, "engine": "specviz serve", "device": self.device, "dtype": self.dtype,
+                "detail": self.detail, "drafters": list(self.row["drafters"]), "where": self.where()}
+
+    def stream(self, prompt: str | list[dict], on_wait: Callable[[int | None], None] | None = None, *,
+               drafter: str = "ngram", settings=None, drafter_options: dict | None = None, chat: bool = True,
+               client_id: str | None = None, **decode) -> Iterator[ev.Event]:
+        """The run on the service; on_wait(position) is called while it waits in the service's queue."""
+        fields = asdict(settings_of(settings and settings.decode_settings(), decode))
+        client = Client(self.url, token=self.token, client_id=client_id)
+        yield from client.stream(prompt, on_queued=on_wait, model=self.name, drafter=drafter,
+                                 drafter_options=drafter_options or {}, chat=chat, **fields)
+
+    def events(self, prompt, on_wait=None, **kwargs):
+        return events(self, prompt, on_wait=on_wait, **kwargs)
+
+    def run(self, prompt, **kwargs) -> list[dict]:
+        return run(self, prompt, **kwargs)
