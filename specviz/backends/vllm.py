@@ -1,0 +1,250 @@
+"""The vLLM backend: a client of an unmodified `vllm serve` over its OpenAI API, so it works with any vLLM
+deployment (tensor- or pipeline-parallel, several nodes), not only one specviz started.
+
+What vLLM shows, and so what this backend's events carry (detail COUNTS): per verify step, how many drafted tokens
+it accepted, the committed token ids and their text, and the time between steps as the client saw it. vLLM
+exposes no q, no tree and no u: the pages say so instead of drawing them.
+
+How a run becomes steps: vLLM streams one chunk per engine step for a single request, holding that step's
+committed tokens (accepted drafts plus the replacement or bonus), so a chunk of n tokens is a step that accepted
+n - 1 drafted tokens. With `--per-request-spec-decode-metrics detailed` the last chunk also carries vLLM's own
+ordered per-step accepted and drafted counts and its acceptance histogram; the Done event's stats take those
+where they are given (and say which source they came from).
+
+Start the server as docs/vllm.md says; `vllm+http://host:8000` (or `SPECVIZ_BACKEND=vllm+http://...`) picks it.
+"""
+from __future__ import annotations
+
+import json
+import time
+from typing import Callable, Iterator
+
+import httpx
+
+from specviz.backends.base import COUNTS, events, run, settings_of
+from specviz.decoding import events as ev
+from specviz.errors import SpecvizError
+
+SCHEME = "vllm+"
+TRY = "start it as docs/vllm.md says (make vllm, then `.venv-vllm/bin/vllm serve ...`), or check the address"
+
+
+class VllmBackend:
+    remote = True
+    detail = COUNTS
+    models = None  # the weights are in the vLLM server
+    lock = None
+
+    def __init__(self, url: str, model: str, token: str | None = None, speculative: bool | None = None,
+                 timeout_s: float = 30.0):
+        self.url, self.model, self.token = url.rstrip("/"), model, token
+        self.speculative = speculative  # whether its /metrics count speculative drafts (None: not known)
+        self.timeout_s = timeout_s
+        self._texts: dict[int, str] = {}  # token id -> text, from the server's /detokenize
+
+    @classmethod
+    def connect(cls, url: str, model: str | None = None, token: str | None = None) -> VllmBackend:
+        """The server at `url` (http://host:port, without the vllm+ prefix) and one model it serves."""
+        url = url.removeprefix(SCHEME).rstrip("/")
+        headers = _auth(token)
+        try:
+            served = httpx.get(f"{url}/v1/models", headers=headers, timeout=10).raise_for_status().json()
+        except httpx.HTTPStatusError as err:
+            raise SpecvizError(f"the vLLM server at {url} answered /v1/models with {err.response.status_code}; "
+                               "check the token (SPECVIZ_BACKEND_TOKEN)") from None
+        except (httpx.HTTPError, ValueError) as err:
+            raise SpecvizError(f"no vLLM server answers at {url} ({type(err).__name__}); {TRY}") from None
+        names = [m.get("id") for m in served.get("data", [])]
+        if not names:
+            raise SpecvizError(f"the vLLM server at {url} serves no model")
+        if model is not None and model not in names:
+            raise SpecvizError(f"the vLLM server at {url} has no model {model!r}; it serves: {', '.join(names)}")
+        try:
+            metrics = httpx.get(f"{url}/metrics", headers=headers, timeout=10).text
+            speculative = "vllm:spec_decode_num_drafts" in metrics
+        except httpx.HTTPError:
+            speculative = None
+        return cls(url, model or names[0], token, speculative)
+
+    @property
+    def name(self) -> str:
+        return self.model
+
+    def drafters(self) -> list[str]:
+        """vLLM drafts with what the server was started with (its --speculative-config); one lane."""
+        return ["vllm"]
+
+    def variants(self) -> list[str]:
+        return []
+
+    def where(self) -> str:
+        how = {True: "speculative", False: "no speculative config", None: "speculation unknown"}[self.speculative]
+        return f"on vLLM at {self.url} ({how}; it reports accepted counts per step, no q or tree)"
+
+    def describe(self) -> dict:
+        return {"name": self.model, "engine": "vllm", "device": "vllm", "dtype": "as served", "detail": self.detail,
+                "drafters": self.drafters(), "where": self.where(), "speculative": self.speculative}
+
+    def stream(self, prompt: str | list[dict], on_wait: Callable[[int | None], None] | None = None, *,
+               drafter: str = "vllm", settings=None, drafter_options: dict | None = None, chat: bool = True,
+               client_id: str | None = None, **decode) -> Iterator[ev.Event]:
+        settings = settings_of(settings and settings.decode_settings(), decode)
+        if drafter != "vllm" or drafter_options:
+            raise SpecvizError(f"vLLM drafts with the method its server was started with; run drafter 'vllm' "
+                               f"(got {drafter!r}{' with options' if drafter_options else ''})")
+        body = self._body(prompt, settings, chat)
+        path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+        started = time.perf_counter()
+        try:
+            with httpx.stream("POST", f"{self.url}{path}", json=body, headers=_auth(self.token),
+                              timeout=httpx.Timeout(self.timeout_s, read=self.timeout_s * 4)) as response:
+                if response.status_code != 200:
+                    response.read()
+                    raise SpecvizError(f"the vLLM server at {self.url} refused the run ({response.status_code}): "
+                                       f"{_message(response)}")
+                yield from self._events(_chunks(response.iter_lines()), prompt, settings, started)
+        except httpx.HTTPError as err:
+            raise SpecvizError(f"the vLLM server at {self.url} stopped answering mid-run ({type(err).__name__}: "
+                               f"{err}); {TRY}") from None
+
+    def _body(self, prompt, settings, chat: bool) -> dict:
+        body = {"model": self.model, "stream": True, "stream_options": {"include_usage": True},
+                "return_token_ids": True, "max_tokens": settings.max_new_tokens,
+                "temperature": settings.temperature, "top_p": settings.top_p, "seed": settings.seed}
+        if settings.top_k:
+            body["top_k"] = settings.top_k
+        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+            return {**body, "prompt": prompt}
+        if isinstance(prompt, list):
+            return {**body, "messages": prompt}
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise SpecvizError("the prompt is empty")
+        return {**body, "messages": [{"role": "user", "content": prompt}]} if chat else {**body, "prompt": prompt}
+
+    def _events(self, chunks: Iterator[dict], prompt, settings, started: float) -> Iterator[ev.Event]:
+        prompt_ids: list[int] = []
+        generated: list[int] = []
+        text, steps, last, start_sent = "", 0, started, False
+        finish, spec = None, None
+        for chunk in chunks:
+            if "error" in chunk:
+                raise SpecvizError(f"the vLLM server at {self.url} failed the run: {_error_text(chunk)}")
+            spec = ((chunk.get("metrics") or {}).get("speculative_decoding")) or spec
+            choices = chunk.get("choices") or []
+            for source in (chunk, *choices):
+                prompt_ids = source.get("prompt_token_ids") or prompt_ids
+            if choices and not start_sent:
+                start_sent = True
+                yield self._start(prompt, prompt_ids, settings)
+            for choice in choices:
+                ids = list(choice.get("token_ids") or [])
+                delta = (choice.get("delta") or {}).get("content") if "delta" in choice else choice.get("text")
+                finish = choice.get("finish_reason") or finish
+                if not ids and not delta:
+                    continue
+                now = time.perf_counter()
+                steps += 1
+                generated += ids
+                text += delta or ""
+                yield self._step(steps, len(prompt_ids) + len(generated) - len(ids), ids, delta or "", now - last,
+                                 now - started, len(generated))
+                last = now
+        if not start_sent or (steps == 0 and finish is None):
+            raise SpecvizError(f"the vLLM server at {self.url} ended the run's stream before any token; {TRY}")
+        wall = time.perf_counter() - started
+        yield ev.Done(text=text, token_ids=generated, stop_reason="eos" if finish == "stop" else "max_new_tokens",
+                      stats=stats_of(steps, len(generated), wall, spec))
+
+    def _start(self, prompt, prompt_ids: list[int], settings) -> ev.Start:
+        text = prompt if isinstance(prompt, str) else json.dumps(prompt, ensure_ascii=False)
+        return ev.Start(model=self.model, drafter="vllm", sampling={"temperature": settings.temperature,
+                        "top_p": settings.top_p, "top_k": settings.top_k}, options={"server": self.url},
+                        seed=settings.seed, max_new_tokens=settings.max_new_tokens, prompt_text=text,
+                        prompt_token_ids=list(prompt_ids), device="vllm", dtype="as served", detail=COUNTS,
+                        engine="vllm")
+
+    def _step(self, number: int, position: int, ids: list[int], delta: str, step_s: float, elapsed: float,
+              new_tokens: int) -> ev.Step:
+        """One chunk as one verify step: its last token is the replacement or bonus, the ones before accepted."""
+        texts = self._token_texts(ids, delta)
+        kinds = ["accepted"] * (len(ids) - 1) + (["bonus" if self.speculative else "autoregressive"] if ids else [])
+        return ev.Step(step=number, position=position,
+                       committed=[ev.Committed(t, s, k) for t, s, k in zip(ids, texts, kinds)], text_delta=delta,
+                       timing={"draft_ms": 0.0, "verify_ms": step_s * 1e3, "step_ms": step_s * 1e3,
+                               "elapsed_s": elapsed, "tokens_per_s": new_tokens / elapsed if elapsed > 0 else 0.0},
+                       drafted=None, accepted=max(len(ids) - 1, 0))
+
+    def _token_texts(self, ids: list[int], delta: str) -> list[str]:
+        """Each token's text: a one-token chunk's is its delta; a longer chunk's come from the server's
+        /detokenize (memoised), or the whole delta on its last token where that endpoint is missing."""
+        if len(ids) <= 1:
+            if ids:
+                self._texts.setdefault(ids[0], delta)
+            return [delta] * len(ids)
+        missing = [t for t in dict.fromkeys(ids) if t not in self._texts]
+        try:
+            for token in missing:
+                answer = httpx.post(f"{self.url}/detokenize", json={"model": self.model, "tokens": [token]},
+                                    headers=_auth(self.token), timeout=5).raise_for_status().json()
+                self._texts[token] = answer.get("prompt", "")
+        except (httpx.HTTPError, ValueError):
+            return [""] * (len(ids) - 1) + [delta]
+        return [self._texts[t] for t in ids]
+
+    def events(self, prompt, on_wait=None, **kwargs):
+        return events(self, prompt, on_wait=on_wait, **kwargs)
+
+    def run(self, prompt, **kwargs) -> list[dict]:
+        return run(self, prompt, **kwargs)
+
+
+def stats_of(steps: int, new_tokens: int, wall: float, spec: dict | None) -> dict:
+    """The Done event's stats from what vLLM reported: its per-request speculative metrics where it sent them
+    (source "vllm"), else what the chunks showed (source "chunks": a chunk of n tokens accepted n - 1)."""
+    stats = {"steps": steps, "new_tokens": new_tokens, "tau": new_tokens / steps if steps else 0.0,
+             "acceptance_rate": None, "drafted": 0, "accepted": max(new_tokens - steps, 0),
+             "per_position_acceptance": [], "wall_s": wall, "tokens_per_s": new_tokens / wall if wall > 0 else 0.0,
+             "draft_s": 0.0, "verify_s": wall, "source": "chunks"}
+    if spec:
+        accepted, drafted = spec.get("per_step_accepted"), spec.get("per_step_drafted")
+        stats.update(source="vllm", drafted=spec.get("num_draft_tokens", 0),
+                     accepted=spec.get("num_accepted_draft_tokens", 0),
+                     acceptance_rate=spec.get("draft_acceptance_rate"),
+                     acceptance_histogram=list(spec.get("acceptance_histogram", [])),
+                     mean_acceptance_length=spec.get("mean_acceptance_length"))
+        if accepted and drafted:
+            depth = max(drafted)
+            reached = [sum(d > i for d in drafted) for i in range(depth)]
+            hits = [sum(a > i for a in accepted) for i in range(depth)]
+            stats["per_position_acceptance"] = [h / r for h, r in zip(hits, reached) if r]
+    return stats
+
+
+def _auth(token: str | None) -> dict:
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def _chunks(lines: Iterator[str]) -> Iterator[dict]:
+    """The JSON of each `data:` line of an OpenAI stream, up to [DONE]."""
+    for line in lines:
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return
+        try:
+            yield json.loads(data)
+        except ValueError:
+            raise SpecvizError(f"the vLLM server sent a line that is not JSON: {data[:120]!r}") from None
+
+
+def _error_text(chunk: dict) -> str:
+    error = chunk.get("error")
+    return str(error.get("message", error) if isinstance(error, dict) else error)[:300]
+
+
+def _message(response: httpx.Response) -> str:
+    try:
+        return _error_text(response.json()) if "error" in response.json() else response.text[:300]
+    except ValueError:
+        return response.text[:300]

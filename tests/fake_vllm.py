@@ -1,0 +1,95 @@
+"""A stand-in for `vllm serve` that answers as vLLM 0.32's OpenAI server does for a speculative run with
+`--per-request-spec-decode-metrics detailed` (its shapes read from vllm/entrypoints/openai and
+vllm/v1/metrics/stats.py): /v1/models, /metrics, /detokenize, and a streamed /v1/chat/completions whose chunks hold
+one verify step's tokens each, then a usage chunk with metrics.speculative_decoding. `die_after` closes the
+connection mid-stream, as a server that crashed would."""
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import PlainTextResponse, StreamingResponse
+
+PROMPT_IDS = [1, 2, 3]
+STEPS = [[10], [11, 12, 13], [14, 15]]  # committed tokens per verify step: accepted 0, 2 and 1 of 3 drafted
+SPEC = {"mean_acceptance_length": 2.0, "draft_acceptance_rate": 3 / 9, "acceptance_histogram": [1, 1, 1, 0],
+        "num_spec_steps": 3, "num_accepted_draft_tokens": 3, "num_draft_tokens": 9, "num_spec_tokens": 3,
+        "per_step_accepted": [0, 2, 1], "per_step_drafted": [3, 3, 3]}
+
+
+def text_of(token: int) -> str:
+    return f"<{token}>"
+
+
+def app(die_after: int | None = None) -> FastAPI:
+    api = FastAPI()
+    api.state.requests = []
+
+    @api.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": "fake-model", "object": "model"}]}
+
+    @api.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse("vllm:spec_decode_num_drafts_total 0.0\n")
+
+    @api.post("/detokenize")
+    async def detokenize(request: Request) -> dict:
+        return {"prompt": "".join(text_of(t) for t in (await request.json())["tokens"])}
+
+    @api.post("/v1/chat/completions")
+    async def chat(request: Request) -> StreamingResponse:
+        body = await request.json()
+        api.state.requests.append(body)
+
+        def chunk(**fields) -> str:
+            return "data: " + json.dumps({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 0,
+                                          "model": "fake-model", **fields}) + "\n\n"
+
+        async def lines():
+            yield chunk(choices=[{"index": 0, "delta": {"role": "assistant", "content": ""}, "token_ids": []}],
+                        prompt_token_ids=PROMPT_IDS)
+            for n, ids in enumerate(STEPS):
+                if die_after is not None and n == die_after:
+                    raise RuntimeError("the server died")  # the response ends without [DONE] or a usage chunk
+                finish = "length" if n == len(STEPS) - 1 else None
+                yield chunk(choices=[{"index": 0, "delta": {"content": "".join(map(text_of, ids))},
+                                      "token_ids": ids, "finish_reason": finish}])
+                time.sleep(0.01)
+            yield chunk(choices=[], usage={"prompt_tokens": 3, "completion_tokens": 6, "total_tokens": 9},
+                        metrics={"speculative_decoding": SPEC})
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(lines(), media_type="text/event-stream")
+
+    return api
+
+
+class Served:
+    """The fake server on a free loopback port, in a thread, for a `with` block."""
+
+    def __init__(self, die_after: int | None = None):
+        self.app = app(die_after)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="error"))
+
+    def __enter__(self) -> Served:
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.time() + 20
+        while not self.server.started:
+            if time.time() > deadline:
+                raise RuntimeError("the fake vLLM server did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)

@@ -1,0 +1,76 @@
+"""The vLLM backend against a stand-in server that answers as vLLM 0.32 does (tests/fake_vllm.py; the real one is
+exercised by tests/test_vllm.py where vLLM is installed): its steps, its statistics from vLLM's own per-request
+metrics, every event valid against the schema, and a clear message for a server that is not there, refuses, or
+dies mid-run."""
+from __future__ import annotations
+
+import socket
+
+import pytest
+from fake_vllm import SPEC, STEPS, Served, text_of
+
+import specviz
+from specviz.backends import COUNTS, open_backend
+from specviz.backends.vllm import VllmBackend, stats_of
+from specviz.decoding import events as ev
+from specviz.errors import SpecvizError
+
+
+def test_a_run_is_one_step_per_chunk_with_vllms_own_counts():
+    with Served() as server:
+        backend = open_backend("vllm+" + server.url)
+        assert isinstance(backend, VllmBackend) and backend.detail == COUNTS and backend.speculative is True
+        assert backend.drafters() == ["vllm"] and "no q or tree" in backend.where()
+        events = list(backend.stream("Say hello.", drafter="vllm", max_new_tokens=6, temperature=0.0))
+        body = server.app.state.requests[-1]
+    for event in events:
+        ev.validate(event)
+    start, steps, done = events[0], events[1:-1], events[-1]
+    assert start.detail == COUNTS and start.engine == "vllm" and start.prompt_token_ids == [1, 2, 3]
+    assert [[c.token for c in s.committed] for s in steps] == STEPS
+    assert [s.accepted for s in steps] == [0, 2, 1]
+    assert [c.kind for c in steps[1].committed] == ["accepted", "accepted", "bonus"]
+    assert [c.text for c in steps[1].committed] == [text_of(t) for t in STEPS[1]]
+    assert steps[1].position == 3 + 1  # after the prompt and the first step's token
+    assert done.token_ids == [t for ids in STEPS for t in ids] and done.stop_reason == "max_new_tokens"
+    assert done.stats["source"] == "vllm" and done.stats["acceptance_histogram"] == SPEC["acceptance_histogram"]
+    assert done.stats["per_position_acceptance"] == pytest.approx([2 / 3, 1 / 3, 0.0])
+    assert done.stats["tau"] == pytest.approx(2.0)
+    assert body["messages"] == [{"role": "user", "content": "Say hello."}] and body["max_tokens"] == 6
+    assert body["return_token_ids"] is True and body["stream_options"] == {"include_usage": True}
+
+
+def test_the_api_streams_through_it_by_address():
+    with Served() as server:
+        result = specviz.generate("Say hello.", backend="vllm+" + server.url, drafter="vllm", max_new_tokens=6)
+    assert result.text == "".join(text_of(t) for ids in STEPS for t in ids)
+
+
+def test_without_vllms_metrics_the_stats_come_from_the_chunks():
+    stats = stats_of(3, 6, 1.0, None)
+    assert stats["source"] == "chunks" and stats["accepted"] == 3 and stats["tau"] == 2.0
+
+
+def test_a_server_that_dies_mid_run_is_a_clear_error():
+    with Served(die_after=1) as server:
+        backend = VllmBackend.connect(server.url)
+        got = []
+        with pytest.raises(SpecvizError, match="vLLM server at .* (stopped answering|ended the run)"):
+            for event in backend.stream("Say hello.", max_new_tokens=6):
+                got.append(event)
+    assert got and got[0].type == "start"  # what came before the failure was delivered, then a message
+
+
+def test_a_server_that_is_not_there_says_how_to_start_one():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # free, nobody listens
+    with pytest.raises(SpecvizError, match="no vLLM server answers at .*docs/vllm.md"):
+        open_backend(f"vllm+http://127.0.0.1:{port}")
+
+
+def test_it_refuses_a_drafter_it_cannot_choose():
+    with Served() as server:
+        backend = VllmBackend.connect(server.url)
+        with pytest.raises(SpecvizError, match="drafts with the method its server was started with"):
+            list(backend.stream("Say hello.", drafter="eagle2"))
