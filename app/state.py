@@ -10,7 +10,7 @@ import streamlit as st
 
 from app.runner import Fetches
 from specviz import models as m
-from specviz.backends import Backend
+from specviz.backends import Backend, open_backend
 from specviz.backends.local import LocalBackend
 from specviz.backends.service import ServiceBackend
 from specviz.decoding import events as ev
@@ -20,7 +20,7 @@ from specviz.drafters import REGISTRY, parse_spec
 from specviz.errors import SpecvizError
 
 ENV_MODEL = "SPECVIZ_DEFAULT_MODEL"  # a preset name or a local model folder the sidebar starts with
-ENV_BACKEND = "SPECVIZ_BACKEND"  # http://host:8000: the pages stream from a `specviz serve` service instead
+ENV_BACKEND = "SPECVIZ_BACKEND"  # http://host:8000: a `specviz serve` service; vllm+http://host:8000: a vLLM server
 ENV_BACKEND_TOKEN = "SPECVIZ_BACKEND_TOKEN"
 DEFAULT_PROMPT = "Write a Python function that reverses a string."
 TREE_SLIDER_NODES = 24  # the fixed node budget the sidebar's slider starts at, once "auto" is unticked
@@ -67,8 +67,20 @@ def _remote_models(url: str) -> list[dict]:
     return Client(url, token=os.environ.get(ENV_BACKEND_TOKEN)).models()
 
 
-def load_remote(url: str) -> ServiceBackend | None:
-    """The sidebar's choice among the models a `specviz serve` service loaded."""
+@st.cache_resource(show_spinner=False, ttl=30)
+def _vllm_backend(url: str) -> Backend:
+    return open_backend(url, token=os.environ.get(ENV_BACKEND_TOKEN))
+
+
+def load_remote(url: str) -> Backend | None:
+    """The sidebar's choice among the models a `specviz serve` service loaded, or the vLLM server at a
+    vllm+http:// address."""
+    if url.startswith("vllm+"):
+        try:
+            return _vllm_backend(url)
+        except SpecvizError as err:
+            st.sidebar.error(f"The vLLM server is not reachable: {err}")
+            return None
     try:
         rows = _remote_models(url)
     except SpecvizError as err:

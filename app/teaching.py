@@ -404,3 +404,11 @@ def check_answer(question: Question, guess) -> tuple[bool, str]:
         return bool(guess) == question.accepted, "accepted" if question.accepted else "rejected"
     tolerance = max(0.005, 0.02 * question.alpha)
     return abs(float(guess) - question.alpha) <= tolerance, f"{question.alpha:.4g}"
+
+
+def counts_note(engine: str) -> str:
+    """One line where a run came from an engine that reports counts only (vLLM): what it cannot show."""
+    return (f"This run came from {engine}, which reports per verify step only how many drafted tokens it accepted "
+            "and the tokens it committed: it exposes no q, no draft tree and no u, so the tree explorer, the "
+            "rejection-sampling lab and the per-token p have nothing to show for it. Tokens are coloured by "
+            "accepted and bonus as the step counts say.")

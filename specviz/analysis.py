@@ -262,17 +262,34 @@ def two_sample_test(samples_a: list, samples_b: list, min_expected: float = 5.0)
 # ------------------------------------------------------------------------------- the acceptance histogram
 
 
-def acceptance_histogram(steps: list[dict]) -> list[int]:
+def acceptance_histogram(steps: list[dict], done: dict | None = None) -> list[int]:
     """From a run's step events, what specviz.decoding.metrics.acceptance_histogram computes from its counts:
     index j = the steps that drafted something and committed exactly j drafted tokens (steps that drafted nothing
-    left out, as in vLLM's per-request `acceptance_histogram`); empty when nothing was drafted."""
-    drafting = [s for s in steps if s["nodes"]]
+    left out, as in vLLM's per-request `acceptance_histogram`); empty when nothing was drafted. A run from an engine
+    that reports only counts (vLLM) has no tree to read: its Done event's histogram, as the engine reported it,
+    is used where there is one."""
+    if done is not None and not any(s.get("nodes") for s in steps) and done["stats"].get("acceptance_histogram"):
+        return list(done["stats"]["acceptance_histogram"])
+    drafting = [s for s in steps if s.get("nodes")]
     if not drafting:
         return []
     out = [0] * (max(n["depth"] for s in drafting for n in s["nodes"]) + 1)
     for s in drafting:
         out[sum(c["kind"] == "accepted" for c in s["committed"])] += 1
     return out
+
+
+def drafted_in(step: dict) -> int | None:
+    """Drafted tokens a step verified: its tree's size, or the count an engine without a tree reported (None
+    when it reported none)."""
+    return len(step["nodes"]) if step.get("nodes") else step.get("drafted")
+
+
+def ends_with(step: dict) -> str:
+    """How a step's last committed token was made: replacement, bonus or autoregressive."""
+    if step.get("final"):
+        return step["final"]["kind"]
+    return step["committed"][-1]["kind"] if step["committed"] else "none"
 
 
 # ------------------------------------------------------------------------------- the measured batch surface

@@ -74,3 +74,32 @@ def test_it_refuses_a_drafter_it_cannot_choose():
         backend = VllmBackend.connect(server.url)
         with pytest.raises(SpecvizError, match="drafts with the method its server was started with"):
             list(backend.stream("Say hello.", drafter="eagle2"))
+
+
+def test_the_app_on_vllm_shows_its_step_timeline_and_says_what_it_cannot(monkeypatch):
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    from app.state import ENV_BACKEND
+
+    app_py = str(Path(__file__).resolve().parents[1] / "app.py")
+    with Served() as server:
+        monkeypatch.setenv(ENV_BACKEND, "vllm+" + server.url)
+        at = AppTest.from_file(app_py, default_timeout=120)
+        at.run()
+        assert at.sidebar.selectbox(key="sb_drafter").options == ["vllm"]
+        at.switch_page("app/pages/live.py")
+        at.run()
+        at.button(key="live_run").click()
+        at.run()
+        assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
+        html = "".join(h.proto.body for h in at.html)
+        assert html.count('class="specviz-token"') == sum(map(len, STEPS))
+        assert any("exposes no q, no draft tree and no u" in i.value for i in at.info)
+        assert len(at.get("plotly_chart")) == 2  # the step chart and vLLM's acceptance histogram
+        for page in ("app/pages/tree.py", "app/pages/lab.py"):
+            at.switch_page(page)
+            at.run()
+            assert not at.exception, page
+            assert any("no draft tree" in i.value for i in at.info), page

@@ -23,7 +23,7 @@ tab_run, tab_quiz, tab_sandbox = st.tabs(["A test from a real run", "Check yours
 # ----------------------------------------------------------------------------------------- real run
 with tab_run:
     trace, source = state.get_trace()
-    tested = [s for s in state.steps_of(trace or []) if s["tests"]]
+    tested = [s for s in state.steps_of(trace or []) if s.get("tests")]
     if not trace:
         st.info("No run yet: decode one on the *Live decoding* page (a drafter other than `none`; temperature "
                 "above 0 shows u and the residual).")
@@ -97,7 +97,9 @@ with tab_run:
 # ------------------------------------------------------------------------------------------- self-check
 with tab_quiz:
     trace, source = state.get_trace()
-    if not trace or not any(s["tests"] for s in state.steps_of(trace)) or state.done_of(trace) is None:
+    if trace and trace[0].get("detail") == "counts":
+        st.info(teaching.counts_note(trace[0].get("engine", "this engine")))
+    elif not trace or not any(s.get("tests") for s in state.steps_of(trace)) or state.done_of(trace) is None:
         st.info("The questions are built from the acceptance tests of your own run: decode one on the *Live "
                 "decoding* page first (a drafter other than `none`; a temperature above 0 adds α questions).")
     else:

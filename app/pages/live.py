@@ -42,23 +42,26 @@ class View:
         self.text.html(figures.tokens_html(steps, start["prompt_text"]))
         done = state.done_of(events)
         new_tokens = sum(len(s["committed"]) for s in steps)
-        drafted = sum(len(s["nodes"]) for s in steps)
+        drafted = sum(analysis.drafted_in(s) or 0 for s in steps)
         accepted = sum(committed_accepted(s) for s in steps)
+        rate = accepted / drafted if drafted else (done or {}).get("stats", {}).get("acceptance_rate")
         with self.metrics.container():
             cols = st.columns(5)
             cols[0].metric("steps (target forwards)", len(steps))
             cols[1].metric("tokens", new_tokens)
             cols[2].metric("τ (tokens per step)", f"{new_tokens / len(steps):.2f}" if steps else "—")
-            cols[3].metric("acceptance rate", f"{accepted / drafted:.0%}" if drafted else "—")
+            cols[3].metric("acceptance rate", f"{rate:.0%}" if rate is not None else "—")
             tps = done["stats"]["tokens_per_s"] if done else (steps[-1]["timing"]["tokens_per_s"] if steps else 0)
             cols[4].metric("tokens/s", f"{tps:.1f}")
             st.caption(f"drafter `{start['drafter']}` · model `{start['model']}` · "
                        f"temperature {start['sampling']['temperature']} · seed {start['seed']} · "
                        + (f"stopped: {done['stop_reason']}" if done else "running or stopped early"))
+            if start.get("detail") == "counts":
+                st.info(teaching.counts_note(start.get("engine", "this engine")))
         if steps:
             self.draws += 1
             self.chart.plotly_chart(figures.steps_chart(steps), key=f"live_chart_{self.draws}")
-            counts = analysis.acceptance_histogram(steps)
+            counts = analysis.acceptance_histogram(steps, done)
             with self.histogram.container():
                 if counts:
                     st.plotly_chart(figures.acceptance_histogram_figure(
@@ -78,10 +81,10 @@ def step_log(steps: list[dict]) -> list[dict]:
     return [
         {
             "step": s["step"],
-            "drafted": len(s["nodes"]),
-            "tested": len(s["tests"]),
+            "drafted": analysis.drafted_in(s),
+            "tested": len(s.get("tests", [])),
             "accepted": committed_accepted(s),
-            "ends with": s["final"]["kind"],
+            "ends with": analysis.ends_with(s),
             "tokens committed": " ".join(figures.visible(c["text"]) for c in s["committed"]),
             "draft ms": round(s["timing"]["draft_ms"], 1),
             "verify ms": round(s["timing"]["verify_ms"], 1),

@@ -82,8 +82,12 @@ if not trace:
     side_by_side()
     st.stop()
 
-steps = [s for s in state.steps_of(trace) if s["nodes"]]
+steps = [s for s in state.steps_of(trace) if s.get("nodes")]
 start = trace[0]
+if start.get("detail") == "counts":
+    st.info(teaching.counts_note(start.get("engine", "this engine")))
+    side_by_side()
+    st.stop()
 st.caption(f"Showing the {source}: drafter `{start['drafter']}`, {len(state.steps_of(trace))} steps, "
            f"{len(steps)} with a draft.")
 if not steps:
