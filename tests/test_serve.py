@@ -4,13 +4,12 @@ OpenAI-compatible route streams the same text."""
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 
 import httpx
 import pytest
-import uvicorn
+from serving import Running, free_port, post
 
 from specviz import api
 from specviz.cli import main as cli
@@ -20,35 +19,6 @@ from specviz.serve.client import Client
 from specviz.serve.http import Service
 
 TIMING = {"timing", "wall_s", "tokens_per_s", "draft_s", "verify_s"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Running:
-    """A service on a free port, in a thread of this process."""
-
-    def __init__(self, service: Service):
-        self.service = service
-        self.url = f"http://127.0.0.1:{free_port()}"
-        port = int(self.url.rsplit(":", 1)[1])
-        self.server = uvicorn.Server(uvicorn.Config(service.app(), host="127.0.0.1", port=port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> Running:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            assert time.monotonic() < deadline, "the service did not start"
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
 
 
 @pytest.fixture(scope="module")
@@ -63,10 +33,6 @@ def stripped(event: dict) -> dict:
     if "stats" in event:
         event["stats"] = {k: v for k, v in event["stats"].items() if k not in TIMING}
     return event
-
-
-def post(url: str, body, **kwargs) -> httpx.Response:
-    return httpx.post(url + "/v1/runs", json=body, timeout=30, **kwargs)
 
 
 @pytest.mark.parametrize("drafter,temperature", [("none", 0.0), ("ngram", 0.0), ("ngram", 1.0)])

@@ -65,4 +65,4 @@ SPEC = DrafterSpec("none", "plain autoregressive decoding: one target forward pe
 
 DRAFT_VOCAB = Option("draft_vocab", int, "trained", "the ids it may draft: trained (the vocabulary it was trained "
                      "with), full (every token), or the N most frequent of the trained one", low=1, high=1 << 20,
-                     words=("trained", "full"))
+                     words=("trained", "full"), served=False)  # each value packs an LM-head copy: not a client's to pick

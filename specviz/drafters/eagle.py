@@ -349,5 +349,6 @@ SPEC = DrafterSpec(
     "eagle2", "EAGLE-2: a feature-level draft head grows a dynamic tree", build, needs="eagle",
     options=(*TREE_OPTIONS, Option("draft_vocab", int, EAGLE_DRAFT_VOCAB, DRAFT_VOCAB.help + f" (default: the "
                                    f"{EAGLE_DRAFT_VOCAB:,} most frequent, where the head was trained with more)",
-                                   low=1, high=DRAFT_VOCAB.high, words=DRAFT_VOCAB.words), HEAD),
+                                   low=1, high=DRAFT_VOCAB.high, words=DRAFT_VOCAB.words,
+                                   served=DRAFT_VOCAB.served), HEAD),
     tree=True, variant="eagle2:lookup=4")

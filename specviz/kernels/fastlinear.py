@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import weakref
+from collections import OrderedDict
 
 import torch
 from torch import nn
@@ -119,14 +120,19 @@ class PackedProjection:
         return packed_product(x, self.packed, self.bias)
 
 
-_projections: dict[tuple, tuple[weakref.ref, PackedProjection]] = {}  # (id(weight), rows) -> (weight, projection)
+# (id(weight), rows, dtype) -> (weight, projection), least recently used first
+_projections: OrderedDict[tuple, tuple[weakref.ref, PackedProjection]] = OrderedDict()
+# Projections kept at most. Each is a copy of (part of) an LM head, up to ~1 GB for a 1.5B model's; a drafter holds
+# its own while it runs, so one dropped here costs only a re-pack the next time its rows are asked for. 8 covers
+# every drafter of two loaded models (the app keeps two) with their default vocabularies.
+MAX_PROJECTIONS = 8
 
 
 def rows_projection(weight: torch.Tensor, rows: torch.Tensor | None = None,
                     dtype: torch.dtype | None = None) -> PackedProjection:
     """PackedProjection of weight[rows] (all rows when None) in `dtype` (the weight's when None), made once per
     (weight, rows, dtype) and reused, so that a drafter built per run does not slice and re-pack a large LM head
-    every time. rows: (Vd,) int64 ids."""
+    every time; the MAX_PROJECTIONS most recently used are kept. rows: (Vd,) int64 ids."""
     dtype = dtype or weight.dtype
     key = (id(weight), None if rows is None else tuple(rows.tolist()), dtype)
     held = _projections.get(key)
@@ -134,6 +140,9 @@ def rows_projection(weight: torch.Tensor, rows: torch.Tensor | None = None,
         projection = PackedProjection((weight if rows is None else weight[rows.to(weight.device)]).to(dtype))
         forget = lambda _, key=key, store=_projections: store.pop(key, None)  # noqa: E731
         _projections[key] = held = (weakref.ref(weight, forget), projection)
+        while len(_projections) > MAX_PROJECTIONS:
+            _projections.popitem(last=False)
+    _projections.move_to_end(key)
     return held[1]
 
 
