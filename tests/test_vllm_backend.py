@@ -103,3 +103,30 @@ def test_the_app_on_vllm_shows_its_step_timeline_and_says_what_it_cannot(monkeyp
             at.run()
             assert not at.exception, page
             assert any("no draft tree" in i.value for i in at.info), page
+
+
+def test_the_race_gets_a_vllm_lane_beside_ours(tiny_model_dir, monkeypatch):
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    from app.state import ENV_MODEL
+
+    app_py = str(Path(__file__).resolve().parents[1] / "app.py")
+    with Served() as server:
+        monkeypatch.setenv(ENV_MODEL, str(tiny_model_dir))
+        monkeypatch.setenv("SPECVIZ_RACE_VLLM", server.url)
+        at = AppTest.from_file(app_py, default_timeout=120)
+        at.query_params["drafters"] = "none,vLLM"
+        at.query_params["max_tokens"] = "6"
+        at.run()
+        at.switch_page("app/pages/race.py")
+        at.run()
+        assert "vLLM" in at.multiselect(key="race_drafters").options
+        at.button(key="race_run").click()
+        at.run()
+        assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
+        runs = {d: events for (_, d), events in at.session_state["race_cache"].items()}
+        assert list(runs) == ["none", "vLLM"]
+        assert runs["vLLM"][0]["engine"] == "vllm" and runs["vLLM"][-1]["token_ids"] == [t for s in STEPS for t in s]
+        assert len(at.get("iframe")) == 1  # the lanes, ours and vLLM's, replay together

@@ -1,3 +1,4 @@
+import os
 import re
 from dataclasses import replace
 
@@ -6,6 +7,7 @@ import streamlit as st
 
 from app import figures, lanes, state, teaching
 from specviz import analysis as measures
+from specviz.backends import open_backend
 from specviz.errors import SpecvizError
 
 TRUE = ("1", "true", "yes", "on")
@@ -21,6 +23,31 @@ header[data-testid="stHeader"] { display: none !important; }
 def finished_runs() -> lanes.RunStore:
     """Finished race runs of every browser session of this server, keyed by all a run depends on (seed included)."""
     return lanes.RunStore()
+
+
+VLLM_LANE = "vLLM"  # the lane of a vLLM server beside ours (it drafts with what its server was started with)
+ENV_VLLM_LANE = "SPECVIZ_RACE_VLLM"  # http://host:8000: a vLLM server whose lane the race offers
+
+
+def vllm_lane():
+    """The vLLM server to race beside this model, from the page's field (it starts at $SPECVIZ_RACE_VLLM), or
+    None. Its lane shows what vLLM reports: committed tokens per verify step, no tree."""
+    with st.expander("A vLLM lane", expanded=bool(st.session_state.get("race_vllm"))):
+        st.session_state.setdefault("race_vllm", os.environ.get(ENV_VLLM_LANE, ""))
+        url = st.text_input("vLLM server (http://host:port, the same model, started as docs/vllm.md says)",
+                            key="race_vllm").strip()
+        if not url:
+            return None
+        try:
+            return vllm_backend(url)
+        except SpecvizError as err:
+            st.error(str(err))
+            return None
+
+
+@st.cache_resource(show_spinner=False, ttl=30)
+def vllm_backend(url: str):
+    return open_backend("vllm+" + url.removeprefix("vllm+"), token=os.environ.get(state.ENV_BACKEND_TOKEN))
 
 
 def plain(text: str) -> str:
@@ -242,7 +269,8 @@ with box:
 if shared is None:
     st.stop()
 
-drafters = shared.drafters() + shared.variants()
+extra = vllm_lane()  # a vLLM server's lane beside ours, when one is given
+drafters = shared.drafters() + shared.variants() + ([VLLM_LANE] if extra is not None else [])
 prefill_from_url(drafters)
 follow_sidebar(settings)
 for key, default in (("race_prompt", state.DEFAULT_PROMPT), ("race_drafters", drafters),
@@ -272,7 +300,7 @@ def run_key(drafter: str) -> tuple:
 
 
 def store_key(drafter: str) -> tuple:
-    return shared.where(), run_key(drafter), drafter
+    return (extra if drafter == VLLM_LANE else shared).where(), run_key(drafter), drafter
 
 
 for d in chosen:  # runs another session already finished with the same settings cost nothing
@@ -301,7 +329,8 @@ if go_clicked or again:
             bar.progress(min((i + made / max_new) / len(todo), 1.0),
                          text=f"decoding {drafter} ({i + 1} of {len(todo)}): {made} / {max_new} tokens; the lanes "
                               "replay once every run is decoded")
-        events = state.run_decode(shared, prompt, race_settings, on_event=tick, drafter=drafter,
+        lane_backend, lane_drafter = (extra, "vllm") if drafter == VLLM_LANE else (shared, drafter)
+        events = state.run_decode(lane_backend, prompt, race_settings, on_event=tick, drafter=lane_drafter,
                                   max_new_tokens=int(max_new))
         if events is None:
             break
