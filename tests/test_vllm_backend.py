@@ -130,3 +130,19 @@ def test_the_race_gets_a_vllm_lane_beside_ours(tiny_model_dir, monkeypatch):
         assert list(runs) == ["none", "vLLM"]
         assert runs["vLLM"][0]["engine"] == "vllm" and runs["vLLM"][-1]["token_ids"] == [t for s in STEPS for t in s]
         assert len(at.get("iframe")) == 1  # the lanes, ours and vLLM's, replay together
+
+
+def test_specviz_generate_runs_on_vllm_with_its_own_model_and_drafter(capsys):
+    import json
+
+    from specviz.cli import main as cli
+
+    with Served() as server:
+        code = cli.main(["generate", "--backend", "vllm+" + server.url, "--prompt", "Say hello.", "--json",
+                         "--max-new-tokens", "6"])
+        assert code == 0, capsys.readouterr().err
+        out = json.loads(capsys.readouterr().out)
+        assert out["token_ids"] == [t for s in STEPS for t in s] and out["stats"]["source"] == "vllm"
+        assert server.app.state.requests[-1]["model"] == "fake-model"
+        assert cli.main(["generate", "--backend", "vllm+" + server.url, "--prompt", "x", "--drafter", "eagle2"]) == 2
+    assert "drafts with the method its server was started with" in capsys.readouterr().err

@@ -6,9 +6,12 @@ import argparse
 from specviz.decoding.settings import DECODE_FIELDS, FIELD_HELP, FIELD_TYPES, DecodeSettings
 from specviz.errors import SpecvizError
 
+DEFAULT_MODEL = "smollm2-135m"
+DEFAULT_DRAFTER = "ngram"
+
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="smollm2-135m", help="preset name, local folder or hub id (default: %(default)s)")
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="preset name, local folder or hub id (default: %(default)s)")
     parser.add_argument("--draft-model", default=None, help="draft model for --drafter draft (preset's own by default)")
     parser.add_argument("--device", default="auto", help="auto (cuda when available), cpu or cuda")
     parser.add_argument("--weights", default="fp32", choices=("fp32", "q4"),
@@ -19,7 +22,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
 def add_decoding_args(parser: argparse.ArgumentParser, defaults: DecodeSettings = DecodeSettings(), drafter: bool = True) -> None:
     """The fields of DecodeSettings as options, named after them (n_top stays the library's default)."""
     if drafter:
-        parser.add_argument("--drafter", default="ngram", help="a drafter (`specviz drafters` lists them), optionally "
+        parser.add_argument("--drafter", default=DEFAULT_DRAFTER, help="a drafter (`specviz drafters` lists them), optionally "
                             "with options: eagle2:total_tokens=16:draft_vocab=full, eagle3:head=FOLDER")
     for name in DECODE_FIELDS:
         if name != "n_top":

@@ -6,7 +6,7 @@ import os
 import sys
 
 from specviz.atomic import check_writable
-from specviz.cli.args import add_decoding_args, add_model_args, decode_settings
+from specviz.cli.args import DEFAULT_DRAFTER, DEFAULT_MODEL, add_decoding_args, add_model_args, decode_settings
 from specviz.decoding.settings import DecodeSettings
 from specviz.errors import SpecvizError
 
@@ -24,10 +24,11 @@ def cmd_generate(args) -> int:
         if args.backend:
             raise SpecvizError("--weights is the local target's: a --backend service loads its own")
         loaded = models.load(args.model, draft_model=args.draft_model, device=args.device, weights=args.weights)
+    on_vllm = (args.backend or "").startswith("vllm+")  # it serves its own model and drafts as it was started
     stream = api.stream(
         args.prompt,
-        model=args.model,
-        drafter=args.drafter,
+        model=None if on_vllm and args.model == DEFAULT_MODEL else args.model,
+        drafter="vllm" if on_vllm and args.drafter == DEFAULT_DRAFTER else args.drafter,
         settings=DecodeSettings(**decode_settings(args)),
         draft_model=args.draft_model,
         chat=not args.raw,
@@ -105,7 +106,8 @@ def register(sub) -> None:
     gen.add_argument("--json", action="store_true", help='print one JSON object {"text", "token_ids", "stats"}')
     gen.add_argument("--raw", action="store_true", help="do not apply the chat template")
     gen.add_argument("--backend", default=os.environ.get("SPECVIZ_BACKEND"),
-                     help="URL of a `specviz serve` service to decode on (default: $SPECVIZ_BACKEND, else in this process)")
+                     help="decode elsewhere: http://host:port (a `specviz serve` service) or vllm+http://host:port (a vLLM "
+                          "server; its drafter is `vllm`) (default: $SPECVIZ_BACKEND, else in this process)")
     gen.set_defaults(run=cmd_generate)
 
     mod = sub.add_parser("models", help="list the presets, their sizes and whether each is fetched")
