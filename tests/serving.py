@@ -24,9 +24,7 @@ class Running:
         self.service = service
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
-        config = service.server_config("127.0.0.1", port, **server) if hasattr(service, "server_config") else \
-            uvicorn.Config(service.app(), host="127.0.0.1", port=port, log_level="warning")
-        self.server = uvicorn.Server(config)
+        self.server = uvicorn.Server(service.server_config("127.0.0.1", port, **server))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self) -> Running:

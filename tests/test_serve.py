@@ -46,9 +46,13 @@ def test_a_remote_run_gives_the_events_of_the_same_local_run(served, tiny_models
     assert [type(e) for e in via_api] == [ev.Start] + [ev.Step] * (len(via_api) - 2) + [ev.Done]
 
 
-def read_events(url: str, run_id: str, last: int | None = None, stop_after: int | None = None) -> list[tuple]:
-    """(sse event type, id, data) read from the stream, optionally dropping the connection after some events."""
+def read_events(url: str, run_id: str, last: int | None = None, stop_after: int | None = None,
+                client: str | None = None) -> list[tuple]:
+    """(sse event type, id, data) read from the stream, optionally dropping the connection after some events.
+    client: the X-Specviz-Client name the run was submitted with (a run is its owner's to read)."""
     headers = {} if last is None else {"Last-Event-ID": str(last)}
+    if client is not None:
+        headers["X-Specviz-Client"] = client
     got = []
     with httpx.stream("GET", f"{url}/v1/runs/{run_id}/events", headers=headers, timeout=30) as response:
         assert response.status_code == 200
@@ -77,20 +81,21 @@ def test_a_dropped_stream_resumes_with_every_event_once(served, monkeypatch):
 
 def test_cancelling_or_leaving_frees_the_device_within_a_step(served):
     client = Client(served.url, client_id="cancel-test")
+    mine = {"X-Specviz-Client": "cancel-test"}
     long = client.submit("abc", model="tiny", max_new_tokens=500)
-    state = lambda run: httpx.get(f"{served.url}/v1/runs/{run}", timeout=10).json()["state"]  # noqa: E731
+    state = lambda run: httpx.get(f"{served.url}/v1/runs/{run}", headers=mine, timeout=10).json()["state"]  # noqa: E731
     deadline = time.monotonic() + 20
     while state(long) == "queued":
         assert time.monotonic() < deadline
         time.sleep(0.01)
-    assert httpx.delete(f"{served.url}/v1/runs/{long}", timeout=10).status_code == 200
+    assert httpx.delete(f"{served.url}/v1/runs/{long}", headers=mine, timeout=10).status_code == 200
     started = time.monotonic()
     while state(long) != "cancelled":
         assert time.monotonic() - started < 2, "a cancelled run kept the device"
         time.sleep(0.01)
     # a listener that leaves: the run is cancelled once the grace period passes with nobody listening
     left = client.submit("abc", model="tiny", max_new_tokens=500)
-    read_events(served.url, left, stop_after=2)
+    read_events(served.url, left, stop_after=2, client="cancel-test")
     started = time.monotonic()
     while state(left) != "cancelled":
         assert time.monotonic() - started < served.service.scheduler.disconnect_grace_s + 2
@@ -118,7 +123,7 @@ def test_the_queue_is_bounded_and_every_accepted_run_completes(tiny_models):
         assert all(r.headers.get("retry-after") for r in results if r.status_code == 429)
         for r in results:
             if r.status_code == 201:
-                got = read_events(running.url, r.json()["run_id"])
+                got = read_events(running.url, r.json()["run_id"], client=r.request.headers["X-Specviz-Client"])
                 ids = [i[1] for i in got if i[1] is not None]
                 assert ids == list(range(len(ids))) and got[-1][2]["type"] == "done"
 

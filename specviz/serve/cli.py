@@ -43,8 +43,13 @@ def cmd_serve(args) -> int:
     if args.host not in LOOPBACK and token is None and not args.insecure_no_auth:
         raise SpecvizError(f"--host {args.host} exposes the service beyond this machine: give --token-file FILE "
                            f"(or ${TOKEN_ENV}), or --insecure-no-auth to do it without one")
-    if args.max_queue < 1 or args.max_new_tokens_limit < 1:
-        raise SpecvizError("--max-queue and --max-new-tokens-limit must be >= 1")
+    if min(args.max_queue, args.max_new_tokens_limit, args.max_connections) < 1:
+        raise SpecvizError("--max-queue, --max-new-tokens-limit and --max-connections must be >= 1")
+    if args.keep_mb < 0 or args.keep_s < 0 or args.header_timeout_s <= 0:
+        raise SpecvizError("--keep-mb and --keep-s must be >= 0, --header-timeout-s > 0")
+    hosts = tuple(args.allowed_host or ())
+    if args.host not in ("0.0.0.0", "::", ""):
+        hosts += (args.host,)  # the address it listens on is a name its clients may use
     if args.threads:
         torch.set_num_threads(args.threads)
     loaded = {}
@@ -52,7 +57,8 @@ def cmd_serve(args) -> int:
         key = name if name in m.PRESETS else Path(name).expanduser().name
         loaded[key] = m.load(name, device=args.device)
     service = Service(loaded, token=token, limits=Limits(max_new_tokens=args.max_new_tokens_limit),
-                      max_queue=args.max_queue)
+                      max_queue=args.max_queue, keep_bytes=int(args.keep_mb * 2**20), keep_s=args.keep_s,
+                      allowed_hosts=hosts)
     print("specviz serve: warming up (the verify-cost curve, one short run per drafter) …", file=sys.stderr)
     service.warm()
     for row in service.describe():
@@ -67,8 +73,8 @@ def cmd_serve(args) -> int:
                 print(ready, file=sys.stderr, flush=True)
 
     # open event streams get a few seconds to end on Ctrl-C, then the service stops (cancelling what is queued)
-    Server(uvicorn.Config(service.app(), host=args.host, port=args.port, log_level="warning",
-                          timeout_graceful_shutdown=3)).run()
+    Server(service.server_config(args.host, args.port, max_connections=args.max_connections,
+                                 header_timeout_s=args.header_timeout_s, timeout_graceful_shutdown=3)).run()
     return 0
 
 
@@ -103,6 +109,16 @@ def register(sub) -> None:
     srv.add_argument("--insecure-no-auth", action="store_true", help="listen on a non-loopback address without a token")
     srv.add_argument("--max-queue", type=int, default=16, help="runs waiting at most; past it new runs get 429")
     srv.add_argument("--max-new-tokens-limit", type=int, default=512, help="the most new tokens one run may ask for")
+    srv.add_argument("--keep-mb", type=float, default=256, help="finished runs' events kept for late listeners "
+                     "and watch links, at most this many MB (oldest dropped first; default 256)")
+    srv.add_argument("--keep-s", type=float, default=600, help="a finished run is kept this many seconds (default 600)")
+    srv.add_argument("--max-connections", type=int, default=512, help="open connections at most; past it the one "
+                     "waiting longest without a request is closed (default 512)")
+    srv.add_argument("--header-timeout-s", type=float, default=10, help="a connection whose request headers have "
+                     "not all arrived this long after they began is closed (default 10)")
+    srv.add_argument("--allowed-host", action="append", default=None, metavar="NAME",
+                     help="a Host name clients may use besides the loopback names and --host; repeat for several; "
+                          "* for any (default: loopback only)")
     srv.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     srv.set_defaults(run=cmd_serve)
 

@@ -52,8 +52,12 @@ class Client:
 
     def submit(self, prompt: str | list[dict], **parameters) -> str:
         """POST /v1/runs; returns the run id. parameters: those of specviz.stream that the service takes."""
+        return self.start(prompt, **parameters)["run_id"]
+
+    def start(self, prompt: str | list[dict], **parameters) -> dict:
+        """POST /v1/runs: {"run_id", "position", "share_id"} (share=True gives the run a read-only watch link)."""
         body = {"messages" if isinstance(prompt, list) else "prompt": prompt, **parameters}
-        return self._request("POST", "/v1/runs", json=body)["run_id"]
+        return self._request("POST", "/v1/runs", json=body)
 
     def cancel(self, run_id: str) -> None:
         try:
@@ -65,13 +69,25 @@ class Client:
 
     def events(self, run_id: str, on_queued: Callable[[int], None] | None = None) -> Iterator[dict]:
         """The run's events as dicts, in order and each once, resuming after a dropped connection."""
+        return self._follow(f"/v1/runs/{run_id}/events", on_queued)
+
+    def watch(self, share_id: str, on_queued: Callable[[int], None] | None = None) -> Iterator[ev.Event]:
+        """A shared run's events, read-only, from its first (however late this viewer comes) to its last."""
+        got_done = False
+        for data in self._follow(f"/v1/watch/{share_id}/events", on_queued):
+            got_done |= data["type"] == "done"
+            yield ev.from_dict(data)
+        if not got_done:
+            raise SpecvizError(f"the service at {self.url} ended the shared run's stream before its last event")
+
+    def _follow(self, path: str, on_queued: Callable[[int], None] | None) -> Iterator[dict]:
         seen, failures = -1, 0
         while True:
             headers = dict(self.headers)
             if seen >= 0:
                 headers["Last-Event-ID"] = str(seen)
             try:
-                with httpx.stream("GET", f"{self.url}/v1/runs/{run_id}/events", headers=headers,
+                with httpx.stream("GET", self.url + path, headers=headers,
                                   timeout=self.timeout) as response:
                     if response.status_code >= 400:
                         response.read()
@@ -99,9 +115,14 @@ class Client:
                 time.sleep(0.2 * failures)
 
     def stream(self, prompt: str | list[dict], on_queued: Callable[[int], None] | None = None,
-               **parameters) -> Iterator[ev.Event]:
-        """Like specviz.stream: a Start event, one Step per target forward, a Done event (as objects)."""
-        run_id = self.submit(prompt, **parameters)
+               on_shared: Callable[[str], None] | None = None, **parameters) -> Iterator[ev.Event]:
+        """Like specviz.stream: a Start event, one Step per target forward, a Done event (as objects).
+        on_shared: the run is shared, and on_shared(share_id) is called before its events (Client.watch and the
+        app's ?watch= link follow it)."""
+        started = self.start(prompt, **parameters, **({"share": True} if on_shared is not None else {}))
+        run_id = started["run_id"]
+        if on_shared is not None:
+            on_shared(started["share_id"])
         finished = False
         try:
             got_done = False

@@ -1,0 +1,204 @@
+"""What the service takes from a request: the request bodies (their decode fields read from DecodeSettings, not
+written again here), the limits, and the checks that turn a body into a RunRequest before anything is built or
+tokenized. Every refusal is a ClientError whose message echoes at most a short prefix of what was sent."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from specviz.decoding.prompt import encode_prompt
+from specviz.decoding.settings import DECODE_FIELDS, FIELD_HELP, FIELD_TYPES, DecodeSettings
+from specviz.drafters import K, available, check_options, parse_spec
+from specviz.errors import SpecvizError
+from specviz.serve.guard import ClientError, shown
+from specviz.serve.runs import RunRequest
+
+SEED_MAX = 2**64 - 1  # torch's generator takes a seed of 64 bits
+# The smallest temperature above 0 (greedy) the service takes: logits / temperature must stay finite in float32
+# (3.4e38) for logits of any size a model gives (|logit| < 1e3 leaves a wide margin); 0.01 already samples the
+# argmax nearly always, so nothing is lost below it: send 0 for greedy.
+TEMPERATURE_FLOOR = 0.01
+DRAFTER_CHARS = 256  # a drafter with its options ("eagle2:total_tokens=16:lookup=4" is 32)
+OPTION_CHARS = 32  # a drafter option's name or text value
+TOP_K_MAX = 1_000_000  # more than any vocabulary: a larger top_k cuts nothing
+CHAT_MAX_TOKENS = 256  # a chat request's default budget (OpenAI's field is optional), within the service's limit
+TEMPLATE_TOKENS = 512  # room left for a chat template's own tokens (system prompt, role markers)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask for: the service's defence against a run that would hold the device for long."""
+
+    max_new_tokens: int = 512
+    max_prompt_chars: int = 32_000
+    max_body_bytes: int = 256 * 1024
+    max_n_top: int = 20
+
+
+def check_text(what: str, text: str) -> None:
+    """Text the engine will tokenize or print: valid Unicode (JSON can carry lone surrogates, UTF-8 cannot)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise ClientError(f"{what} is not valid Unicode text: it holds a lone surrogate (U+D800-U+DFFF) at "
+                          f"character {err.start:,}") from None
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class RunParameters(BaseModel):
+    """POST /v1/runs, besides the decode settings: what to decode, where, and how much detail to keep."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    prompt: str | None = None
+    messages: list[Message] | None = None  # instead of prompt: a conversation, through the chat template
+    model: str | None = None  # one the service loaded (default: the first)
+    drafter: str = "ngram"  # a drafter with options, e.g. "eagle2:lookup=4"
+    drafter_options: dict[str, int | float | bool | str] = Field(default_factory=dict)
+    detail: bool = True  # False: leave out tree-building stages and top-N lists
+    chat: bool = True  # False: the prompt as it is, without the chat template
+    share: bool = False  # True: the run gets a read-only watch link (share_id) for any number of viewers
+
+
+# POST /v1/runs: the parameters of specviz.stream, the fields of DecodeSettings among them
+RunBody = create_model("RunBody", __base__=RunParameters, __doc__=RunParameters.__doc__, **{
+    f.name: (FIELD_TYPES[f.name], Field(f.default, description=FIELD_HELP[f.name])) for f in fields(DecodeSettings)})
+
+
+class ChatBody(BaseModel):
+    """POST /v1/chat/completions: OpenAI's request; unknown OpenAI fields are ignored, `specviz` picks the
+    drafter ({"drafter": "eagle2", "k": 4})."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    messages: list[Message]
+    stream: bool = False
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    temperature: float = 1.0  # OpenAI's default
+    top_p: float = 1.0
+    seed: int | None = None
+    specviz: dict[str, int | float | bool | str] = Field(default_factory=dict)
+
+
+def run_request(models: dict, body: RunBody, limits: Limits, default_model: str) -> RunRequest:
+    """Check a request against the loaded models and the limits, building nothing; ClientError says what is
+    wrong. Options that conflict with each other (ngram's min_ngram above max_ngram) are refused when the run
+    starts: its stream then ends with an error event."""
+    if (body.prompt is None) == (body.messages is None):
+        raise ClientError("send either `prompt` (a string) or `messages` (a conversation), not both or neither")
+    prompt = body.prompt if body.prompt is not None else [m.model_dump() for m in body.messages]
+    texts = [prompt] if isinstance(prompt, str) else [m["content"] for m in prompt]
+    for i, text in enumerate(texts):
+        check_text("the prompt" if isinstance(prompt, str) else f"messages[{i}].content", text)
+    if not any(t.strip() for t in texts):
+        raise ClientError("the prompt is empty" if isinstance(prompt, str) else "the conversation has no text")
+    chars = sum(len(t) for t in texts)
+    if chars > limits.max_prompt_chars:
+        raise ClientError(f"the prompt has {chars:,} characters; this service takes at most {limits.max_prompt_chars:,}", 413)
+    name = body.model or default_model
+    check_text("model", name)
+    if name not in models:
+        raise ClientError(f"model {shown(name)} is not loaded here; this service runs only: {', '.join(models)} "
+                          "(it never loads a path or a hub id from a request)", 404)
+    check_text("drafter", body.drafter)
+    if len(body.drafter) > DRAFTER_CHARS:
+        raise ClientError(f"a drafter with its options is at most {DRAFTER_CHARS} characters here, got "
+                          f"{shown(body.drafter)}")
+    check_options_sent(body.drafter_options)
+    drafter, spec_options = parse_spec(body.drafter)
+    if drafter not in available(models[name]):
+        raise ClientError(f"drafter {shown(drafter)} is not available for {name}; available: "
+                          f"{', '.join(available(models[name]))}")
+    options = {**spec_options, **body.drafter_options}
+    check_options_sent(options)
+    k = options.get("k", body.k)
+    check_numbers(body, limits)
+    try:
+        K.check(drafter, k, served=True)
+        check_options(body.drafter, body.drafter_options, served=True)  # the spec's allow-list and bounds
+        settings = DecodeSettings(**{**{f: getattr(body, f) for f in DECODE_FIELDS}, "k": k,
+                                     "n_top": body.n_top if body.detail else 0})
+    except SpecvizError as err:
+        raise ClientError(str(err)) from err
+    return RunRequest(prompt, name, body.drafter, body.drafter_options, settings, body.detail, body.chat)
+
+
+def check_options_sent(options: dict) -> None:
+    """What no drafter option may be, whatever its spec says: a folder on the server, text that is not Unicode, a
+    number that is not finite."""
+    if "head" in options:
+        raise ClientError("drafter option head= names a folder on the server; the service runs only the heads it "
+                          "loaded")
+    for key, value in options.items():
+        check_text("a drafter option's name", key)
+        if len(key) > OPTION_CHARS or (isinstance(value, str) and len(value) > OPTION_CHARS):
+            raise ClientError(f"drafter option {shown(key)}: names and values are at most {OPTION_CHARS} characters")
+        if isinstance(value, str):
+            check_text(f"drafter option {shown(key)}", value)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ClientError(f"drafter option {shown(key)} must be a finite number, got {value}")
+
+
+def check_numbers(body: RunBody, limits: Limits) -> None:
+    """The decode settings within what one request may ask of this service."""
+    for name, value, low, high in (("max_new_tokens", body.max_new_tokens, 1, limits.max_new_tokens),
+                                   ("n_top", body.n_top, 0, limits.max_n_top),
+                                   ("seed", body.seed, 0, SEED_MAX),
+                                   ("top_k", body.top_k, 0, TOP_K_MAX)):
+        if not low <= value <= high:
+            raise ClientError(f"{name} must be a whole number from {low} to {high:,} here, got {shown(value)}")
+    for name in ("temperature", "top_p"):
+        if not math.isfinite(getattr(body, name)):
+            raise ClientError(f"{name} must be a finite number, got {getattr(body, name)}")
+    if 0 < body.temperature < TEMPERATURE_FLOOR:
+        raise ClientError(f"temperature must be 0 (greedy) or at least {TEMPERATURE_FLOOR} here, got "
+                          f"{body.temperature:g}: below it logits / temperature overflow")
+
+
+def chat_run_body(body: ChatBody, default_drafter: str, limits: Limits) -> RunBody:
+    """The run an OpenAI chat request asks for."""
+    extra = dict(body.specviz)
+    drafter = extra.pop("drafter", default_drafter)
+    k = extra.pop("k", 4)
+    if not isinstance(drafter, str):
+        raise ClientError(f"specviz.drafter must be text such as \"ngram\", got {shown(drafter)}")
+    if isinstance(k, bool) or not isinstance(k, int):
+        raise ClientError(f"specviz.k must be a whole number, got {shown(k)}")
+    given = next((v for v in (body.max_completion_tokens, body.max_tokens) if v is not None), None)
+    if given is not None and not 1 <= given <= limits.max_new_tokens:
+        raise ClientError(f"max_tokens must be a whole number from 1 to {limits.max_new_tokens} here, got {shown(given)}")
+    try:
+        return RunBody(messages=body.messages, model=body.model, drafter=drafter, drafter_options=extra,
+                       max_new_tokens=given or min(CHAT_MAX_TOKENS, limits.max_new_tokens),
+                       temperature=float(body.temperature), top_p=float(body.top_p), seed=body.seed or 0, k=k,
+                       n_top=0, detail=False)
+    except ValueError as err:  # pydantic's ValidationError: a message of its own, cut short
+        raise ClientError(f"bad request: {shown(str(err), 300)}", 422) from err
+
+
+def check_context(models, request: RunRequest) -> None:
+    """The prompt plus max_new_tokens within the model's context. Tokenizes only when the prompt might not fit: a
+    tokenizer gives at most one token per UTF-8 byte (byte-level BPE, and SentencePiece with byte fallback), so a
+    prompt of fewer bytes than the context has room for is not tokenized here (the engine worker does it once)."""
+    limit = getattr(models.target.config, "max_position_embeddings", None) or 2**31
+    prompt, new = request.prompt, request.settings.max_new_tokens
+    texts = [prompt] if isinstance(prompt, str) else [m["content"] + m["role"] for m in prompt]
+    if sum(len(t.encode("utf-8")) for t in texts) + TEMPLATE_TOKENS + new <= limit:
+        return
+    try:
+        ids = encode_prompt(models.tokenizer, prompt, request.chat)
+    except SpecvizError as err:
+        raise ClientError(str(err)) from err
+    except Exception as err:  # a chat template refusing a conversation in its own way
+        raise ClientError(f"the model's tokenizer refused the prompt ({type(err).__name__}: {shown(str(err), 200)})") from err
+    if len(ids) + new > limit:
+        raise ClientError(f"the prompt ({len(ids)} tokens) + max_new_tokens ({new}) exceeds {request.model}'s "
+                          f"context of {limit} tokens")
