@@ -28,6 +28,13 @@ tile of columns' scales into the layouts above (a Q4_1 group with scale d sc and
 a scale per 16), exact in fp32, so the products are the very bits of the widened ones (parse_q4_k, parse_q6_k give
 those, for tests and tools). Q5_0 (the Qwen2.5-Coder-0.5B file's: 32 weights, an fp16 d, w = d (q − 16) for 5-bit
 q) is read as Q8_0 is, codes q − 16 and one scale per 32 weights.
+
+With 8-bit activations (`with_8_bit_activations`, `load(..., weights="q4q8")`) the same values are held in tiles of
+16 output columns (tile_codes, tile_scales: one 64-byte load reads the same four input positions of 16 columns),
+the ops quantize each activation row to 8 bits per group of 32 as llama.cpp's Q8_1 does and multiply in integers
+(csrc/intdot.h: AVX-512 VNNI, AVX2 or portable C++), in one fixed order, so rows, threads and paths still give
+the same bits. Q4_K is widened to Q4_1 groups and Q6_K to 8-bit codes with a scale per 16 for it (0.75 and 1.25
+bytes a weight). A block linear whose output size is not whole tiles keeps fp32 activations.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from specviz.kernels.blocks import (
 )
 
 PATHS = {"auto": -1, "portable": 0, "avx2": 1, "avx512": 2}  # the op's `path` argument (SPECVIZ_Q4_PATH for auto)
+TILE = 16  # output columns per tile of the 8-bit-activation layout (csrc/intdot.h)
 
 
 def available() -> bool:
@@ -54,15 +62,41 @@ def available() -> bool:
     return extension.available() and hasattr(torch.ops.specviz, "q4_linear")
 
 
-def path_runs(path: str) -> bool:
-    """Whether this CPU (and build) can run the op's `path` ("portable", "avx2", "avx512")."""
+def path_runs(path: str, activations: str = "fp32") -> bool:
+    """Whether this CPU (and build) can run the op's `path` ("portable", "avx2", "avx512") with fp32 or 8-bit
+    ("q8") activations (whose AVX-512 path needs VNNI)."""
     if not available():
         return False
     try:
-        torch.ops.specviz.q4_path(PATHS[path])
+        (torch.ops.specviz.q8act_path if activations == "q8" else torch.ops.specviz.q4_path)(PATHS[path])
     except RuntimeError:
         return False
     return True
+
+
+def tile_codes(codes: torch.Tensor) -> torch.Tensor:
+    """Codes (out, bytes) of 4-bit (16 bytes a group) or 8-bit (32) blocks → the same shape in tile order:
+    [out / 16][groups][word][16 columns][4 bytes] (csrc/intdot.h); out a multiple of 16."""
+    out, width = codes.shape
+    words = 4 if codes.dtype == torch.uint8 else 8
+    tiled = codes.reshape(out // TILE, TILE, width // (4 * words), words, 4).permute(0, 2, 3, 1, 4)
+    return tiled.contiguous().reshape(out, width)
+
+
+def untile_codes(codes: torch.Tensor) -> torch.Tensor:
+    out, width = codes.shape
+    words = 4 if codes.dtype == torch.uint8 else 8
+    rows = codes.reshape(out // TILE, width // (4 * words), words, TILE, 4).permute(0, 3, 1, 2, 4)
+    return rows.contiguous().reshape(out, width)
+
+
+def tile_scales(scales: torch.Tensor) -> torch.Tensor:
+    """(out, n) fp32 → (out / 16, n, 16): each group's scales (or minimums) of 16 columns side by side."""
+    return scales.reshape(-1, TILE, scales.shape[1]).transpose(1, 2).contiguous()
+
+
+def untile_scales(scales: torch.Tensor) -> torch.Tensor:
+    return scales.transpose(1, 2).reshape(-1, scales.shape[1]).contiguous()
 
 
 def q4_product(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
@@ -99,8 +133,9 @@ def q6k_product(x: torch.Tensor, codes: torch.Tensor, d: torch.Tensor, sc: torch
 
 
 def check_q8(name: str, codes: torch.Tensor, scales: torch.Tensor) -> None:
-    if codes.dtype != torch.int8 or codes.dim() != 2 or codes.shape[1] not in (scales.shape[1] * GROUP, scales.shape[1] * 16):
-        raise ValueError(f"{name}: codes (out, in) int8, scales (out, in / 32) or (out, in / 16)")
+    if (codes.dtype != torch.int8 or codes.dim() != 2 or codes.shape[1] not in (scales.shape[1] * GROUP, scales.shape[1] * 16)
+            or (scales.dim() == 3 and scales.shape[0] * TILE != codes.shape[0])):
+        raise ValueError(f"{name}: codes (out, in) int8, scales (out, in / 32) or (out, in / 16), or in tiles")
 
 
 class _Projection:
@@ -199,7 +234,12 @@ class _BlockLinear(nn.Module):
 
     @property
     def format(self) -> str:
-        return self.FORMAT
+        return self.FORMAT + (" tiles, 8-bit activations" if self.activations == "q8" else "")
+
+    @property
+    def activations(self) -> str:
+        """"q8" where the blocks are in tiles (the ops quantize the activations to 8 bits), else "fp32"."""
+        return "q8" if self.blocks()[1].dim() == 3 else "fp32"
 
 
 class Q4Linear(_BlockLinear):
@@ -209,8 +249,9 @@ class Q4Linear(_BlockLinear):
     FORMAT = "Q4_1"
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, bias: torch.Tensor | None = None):
-        if codes.dtype != torch.uint8 or codes.shape[1] * 2 != scales.shape[1] * GROUP or scales.shape != mins.shape:
-            raise ValueError("Q4Linear: codes (out, in / 2) uint8, scales and mins (out, in / 32)")
+        if (codes.dtype != torch.uint8 or codes.shape[1] * 2 != scales.shape[1] * GROUP or scales.shape != mins.shape
+                or (scales.dim() == 3 and scales.shape[0] * TILE != codes.shape[0])):
+            raise ValueError("Q4Linear: codes (out, in / 2) uint8, scales and mins (out, in / 32), or in tiles")
         super().__init__(codes, scales, mins, bias=bias)
 
     @staticmethod
@@ -219,7 +260,13 @@ class Q4Linear(_BlockLinear):
 
     @property
     def weight(self) -> torch.Tensor:
-        return dequantize(self.codes, self.scales, self.mins)
+        return dequantize(*self.untiled())
+
+    def untiled(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """codes, scales, mins in the row layout (parse_q4_1's), whatever layout the module holds."""
+        if self.activations == "fp32":
+            return self.blocks()
+        return untile_codes(self.codes), untile_scales(self.scales), untile_scales(self.mins)
 
     @classmethod
     def quantized(cls, linear: nn.Module) -> "Q4Linear":
@@ -239,11 +286,17 @@ class Q8Linear(_BlockLinear):
 
     @property
     def weight(self) -> torch.Tensor:
-        return dequantize_q8(self.codes, self.scales)
+        return dequantize_q8(*self.untiled())
+
+    def untiled(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.activations == "fp32":
+            return self.blocks()
+        return untile_codes(self.codes), untile_scales(self.scales)
 
     @property
     def format(self) -> str:
-        return "Q8_0" if self.scales.shape[1] * GROUP == self.in_features else "Q6_K as 8-bit codes"
+        own = "Q8_0" if self.scales.shape[1] * GROUP == self.in_features else "Q6_K as 8-bit codes"
+        return own + (" tiles, 8-bit activations" if self.activations == "q8" else "")
 
 
 class Q4KLinear(_BlockLinear):
@@ -316,7 +369,7 @@ class Q8Head:
     the engine's target forward calls."""
 
     def __init__(self, *blocks: torch.Tensor):
-        self.linear = block_linear(blocks)
+        self.linear = blocks[0] if isinstance(blocks[0], _BlockLinear) else block_linear(blocks)
         if not isinstance(self.linear, EIGHT_BIT):
             raise ValueError("Q8Head: 8-bit codes and scales (Q8_0) or Q6_K's (codes, d, sc)")
 
@@ -330,6 +383,9 @@ class Q8Head:
     @property
     def nbytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in self.linear.blocks())
+
+    def with_8_bit_activations(self) -> "Q8Head":
+        return Q8Head(with_8_bit_activations(self.linear))
 
 
 HEAD_ATTRIBUTE = "specviz_q8_head"  # where a model keeps its Q8Head (specviz.models.quantized.attach_q8_head)
@@ -370,18 +426,49 @@ def stacked_blocks(*modules: nn.Module):
 
 
 def _layout(module: nn.Module) -> tuple:
-    return type(module), tuple(b.shape[1] for b in module.blocks())
+    return type(module), tuple(b.shape[1:] for b in module.blocks())
 
 
 def is_quantized(model: nn.Module) -> bool:
     return any(isinstance(m, BLOCK_LINEARS) for m in model.modules())
 
 
-def quantize_linears(module: nn.Module) -> int:
+def quantize_linears(module: nn.Module, activations: str = "fp32") -> int:
     """Swap every `nn.Linear` under `module` whose input size is whole Q4_1 groups for a Q4Linear of its weight
-    rounded to 4 bits (Q4Linear.quantized), in place; returns how many were swapped."""
+    rounded to 4 bits (Q4Linear.quantized), in tiles for 8-bit activations where `activations` is "q8", in place;
+    returns how many were swapped."""
     swaps = [(parent, name, child) for parent in module.modules() for name, child in parent.named_children()
              if type(child) is nn.Linear and child.in_features % GROUP == 0]
     for parent, name, child in swaps:
-        setattr(parent, name, Q4Linear.quantized(child))
+        linear = Q4Linear.quantized(child)
+        setattr(parent, name, with_8_bit_activations(linear) if activations == "q8" else linear)
     return len(swaps)
+
+
+def with_8_bit_activations(linear: _BlockLinear) -> _BlockLinear:
+    """The same weight's values in tiles, so that its products run on 8-bit activations: Q4_1 as it is, Q4_K
+    widened to Q4_1 groups, Q8_0 (and Q5_0) as it is, Q6_K widened to a scale per 16; `linear` itself where its
+    output size is not whole tiles of 16 or it is tiled already."""
+    if linear.out_features % TILE or linear.activations == "q8":
+        return linear
+    bias = None if linear.bias is None else linear.bias.detach()
+    if isinstance(linear, FOUR_BIT):
+        codes, scales, mins = linear.blocks() if isinstance(linear, Q4Linear) else widen_q4_k(*linear.blocks())
+        return Q4Linear(tile_codes(codes), tile_scales(scales), tile_scales(mins), bias)
+    codes, scales = linear.blocks() if isinstance(linear, Q8Linear) else widen_q6_k(*linear.blocks())
+    return Q8Linear(tile_codes(codes), tile_scales(scales), bias)
+
+
+def use_8_bit_activations(module: nn.Module) -> int:
+    """Swap every block linear under `module` for with_8_bit_activations' (in place), before its first forward
+    (the lean decoder keeps the products it was built with); returns how many now run on 8-bit activations."""
+    swaps = [(parent, name, with_8_bit_activations(child)) for parent in module.modules()
+             for name, child in parent.named_children() if isinstance(child, BLOCK_LINEARS)]
+    for parent, name, child in swaps:
+        setattr(parent, name, child)
+    return sum(child.activations == "q8" for _, _, child in swaps)
+
+
+def activations(model: nn.Module) -> str:
+    """"q8" where any of the model's block linears runs on 8-bit activations, else "fp32"."""
+    return "q8" if any(isinstance(m, BLOCK_LINEARS) and m.activations == "q8" for m in model.modules()) else "fp32"

@@ -43,7 +43,7 @@ class LoadedModels:
     other_heads: dict = field(default_factory=dict)  # (kind, folder) -> a head loaded by head() (a drafter's head=)
     # n -> seconds of one tree-shaped verify forward: specviz.decoding.costs.verify_curve measures it once
     verify_curve: dict | None = None
-    weights: str = "fp32"  # the target's projections: "fp32", or "q4" (the GGUF's 4-bit blocks; models.quantized)
+    weights: str = "fp32"  # the target's projections: "fp32", "q4" (the GGUF's 4-bit blocks; models.quantized), "q4q8"
 
     def head(self, kind: str, folder: str | None = None) -> torch.nn.Module | None:
         """The shipped head of `kind` ("eagle" | "medusa" | "eagle3"), or the one trained into `folder`, loaded once."""
@@ -111,7 +111,7 @@ def load(model: str = "smollm2-135m", draft_model: str | None = None, device: st
 
     model / draft_model: a preset name (its target), a model key, a local folder, or a hub id.
     weights: "fp32", or "q4" to keep a preset target's projections 4-bit (specviz.models.quantized), and a preset
-    draft's too.
+    draft's too; "q4q8" likewise, with the activations of their products quantized to 8 bits (integer products).
     """
     chosen_device = resolve_device(device)
     chosen_dtype = as_dtype(dtype) if dtype is not None else default_dtype(chosen_device)
@@ -128,7 +128,7 @@ def load(model: str = "smollm2-135m", draft_model: str | None = None, device: st
         draft, draft_tokenizer = load_pretrained(locate(draft_model, progress), chosen_device, chosen_dtype)
         check_same_vocabulary(target, draft, tokenizer, draft_tokenizer)
         draft_source = preset_model_files().get(draft_model)
-        if weights == "q4" and draft_source is not None:  # a preset draft (a GGUF of its own) streams 4 bits too
+        if weights != "fp32" and draft_source is not None:  # a preset draft (a GGUF of its own) streams 4 bits too
             quantized.apply_weights(draft, weights, draft_source)
     shipped = load_shipped(PRESETS[model], target) if model in PRESETS else {}
     if draft is None:
@@ -156,6 +156,7 @@ def load_trained(kind: str, folder: Path, target: torch.nn.Module) -> torch.nn.M
     weights, fp32 activations; specviz.kernels.quant.quantize_linears): its layer then runs as one call of the
     same layer op, and drafting reads 0.75 bytes a weight instead of bf16's 2. A draft only proposes, so this can
     change how many tokens are accepted, never the output (experiments/draft_dtype.py --weights q4 measures both).
+    Beside a target on 8-bit activations (`weights="q4q8"`) the head's products take 8-bit activations too.
     SPECVIZ_DRAFT_DTYPE, where set, keeps the head unquantized in that dtype."""
     four_bit = (kind == "eagle" and quant.is_quantized(target) and quant.available()
                 and not os.environ.get(DRAFT_DTYPE_ENV))
@@ -168,6 +169,6 @@ def load_trained(kind: str, folder: Path, target: torch.nn.Module) -> torch.nn.M
     }
     module = cast_parameters(loaders[kind]().to(device=target.device), dtype)
     if four_bit:
-        quant.quantize_linears(module)
+        quant.quantize_linears(module, quant.activations(target))
         module.projection_dtype = draft_dtype(target.dtype, target.device)  # its draft-vocabulary projection's
     return module.eval().requires_grad_(False)

@@ -1,4 +1,6 @@
-"""A target whose projections keep the GGUF's 4-bit weights (`load(..., weights="q4")`, `--weights q4`).
+"""A target whose projections keep the GGUF's 4-bit weights (`load(..., weights="q4")`, `--weights q4`), with fp32
+activations, or quantized to 8 bits per group of 32 and multiplied in integers (`weights="q4q8"`, as llama.cpp
+does: specviz.kernels.quant.with_8_bit_activations).
 
 The fp32 model is loaded from the cache as always; then every q/k/v/o and gate/up/down projection stored in the
 preset's GGUF as Q4_1 is replaced by a specviz.kernels.quant.Q4Linear holding those blocks, as Q4_K by a
@@ -29,7 +31,8 @@ from specviz.kernels import blocks, fastdecoder, quant
 from specviz.models.cache import cache_lock, is_fetched, model_dir
 from specviz.models.files import ModelFile
 
-WEIGHTS = ("fp32", "q4")  # the choices of load(weights=...) and --weights
+WEIGHTS = ("fp32", "q4", "q4q8")  # the choices of load(weights=...) and --weights
+BLOCK_WEIGHTS = {"q4": "fp32", "q4q8": "q8"}  # the choices that keep the GGUF's blocks → their activations
 # GGUF tensor names of a Llama-family block → the projection they become (transformers' names)
 PROJECTIONS = {
     "attn_q": ("self_attn", "q_proj"), "attn_k": ("self_attn", "k_proj"), "attn_v": ("self_attn", "v_proj"),
@@ -90,15 +93,17 @@ def q8_head_tensors(path: Path) -> tuple[torch.Tensor, ...] | None:
     return None if parse is None else parse(tensor.data)
 
 
-def attach_q8_head(model, tensors: tuple[torch.Tensor, ...] | None) -> bool:
+def attach_q8_head(model, tensors: tuple[torch.Tensor, ...] | None, activations: str = "fp32") -> bool:
     """Give the model its LM head as 8-bit blocks (q8_head_tensors) where they dequantize to its fp32 head bit for
-    bit."""
+    bit; in tiles for 8-bit activations where `activations` is "q8"."""
     head = model.get_output_embeddings()
     if tensors is None or head is None or getattr(head, "bias", None) is not None:
         return False
     blocks = quant.Q8Head(*tensors)
     if tensors[0].shape != head.weight.shape or not torch.equal(blocks.weight, head.weight.float()):
         return False
+    if activations == "q8":
+        blocks = blocks.with_8_bit_activations()
     object.__setattr__(model, quant.HEAD_ATTRIBUTE, blocks)  # not a submodule: no state_dict entry
     return True
 
@@ -136,22 +141,24 @@ def unpermuted_rows(rows: int, heads: int) -> torch.Tensor:
     return torch.arange(rows).reshape(heads, half, 2).transpose(1, 2).reshape(-1)
 
 
-def quantize_target(model, model_file: ModelFile) -> int:
+def quantize_target(model, model_file: ModelFile, activations: str = "fp32") -> int:
     """Replace the target's projections by block linears from its GGUF (quant.block_linear), in place, and attach
-    its 8-bit LM head where the file has one; returns how many projections were replaced."""
+    its 8-bit LM head where the file has one, both in tiles for 8-bit activations where `activations` is "q8";
+    returns how many projections were replaced."""
     path = fetch_gguf(model_file)
     tensors = block_tensors(path, model.config)
     if not any(isinstance(quant.block_linear(blocks), quant.FOUR_BIT) for blocks in tensors.values()):
         raise SpecvizError(f"{model_file.gguf_name} has no 4-bit projections: --weights q4 needs a Q4_1 or Q4_K GGUF")
-    replaced = replace_projections(model, tensors)
-    attach_q8_head(model, q8_head_tensors(path))
+    replaced = replace_projections(model, tensors, activations)
+    attach_q8_head(model, q8_head_tensors(path), activations)
     return replaced
 
 
-def replace_projections(model, tensors: dict) -> int:
+def replace_projections(model, tensors: dict, activations: str = "fp32") -> int:
     """Swap each (layer, block, projection) of `tensors` (see block_tensors) for the block linear they make
-    (quant.block_linear), then prime the lean decoder. Refuses (SpecvizError, leaving the model as it was) where a block does not dequantize to the loaded
-    weight bit for bit: then the GGUF and the cached model are not the same."""
+    (quant.block_linear; quant.with_8_bit_activations' where `activations` is "q8"), then prime the lean decoder.
+    Refuses (SpecvizError, leaving the model as it was) where a block does not dequantize to the loaded weight bit
+    for bit: then the GGUF and the cached model are not the same."""
     layers = model.get_decoder().layers
     swaps = []
     with torch.no_grad():
@@ -162,6 +169,8 @@ def replace_projections(model, tensors: dict) -> int:
             if not torch.equal(replacement.weight, linear.weight.float()):
                 raise SpecvizError(f"the GGUF's layer {index} {name} does not match the loaded weight: "
                                    "the GGUF and the cached model are not the same")
+            if activations == "q8":
+                replacement = quant.with_8_bit_activations(replacement)
             swaps.append((parent, name, replacement))
     for parent, name, replacement in swaps:
         setattr(parent, name, replacement)
@@ -170,8 +179,8 @@ def replace_projections(model, tensors: dict) -> int:
 
 
 def apply_weights(model, weights: str, model_file: ModelFile | None) -> str:
-    """Give the loaded target the `weights` asked for ("fp32": as loaded; "q4": quantize_target); returns what it
-    got ("fp32" with a warning where q4 cannot apply)."""
+    """Give the loaded target the `weights` asked for ("fp32": as loaded; "q4": quantize_target with fp32
+    activations; "q4q8": with 8-bit ones); returns what it got ("fp32" with a warning where q4 cannot apply)."""
     if weights not in WEIGHTS:
         raise SpecvizError(f"unknown weights {weights!r}: use one of {', '.join(WEIGHTS)}")
     if weights == "fp32":
@@ -183,5 +192,5 @@ def apply_weights(model, weights: str, model_file: ModelFile | None) -> str:
     if not quant.available():
         warnings.warn("specviz's C++ ops are not built here: the target keeps fp32 weights", stacklevel=2)
         return "fp32"
-    quantize_target(model, model_file)
-    return "q4"
+    quantize_target(model, model_file, BLOCK_WEIGHTS[weights])
+    return weights

@@ -31,6 +31,8 @@
 // time (each unpacked weight feeds four rows from registers); otherwise several rows share four columns unpacked
 // once into fp32 in L1.
 // Threads split the output columns (at::parallel_for).
+// Weights whose scales come in tiles, (out / 16, in / 32, 16), are multiplied with 8-bit activations in integers
+// instead (csrc/intdot.cpp).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -518,6 +520,7 @@ namespace specviz {
 at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& nibbles, const at::Tensor& scales, const at::Tensor& mins,
                      const c10::optional<at::Tensor>& bias, int64_t path) {
   check_input("q4_linear", x);
+  if (scales.dim() == 3) return q4_linear_tiled(x, nibbles, scales, mins, bias, path);  // 8-bit activations
   const int64_t in = x.size(1), out = nibbles.size(0), groups = in / kGroup;
   TORCH_CHECK(nibbles.dim() == 2 && nibbles.scalar_type() == at::kByte && nibbles.is_contiguous() &&
                   nibbles.size(1) * 2 == in,
@@ -535,6 +538,7 @@ namespace {
 at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
                      const c10::optional<at::Tensor>& bias, int64_t path) {
   check_input("q8_linear", x);
+  if (scales.dim() == 3) return specviz::q8_linear_tiled(x, codes, scales, bias, path);  // 8-bit activations
   const int64_t in = x.size(1), out = codes.size(0), groups = in / kGroup;
   TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == at::kChar && codes.is_contiguous() && codes.size(1) == in,
               "q8_linear: codes (out, in) int8");

@@ -1,0 +1,393 @@
+// Products of 8-bit activations with 4-bit and 8-bit weights in integers: the kernels of csrc/intdot.cpp, without
+// torch, so that a test can also build them against SIMDe's portable intrinsics (SPECVIZ_INTDOT_SIMDE) and run the
+// AVX-512 path on a CPU without it.
+//
+// Activations (quantize_rows): each row of x (rows, in) fp32 in groups of 32, as llama.cpp's Q8_1 does it: per
+// group amax = max |x|, d = amax / 127, q = x · (1 / d) rounded to the nearest integer (ties to even) in -127..127,
+// and the sums of q over each half of the group; s = d · (sum of q). d and s stay fp32 (the file format rounds them
+// to fp16). A group holding a NaN or an infinity gets q = 0 and d = NaN, so its outputs are NaN.
+//
+// Weights, in tiles of 16 output columns (kTile), laid out so that one 64-byte load gives the same four input
+// positions of all 16 columns (llama.cpp's and oneDNN's "VNNI" order):
+//   4-bit (Q4_1, and Q4_K widened to it): codes [tiles][groups][4][16][4] bytes: for group g, word k (0..3),
+//     column c, byte i: the byte 4k + i of column c's 16 bytes of nibbles in the GGUF order (low nibble: weight
+//     4k + i, high nibble: weight 16 + 4k + i); scales and mins [tiles][groups][16] fp32 (w = d q + m);
+//   8-bit (Q8_0, Q5_0 and Q6_K as 8-bit codes): codes [tiles][groups][8][16][4] int8: chunk k (0..7), column c,
+//     byte i: weight 4k + i of column c's group; scales [tiles][groups · per][16] fp32, per = 1 (a scale per 32
+//     weights) or 2 (per 16, Q6_K: the first for weights 0..15).
+//
+// Every output y[r][o] is computed in one fixed order, the same on every path, for any row count, tile split or
+// thread count: per group g, the integer sum i = Σ q_w q_x (exact; 32 products of at most 255 · 127), then in fp32
+//   acc = fma(d_w · d_x, (float) i, acc)                    (per = 2: once per half, with its own scale and sum)
+//   acc = fma(m_w, s_x, acc)                                (4-bit only: the minimum's term)
+// from acc = +0 over g = 0, 1, ...; d_w · d_x is one rounded product, (float) i is exact. The paths differ only in
+// how they get i: portable C++ loops; AVX2 `vpmaddubsw` (unsigned 4-bit codes, or |w|, times signed activations,
+// pairs summed in int16 without saturation: at most 2 · 128 · 127), then `vpmaddwd`; AVX-512 VNNI `vpdpbusd` on
+// 16 columns at once (8-bit weights biased by 128 to make them unsigned, 128 · Σ q_x taken back off).
+#pragma once
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(SPECVIZ_INTDOT_SIMDE)  // tests: SIMDe's portable versions of the same intrinsics, any CPU
+#define SIMDE_ENABLE_NATIVE_ALIASES
+#include <simde/x86/avx512.h>
+#ifndef _MM_FROUND_NO_EXC
+#define _MM_FROUND_NO_EXC SIMDE_MM_FROUND_NO_EXC
+#endif
+#ifndef _mm512_cvtepi32_ps  // missing from SIMDe 0.7: lane by lane (exact for the integers converted here)
+inline __m512 specviz_cvtepi32_ps(__m512i v) {
+  int32_t i[16];
+  float f[16];
+  _mm512_storeu_si512(i, v);
+  for (int l = 0; l < 16; ++l) f[l] = static_cast<float>(i[l]);
+  return _mm512_loadu_ps(f);
+}
+#define _mm512_cvtepi32_ps specviz_cvtepi32_ps
+#endif
+#define SPECVIZ_INTDOT_X86 1
+#define SPECVIZ_TARGET_AVX2
+#define SPECVIZ_TARGET_VNNI
+#elif defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define SPECVIZ_INTDOT_X86 1
+#define SPECVIZ_TARGET_AVX2 __attribute__((target("avx2,fma")))
+#define SPECVIZ_TARGET_VNNI __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vnni")))
+#endif
+
+namespace specviz_intdot {
+
+constexpr int64_t kGroup = 32;  // activations and weights per scale
+constexpr int64_t kTile = 16;   // output columns per tile
+constexpr int64_t kRowBlock = 64;  // rows whose activations stay in cache while all the tiles pass (a prompt's)
+
+enum Path : int64_t { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
+
+// Quantized activations: q (rows, in) int8; d, s (rows, groups) fp32; sums (rows, groups, 2) int32.
+struct Acts {
+  const int8_t* q;
+  const float* d;
+  const float* s;
+  const int32_t* sums;
+  int64_t in, groups;
+  const int8_t* at(int64_t row, int64_t g) const { return q + row * in + g * kGroup; }
+  int64_t index(int64_t row, int64_t g) const { return row * groups + g; }
+};
+
+// Tiled weights: codes as above; mins only for 4-bit; per: scales per group (8-bit only).
+struct Tiles {
+  const uint8_t* codes;
+  const float* scales;
+  const float* mins;
+  int64_t groups;
+  int per;
+  int64_t block(int64_t tile, int64_t g) const { return tile * groups + g; }
+};
+
+// ------------------------------------------------------------------------------------------------ activations
+
+// One group's scale for its largest magnitude, and 1 / scale (0 where the group is all zeros, or so small that
+// 1 / scale would overflow); false where the group holds a NaN or an infinity.
+inline bool group_scale(float amax, bool finite, float* d, float* inverse) {
+  if (!finite || !(amax <= FLT_MAX)) {
+    *d = NAN;
+    *inverse = 0.0f;
+    return false;
+  }
+  *d = amax / 127.0f;
+  *inverse = *d >= FLT_MIN ? 1.0f / *d : 0.0f;
+  return true;
+}
+
+inline void finish_group(float d, int32_t low, int32_t high, float* s, int32_t* sums) {
+  sums[0] = low;
+  sums[1] = high;
+  *s = d * static_cast<float>(low + high);
+}
+
+inline void quantize_row_portable(const float* x, int64_t groups, int8_t* q, float* d, float* s, int32_t* sums) {
+  for (int64_t g = 0; g < groups; ++g) {
+    const float* xg = x + g * kGroup;
+    float amax = 0.0f;
+    bool finite = true;
+    for (int j = 0; j < kGroup; ++j) {
+      const float a = std::fabs(xg[j]);
+      finite = finite && a <= FLT_MAX;  // false for NaN too
+      amax = a > amax ? a : amax;
+    }
+    float inverse;
+    const bool ok = group_scale(amax, finite, d + g, &inverse);
+    int32_t half[2] = {0, 0};
+    for (int j = 0; j < kGroup; ++j) {
+      const int32_t v = ok ? static_cast<int32_t>(std::nearbyint(xg[j] * inverse)) : 0;  // ties to even
+      q[g * kGroup + j] = static_cast<int8_t>(std::min(127, std::max(-127, v)));
+      half[j / 16] += q[g * kGroup + j];
+    }
+    finish_group(d[g], half[0], half[1], s + g, sums + 2 * g);
+  }
+}
+
+#ifdef SPECVIZ_INTDOT_X86
+SPECVIZ_TARGET_AVX2 inline int32_t hsum_epi32(__m256i v) {
+  __m128i h = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4E));
+  h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xB1));
+  return _mm_cvtsi128_si32(h);
+}
+
+// The same numbers eight at a time: the maximum is exact, and x · (1 / d) and its rounding are the same IEEE
+// operations, so quantize_row_portable's bits.
+SPECVIZ_TARGET_AVX2 inline void quantize_row_avx2(const float* x, int64_t groups, int8_t* q, float* d, float* s,
+                                                  int32_t* sums) {
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  const __m256 largest = _mm256_set1_ps(FLT_MAX);
+  for (int64_t g = 0; g < groups; ++g) {
+    const float* xg = x + g * kGroup;
+    __m256 v[4], m = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+    for (int j = 0; j < 4; ++j) {
+      v[j] = _mm256_loadu_ps(xg + 8 * j);
+      const __m256 a = _mm256_and_ps(v[j], magnitude);
+      bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, largest, _CMP_NLE_UQ));  // NaN or infinite
+      m = _mm256_max_ps(m, a);
+    }
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+    float inverse;
+    const bool ok = group_scale(_mm_cvtss_f32(h), _mm256_movemask_ps(bad) == 0, d + g, &inverse);
+    const __m256 scale = _mm256_set1_ps(ok ? inverse : 0.0f);
+    __m256i i[4];
+    for (int j = 0; j < 4; ++j) {
+      const __m256 r = _mm256_round_ps(_mm256_mul_ps(v[j], scale), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      i[j] = ok ? _mm256_cvttps_epi32(r) : _mm256_setzero_si256();
+    }
+    const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
+    const __m256i ordered = _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + g * kGroup), ordered);
+    finish_group(d[g], hsum_epi32(_mm256_add_epi32(i[0], i[1])), hsum_epi32(_mm256_add_epi32(i[2], i[3])),
+                 s + g, sums + 2 * g);
+  }
+}
+#endif
+
+// ------------------------------------------------------------------------------------------------ portable C++
+
+// Rows [r0, r0 + rows) times tile t into y (rows of `out`, the tile's columns at 16 t).
+template <int Bits>
+inline void tile_portable(const Acts& x, int64_t r0, int64_t rows, const Tiles& w, int64_t t, float* y, int64_t out) {
+  constexpr int kWords = Bits == 4 ? 4 : 8;  // 4-byte words per column per group
+  for (int64_t r = r0; r < r0 + rows; ++r) {
+    float acc[kTile] = {};
+    for (int64_t g = 0; g < w.groups; ++g) {
+      const uint8_t* codes = w.codes + w.block(t, g) * kWords * 64;
+      const int8_t* xq = x.at(r, g);
+      const float dx = x.d[x.index(r, g)];
+      for (int64_t c = 0; c < kTile; ++c) {
+        int32_t sum[2] = {0, 0};  // weights 0..15, 16..31
+        for (int k = 0; k < kWords; ++k)
+          for (int i = 0; i < 4; ++i) {
+            const uint8_t byte = codes[k * 64 + c * 4 + i];
+            if constexpr (Bits == 4) {
+              sum[0] += (byte & 0x0F) * xq[4 * k + i];
+              sum[1] += (byte >> 4) * xq[16 + 4 * k + i];
+            } else {
+              sum[k / 4] += static_cast<int8_t>(byte) * xq[4 * k + i];
+            }
+          }
+        if (Bits == 8 && w.per == 2) {
+          for (int h = 0; h < 2; ++h)
+            acc[c] = std::fma(w.scales[(w.block(t, g) * 2 + h) * kTile + c] * dx, static_cast<float>(sum[h]), acc[c]);
+        } else {
+          acc[c] = std::fma(w.scales[w.block(t, g) * kTile + c] * dx, static_cast<float>(sum[0] + sum[1]), acc[c]);
+        }
+        if constexpr (Bits == 4) acc[c] = std::fma(w.mins[w.block(t, g) * kTile + c], x.s[x.index(r, g)], acc[c]);
+      }
+    }
+    std::memcpy(y + r * out + t * kTile, acc, sizeof(acc));
+  }
+}
+
+#ifdef SPECVIZ_INTDOT_X86
+// ------------------------------------------------------------------------------------------------ AVX2
+
+SPECVIZ_TARGET_AVX2 inline __m256i broadcast4_avx2(const int8_t* p) {
+  int32_t word;
+  std::memcpy(&word, p, 4);
+  return _mm256_set1_epi32(word);
+}
+
+// R rows times half h (columns 8 h .. 8 h + 7) of tile t: each group's codes are unpacked once for the R rows.
+// 4-bit: the eight products of a column's group summed in int16 (at most 8 · 2 · 15 · 127 = 30480) before vpmaddwd.
+template <int Bits, int R>
+SPECVIZ_TARGET_AVX2 inline void half_tile_avx2(const Acts& x, int64_t r0, const Tiles& w, int64_t t, int h, float* y,
+                                               int64_t out) {
+  constexpr int kWords = Bits == 4 ? 4 : 8;
+  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < w.groups; ++g) {
+    const uint8_t* codes = w.codes + w.block(t, g) * kWords * 64 + h * 32;
+    const int8_t* xq[R];
+    for (int r = 0; r < R; ++r) xq[r] = x.at(r0 + r, g);
+    __m256i sum[R][2];
+    for (int r = 0; r < R; ++r) sum[r][0] = sum[r][1] = _mm256_setzero_si256();
+    for (int k = 0; k < kWords; ++k) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + k * 64));
+      if constexpr (Bits == 4) {
+        const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        for (int r = 0; r < R; ++r) {
+          sum[r][0] = _mm256_add_epi16(sum[r][0], _mm256_maddubs_epi16(lo, broadcast4_avx2(xq[r] + 4 * k)));
+          sum[r][0] = _mm256_add_epi16(sum[r][0], _mm256_maddubs_epi16(hi, broadcast4_avx2(xq[r] + 16 + 4 * k)));
+        }
+      } else {
+        const __m256i magnitude = _mm256_abs_epi8(v);
+        for (int r = 0; r < R; ++r) {
+          const __m256i signed_x = _mm256_sign_epi8(broadcast4_avx2(xq[r] + 4 * k), v);
+          sum[r][k / 4] = _mm256_add_epi32(sum[r][k / 4], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, signed_x), ones));
+        }
+      }
+    }
+    const int64_t block = w.block(t, g);
+    for (int r = 0; r < R; ++r) {
+      const int64_t at = x.index(r0 + r, g);
+      const __m256 dx = _mm256_set1_ps(x.d[at]);
+      if constexpr (Bits == 4) {
+        const __m256 dw = _mm256_loadu_ps(w.scales + block * kTile + h * 8);
+        const __m256i i = _mm256_madd_epi16(sum[r][0], ones);
+        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(i), acc[r]);
+        acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(w.mins + block * kTile + h * 8), _mm256_set1_ps(x.s[at]), acc[r]);
+      } else if (w.per == 2) {
+        for (int half = 0; half < 2; ++half) {
+          const __m256 dw = _mm256_loadu_ps(w.scales + (block * 2 + half) * kTile + h * 8);
+          acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(sum[r][half]), acc[r]);
+        }
+      } else {
+        const __m256 dw = _mm256_loadu_ps(w.scales + block * kTile + h * 8);
+        const __m256i i = _mm256_add_epi32(sum[r][0], sum[r][1]);
+        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(i), acc[r]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + (r0 + r) * out + t * kTile + h * 8, acc[r]);
+}
+
+// ------------------------------------------------------------------------------------------------ AVX-512 VNNI
+
+SPECVIZ_TARGET_VNNI inline __m512i broadcast4_vnni(const int8_t* p) {
+  int32_t word;
+  std::memcpy(&word, p, 4);
+  return _mm512_set1_epi32(word);
+}
+
+// R rows times tile t, all 16 columns in one register: vpdpbusd sums four products of unsigned weights and signed
+// activations into each column's int32. 8-bit weights are made unsigned by adding 128 (w ^ 0x80), and 128 times
+// the activations' sum over the same weights is taken off again, so the integer is the same.
+template <int Bits, int R>
+SPECVIZ_TARGET_VNNI inline void tile_vnni(const Acts& x, int64_t r0, const Tiles& w, int64_t t, float* y, int64_t out) {
+  constexpr int kWords = Bits == 4 ? 4 : 8;
+  const __m512i low = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < w.groups; ++g) {
+    const uint8_t* codes = w.codes + w.block(t, g) * kWords * 64;
+    const int8_t* xq[R];
+    for (int r = 0; r < R; ++r) xq[r] = x.at(r0 + r, g);
+    __m512i sum[R][2];
+    for (int r = 0; r < R; ++r) sum[r][0] = sum[r][1] = _mm512_setzero_si512();
+    for (int k = 0; k < kWords; ++k) {
+      const __m512i v = _mm512_loadu_si512(codes + k * 64);
+      if constexpr (Bits == 4) {
+        const __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+        for (int r = 0; r < R; ++r) {
+          sum[r][0] = _mm512_dpbusd_epi32(sum[r][0], lo, broadcast4_vnni(xq[r] + 4 * k));
+          sum[r][1] = _mm512_dpbusd_epi32(sum[r][1], hi, broadcast4_vnni(xq[r] + 16 + 4 * k));
+        }
+      } else {
+        const __m512i biased = _mm512_xor_si512(v, flip);
+        for (int r = 0; r < R; ++r) sum[r][k / 4] = _mm512_dpbusd_epi32(sum[r][k / 4], biased, broadcast4_vnni(xq[r] + 4 * k));
+      }
+    }
+    const int64_t block = w.block(t, g);
+    for (int r = 0; r < R; ++r) {
+      const int64_t at = x.index(r0 + r, g);
+      const __m512 dx = _mm512_set1_ps(x.d[at]);
+      if constexpr (Bits == 4) {
+        const __m512 dw = _mm512_loadu_ps(w.scales + block * kTile);
+        const __m512i i = _mm512_add_epi32(sum[r][0], sum[r][1]);
+        acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(i), acc[r]);
+        acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(w.mins + block * kTile), _mm512_set1_ps(x.s[at]), acc[r]);
+      } else {
+        const int32_t* xs = x.sums + 2 * at;
+        const __m512i lo = _mm512_sub_epi32(sum[r][0], _mm512_set1_epi32(128 * xs[0]));
+        const __m512i hi = _mm512_sub_epi32(sum[r][1], _mm512_set1_epi32(128 * xs[1]));
+        if (w.per == 2) {
+          const __m512 d0 = _mm512_loadu_ps(w.scales + (block * 2) * kTile);
+          const __m512 d1 = _mm512_loadu_ps(w.scales + (block * 2 + 1) * kTile);
+          acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(d0, dx), _mm512_cvtepi32_ps(lo), acc[r]);
+          acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(d1, dx), _mm512_cvtepi32_ps(hi), acc[r]);
+        } else {
+          const __m512 dw = _mm512_loadu_ps(w.scales + block * kTile);
+          acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(_mm512_add_epi32(lo, hi)), acc[r]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + (r0 + r) * out + t * kTile, acc[r]);
+}
+#endif
+
+// ------------------------------------------------------------------------------------------------ dispatch
+
+// Tiles [begin, end) for every row, on `path`: rows four at a time over each tile, so each tile's codes are
+// read from memory once and from L1 for the other row blocks; over many rows (a prompt), kRowBlock rows at a time
+// over all the tiles, so those rows' activations stay in cache while the weights pass.
+template <int Bits>
+inline void tiles(int64_t path, const Acts& x, int64_t rows, const Tiles& w, float* y, int64_t out, int64_t begin,
+                  int64_t end) {
+  for (int64_t first = 0; first < rows; first += kRowBlock) {
+    const int64_t last = std::min(rows, first + kRowBlock);
+    for (int64_t t = begin; t < end; ++t) {
+#ifdef SPECVIZ_INTDOT_X86
+      if (path == kAvx512) {
+        int64_t r = first;
+        for (; r + 4 <= last; r += 4) tile_vnni<Bits, 4>(x, r, w, t, y, out);
+        if (last - r == 3) tile_vnni<Bits, 3>(x, r, w, t, y, out);
+        if (last - r == 2) tile_vnni<Bits, 2>(x, r, w, t, y, out);
+        if (last - r == 1) tile_vnni<Bits, 1>(x, r, w, t, y, out);
+        continue;
+      }
+      if (path == kAvx2) {
+        for (int h = 0; h < 2; ++h) {
+          int64_t r = first;
+          for (; r + 4 <= last; r += 4) half_tile_avx2<Bits, 4>(x, r, w, t, h, y, out);
+          if (last - r == 3) half_tile_avx2<Bits, 3>(x, r, w, t, h, y, out);
+          if (last - r == 2) half_tile_avx2<Bits, 2>(x, r, w, t, h, y, out);
+          if (last - r == 1) half_tile_avx2<Bits, 1>(x, r, w, t, h, y, out);
+        }
+        continue;
+      }
+#endif
+      tile_portable<Bits>(x, first, last - first, w, t, y, out);
+    }
+  }
+}
+
+// Rows [begin, end) of x (in = 32 groups) quantized into q, d, s, sums (their rows' places).
+inline void quantize_rows(int64_t path, const float* x, int64_t in, int64_t begin, int64_t end, int8_t* q, float* d,
+                          float* s, int32_t* sums) {
+  const int64_t groups = in / kGroup;
+  for (int64_t r = begin; r < end; ++r) {
+#ifdef SPECVIZ_INTDOT_X86
+    if (path != kPortable) {
+      quantize_row_avx2(x + r * in, groups, q + r * in, d + r * groups, s + r * groups, sums + 2 * r * groups);
+      continue;
+    }
+#endif
+    quantize_row_portable(x + r * in, groups, q + r * in, d + r * groups, s + r * groups, sums + 2 * r * groups);
+  }
+}
+
+}  // namespace specviz_intdot
