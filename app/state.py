@@ -2,6 +2,7 @@
 session), and running a decode from a page with its errors shown as messages."""
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, replace
 from typing import Callable
@@ -249,8 +250,10 @@ def require_model() -> tuple[Backend | None, Settings | None]:
 
 
 def run_decode(shared: Backend, prompt: str, settings: Settings, into: list | None = None,
-               on_event: Callable[[dict, list], None] | None = None, **overrides) -> list[dict] | None:
-    """Decode with the shared model under its lock, appending each event (as a dict) to `into`.
+               on_event: Callable[[dict, list], None] | None = None, on_shared: Callable[[str], None] | None = None,
+               **overrides) -> list[dict] | None:
+    """Decode with the shared model under its lock, appending each event (as a dict) to `into`. on_shared (a
+    service backend only): the run gets a watch link, and on_shared(share_id) is called before its events.
 
     Returns the events, or None after showing the error. A rerun or stop of the page interrupts the loop
     inside on_event; leaving the `with` closes the engine's generator, which releases the lock."""
@@ -262,6 +265,8 @@ def run_decode(shared: Backend, prompt: str, settings: Settings, into: list | No
                          if position is None else f"Waiting in the engine service's queue: position {position}…")
 
         client = {"client_id": _session_id()} if shared.remote else {}
+        if on_shared is not None:  # a backend with watch links (specviz serve's) takes it
+            client["on_shared"] = on_shared
         with shared.events(prompt, on_wait=on_wait, **client, **settings.stream_kwargs(**overrides)) as stream:
             for event in stream:
                 events.append(ev.to_dict(event))
@@ -278,6 +283,36 @@ def run_decode(shared: Backend, prompt: str, settings: Settings, into: list | No
         st.error(f"The engine failed ({type(err).__name__}): {err}")
         return None
     return events
+
+
+def can_share(shared: Backend | None) -> bool:
+    """Whether runs on this backend can have watch links (a specviz service's can)."""
+    return shared is not None and shared.remote and callable(getattr(shared, "watch", None))
+
+
+def watch_decode(shared: Backend, share_id: str, into: list, on_event: Callable[[dict, list], None]) -> list[dict] | None:
+    """Follow another session's shared run on the service (a watch link), read-only, appending each event (as a
+    dict) to `into`; None after showing the error."""
+    if not can_share(shared):
+        st.error("A watch link is followed on the engine service that runs it: start the app with "
+                 f"{ENV_BACKEND}=http://host:port (the service's address).")
+        return None
+    waiting = st.empty()
+    try:
+        def on_wait(position: int | None = None) -> None:
+            waiting.info(f"The shared run waits in the engine service's queue: position {position}…")
+
+        with contextlib.closing(shared.watch(share_id, on_wait=on_wait, client_id=_session_id())) as stream:
+            for event in stream:
+                into.append(ev.to_dict(event))
+                if len(into) == 1:
+                    waiting.empty()
+                on_event(into[-1], into)
+    except SpecvizError as err:
+        waiting.empty()
+        st.error(f"Cannot follow this watch link: {err}")
+        return None
+    return into
 
 
 def _session_id() -> str:

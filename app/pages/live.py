@@ -1,4 +1,5 @@
 import json
+import re
 import time
 
 import streamlit as st
@@ -93,10 +94,59 @@ def step_log(steps: list[dict]) -> list[dict]:
     ]
 
 
+WATCH_ID = re.compile(r"watch-[A-Za-z0-9_-]{16,64}")  # a share id of specviz serve: 128 random bits
+DRAW_EVERY_S = 0.25  # a viewer redraws at most this often (the last event always): a room of viewers shares a CPU
+
+
+def throttled(view: View):
+    """on_event for a watched run: redraw at most every DRAW_EVERY_S, and at the end."""
+    last = [0.0]
+
+    def on_event(event: dict, events: list[dict]) -> None:
+        if event["type"] == "done" or time.monotonic() - last[0] >= DRAW_EVERY_S:
+            last[0] = time.monotonic()
+            view.draw(events)
+
+    return on_event
+
+
+def watch_link(share_id: str) -> str:
+    """This page's address with ?watch=: what the presenter gives the room."""
+    here = (st.context.url or "").split("?")[0]
+    return f"{here or '/live'}?watch={share_id}"
+
+
+def watch(share_id: str) -> None:
+    """The page for a watch link: another session's shared run, read-only, from its first step."""
+    if not WATCH_ID.fullmatch(share_id):
+        st.error(f"This is not a watch link (it names {figures.md_code(share_id[:80])}); ask the presenter for it.")
+        return
+    st.info("**Watching a shared run** (read-only): the presenter's run on the engine service, from its first step "
+            "however late you came. Open this page without `?watch=` to decode yourself.")
+    view = View()
+    saved = st.session_state.get("watch_events")
+    if st.session_state.get("watch_id") == share_id and saved and state.done_of(saved):
+        view.draw(saved)
+        return
+    events: list[dict] = []
+    st.session_state["watch_id"], st.session_state["watch_events"] = share_id, events
+    if state.watch_decode(shared, share_id, into=events, on_event=throttled(view)):  # its last event drawn
+        state.set_trace(events, "watched run")
+
+
+if watching := st.query_params.get("watch", "").strip():
+    watch(watching)
+    st.stop()
+
 prompt = st.text_area("Prompt", state.DEFAULT_PROMPT, key="live_prompt", height=90)
 buttons = st.container(horizontal=True, vertical_alignment="center")
 run = buttons.button("Run", type="primary", key="live_run", disabled=shared is None)
 stop = buttons.button("Stop", key="live_stop", help="Stops the run after the current step; what was decoded so far stays.")
+share = state.can_share(shared) and buttons.checkbox(
+    "Share with viewers", key="live_share", help="The run gets a read-only watch link: every browser that opens it "
+    "follows this run as it decodes (one decode on the service, however many watch), from its first step.")
+if share and st.session_state.get("live_watch_link") and not run:
+    st.caption(f"Watch link of your last shared run: {st.session_state['live_watch_link']}")
 if shared is None:
     st.warning("No model is loaded: choose one in the sidebar, or replay a saved trace below.")
 elif settings is not None:
@@ -129,7 +179,14 @@ if run and shared is not None:
     events: list[dict] = []
     st.session_state["live_events"] = events  # a stop keeps what was decoded so far
     st.session_state["live_source"] = "live run"
-    result = state.run_decode(shared, prompt, settings, into=events, on_event=lambda e, evs: view.draw(evs))
+    link = st.empty()
+
+    def shared_as(share_id: str) -> None:
+        st.session_state["live_watch_link"] = watch_link(share_id)
+        link.info(f"Viewers open **{st.session_state['live_watch_link']}** to watch this run (read-only).")
+
+    result = state.run_decode(shared, prompt, settings, into=events, on_event=lambda e, evs: view.draw(evs),
+                              on_shared=shared_as if share else None)
     if result is None:
         st.session_state.pop("live_events", None)
     else:

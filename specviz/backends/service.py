@@ -55,12 +55,19 @@ class ServiceBackend:
 
     def stream(self, prompt: str | list[dict], on_wait: Callable[[int | None], None] | None = None, *,
                drafter: str = "ngram", settings=None, drafter_options: dict | None = None, chat: bool = True,
-               client_id: str | None = None, **decode) -> Iterator[ev.Event]:
-        """The run on the service; on_wait(position) is called while it waits in the service's queue."""
+               client_id: str | None = None, on_shared: Callable[[str], None] | None = None,
+               **decode) -> Iterator[ev.Event]:
+        """The run on the service; on_wait(position) is called while it waits in the service's queue.
+        on_shared: the run gets a read-only watch link, and on_shared(share_id) is called before its events."""
         fields = asdict(settings_of(settings and settings.decode_settings(), decode))
         client = Client(self.url, token=self.token, client_id=client_id)
-        yield from client.stream(prompt, on_queued=on_wait, model=self.name, drafter=drafter,
+        yield from client.stream(prompt, on_queued=on_wait, on_shared=on_shared, model=self.name, drafter=drafter,
                                  drafter_options=drafter_options or {}, chat=chat, **fields)
+
+    def watch(self, share_id: str, on_wait: Callable[[int | None], None] | None = None,
+              client_id: str | None = None) -> Iterator[ev.Event]:
+        """Another client's shared run, read-only: every event from its first, however late this viewer comes."""
+        yield from Client(self.url, token=self.token, client_id=client_id).watch(share_id, on_queued=on_wait)
 
     def events(self, prompt, on_wait=None, **kwargs):
         return events(self, prompt, on_wait=on_wait, **kwargs)

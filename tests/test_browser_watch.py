@@ -1,0 +1,62 @@
+"""A class watching one run: `specviz serve` with the tiny model, the app pointed at it, a presenter who shares
+a run from the Live page, and 30 Chromium pages that open the watch link. Every viewer sees the presenter's
+text, and the service decoded once."""
+import os
+import re
+import sys
+
+import httpx
+from test_browser import SHOTS, expect_idle, free_port, main, open_browser, process, pytestmark, sidebar, streamlit, wait_for  # noqa: F401
+
+VIEWERS = 30
+TOKENS_JS = "() => [...document.querySelectorAll('.specviz-token')].map(t => t.textContent).join('')"
+
+
+def runs_done(url: str) -> float:
+    text = httpx.get(url + "/metrics").text
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("specviz:runs_total{"))
+
+
+def test_thirty_browsers_watch_one_run_and_see_the_same_text(tiny_model_dir):
+    from playwright.sync_api import expect, sync_playwright
+
+    SHOTS.mkdir(exist_ok=True)
+    service_port, app_port = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if k != "SPECVIZ_DEFAULT_MODEL"}
+    service = f"http://127.0.0.1:{service_port}"
+    with process([sys.executable, "-m", "specviz", "serve", "--model", str(tiny_model_dir), "--port", str(service_port),
+                  "--threads", "1"], "service-watch.log", env) as backend:
+        wait_for(service + "/healthz", backend, "specviz serve", timeout_s=120)
+        with streamlit(app_port, "server-watch.log", {**env, "SPECVIZ_BACKEND": service}) as app, sync_playwright() as pw:
+            wait_for(f"http://127.0.0.1:{app_port}/_stcore/health", app, "streamlit")
+            browser, page = open_browser(pw)
+            try:
+                page.goto(f"http://127.0.0.1:{app_port}/live")
+                expect(sidebar(page).get_by_text(f"on the service at {service}")).to_be_visible(timeout=120_000)
+                page.get_by_role("slider", name="Temperature").first.press("End")  # varied text, not a greedy loop
+                expect_idle(page)
+                main(page).get_by_text("Share with viewers").click()
+                expect_idle(page)
+                main(page).get_by_role("button", name="Run", exact=True).click()
+                expect(page.get_by_text(re.compile(r"stopped: (eos|max_new_tokens)"))).to_be_visible(timeout=120_000)
+                link = re.search(r"https?://\S+\?watch=watch-[A-Za-z0-9_-]+",
+                                 main(page).get_by_text("Viewers open").inner_text()).group(0)
+                text = page.evaluate(TOKENS_JS)
+                assert text and runs_done(service) == 1
+
+                room = browser.new_context(viewport={"width": 1000, "height": 1400})  # one cache for the room's pages
+                viewers = [room.new_page() for _ in range(VIEWERS)]
+                for viewer in viewers:  # each page's session starts its script as soon as it has loaded
+                    viewer.goto(link, wait_until="commit")
+                seen = []
+                for viewer in viewers:
+                    expect(viewer.get_by_text(re.compile(r"stopped: (eos|max_new_tokens)"))).to_be_visible(timeout=240_000)
+                    expect(viewer.get_by_text("Watching a shared run")).to_be_visible()
+                    expect_idle(viewer)
+                    seen.append(viewer.evaluate(TOKENS_JS))
+                viewers[-1].screenshot(path=str(SHOTS / "watch-viewer.png"), full_page=True)
+                assert seen == [text] * VIEWERS
+                assert runs_done(service) == 1  # one decode, however many watched
+                assert not viewers[0].get_by_role("button", name="Run", exact=True).count()  # read-only
+            finally:
+                browser.close()
