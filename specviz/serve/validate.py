@@ -108,27 +108,36 @@ def run_request(models: dict, body: RunBody, limits: Limits, default_model: str)
     if name not in models:
         raise ClientError(f"model {shown(name)} is not loaded here; this service runs only: {', '.join(models)} "
                           "(it never loads a path or a hub id from a request)", 404)
-    check_text("drafter", body.drafter)
-    if len(body.drafter) > DRAFTER_CHARS:
-        raise ClientError(f"a drafter with its options is at most {DRAFTER_CHARS} characters here, got "
-                          f"{shown(body.drafter)}")
-    check_options_sent(body.drafter_options)
-    drafter, spec_options = parse_spec(body.drafter)
-    if drafter not in available(models[name]):
-        raise ClientError(f"drafter {shown(drafter)} is not available for {name}; available: "
-                          f"{', '.join(available(models[name]))}")
-    options = {**spec_options, **body.drafter_options}
-    check_options_sent(options)
-    k = options.get("k", body.k)
+    drafter, options = served_drafter(body.drafter, body.drafter_options, available(models[name]), name, body.k)
     check_numbers(body, limits)
     try:
-        K.check(drafter, k, served=True)
-        check_options(body.drafter, body.drafter_options, served=True)  # the spec's allow-list and bounds
-        settings = DecodeSettings(**{**{f: getattr(body, f) for f in DECODE_FIELDS}, "k": k,
+        settings = DecodeSettings(**{**{f: getattr(body, f) for f in DECODE_FIELDS}, "k": options.get("k", body.k),
                                      "n_top": body.n_top if body.detail else 0})
     except SpecvizError as err:
         raise ClientError(str(err)) from err
     return RunRequest(prompt, name, body.drafter, body.drafter_options, settings, body.detail, body.chat)
+
+
+def served_drafter(drafter: str, options: dict, offered: list[str], model: str = "this model",
+                   k: int = K.default) -> tuple[str, dict]:
+    """A drafter with options as a client sent them ("eagle2:lookup=4" and {"depth": 5}) and the decode setting
+    k, checked against the drafters `offered` and their specs' served options and bounds, building nothing: (its
+    name, the options)."""
+    check_text("drafter", drafter)
+    if len(drafter) > DRAFTER_CHARS:
+        raise ClientError(f"a drafter with its options is at most {DRAFTER_CHARS} characters here, got {shown(drafter)}")
+    check_options_sent(options)
+    name, spec_options = parse_spec(drafter)
+    if name not in offered:
+        raise ClientError(f"drafter {shown(name)} is not available for {model}; available: {', '.join(offered)}")
+    merged = {**spec_options, **options}
+    check_options_sent(merged)
+    try:
+        K.check(name, merged.get("k", k), served=True)
+        check_options(drafter, options, served=True)  # the spec's allow-list and bounds
+    except SpecvizError as err:
+        raise ClientError(str(err)) from err
+    return name, merged
 
 
 def check_options_sent(options: dict) -> None:
