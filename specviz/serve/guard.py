@@ -55,8 +55,10 @@ def error(message: str, status: int, headers: dict | None = None) -> JSONRespons
     return JSONResponse({"error": {"message": message, "status": status}}, status_code=status, headers=headers)
 
 
-def authorised(request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> None:
-    """The bearer token, compared in constant time, when the service has one."""
+async def authorised(request: Request,
+                     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> None:
+    """The bearer token, compared in constant time, when the service has one (async: on the event loop, not in
+    a thread of FastAPI's pool, as are the other dependencies)."""
     token = request.app.state.service.token
     if token is None:
         return
@@ -65,7 +67,7 @@ def authorised(request: Request, credentials: Annotated[HTTPAuthorizationCredent
         raise ClientError("missing or wrong bearer token (Authorization: Bearer TOKEN)", 401)
 
 
-def client_of(request: Request, x_specviz_client: Annotated[str | None, Header()] = None) -> str:
+async def client_of(request: Request, x_specviz_client: Annotated[str | None, Header()] = None) -> str:
     """Who is asking: the address, and the name an app gives each of its viewers. A run belongs to it (only it
     reads or cancels the run by its id), and the per-client limit counts by it."""
     host = request.client.host if request.client else "?"

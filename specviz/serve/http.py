@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, Header, Request
@@ -44,6 +46,7 @@ __all__ = ["ClientError", "Limits", "RunBody", "Service"]
 ERRORS = {"4XX": {"model": ErrorBody, "description": "refused: `error.message` says what is wrong"}}
 SSE = {200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
              "description": "Server-Sent Events (docs/service.md, the event stream)"}}
+PREPARE_THREADS = 2  # threads that admit runs (a long prompt is tokenized there), besides the engine workers
 LAST_EVENT_ID_CHARS = 20  # a sequence number has fewer digits
 Owner = Annotated[str, Depends(client_of)]  # who asks: a run is theirs, or 404
 
@@ -88,6 +91,7 @@ class Service:
         first = models[self.default_model]
         self.default_drafter = default_drafter or next(
             (d for d in ("eagle2:lookup=4", "eagle2", "ngram") if parse_spec(d)[0] in available(first)), "ngram")
+        self.executor: ThreadPoolExecutor | None = None  # started with the app (see prestarted)
         self.started = time.time()
         for loaded in models.values():  # the tree drafters' "auto" budget reads it: measured now, never beside a run
             if getattr(loaded, "eagle", None) is not None or getattr(loaded, "medusa", None) is not None:
@@ -142,8 +146,15 @@ class Service:
         @contextlib.asynccontextmanager
         async def lifespan(app: FastAPI):
             scheduler.start()  # the engine workers and the reaper run while the app does
+            service.executor = prestarted(PREPARE_THREADS)
             yield
             scheduler.stop()
+            service.executor.shutdown(wait=False, cancel_futures=True)
+
+        async def off_the_loop(work, *args):
+            """Work that may take a while (a long prompt tokenized for the context check), in the service's own
+            threads."""
+            return await asyncio.get_running_loop().run_in_executor(service.executor, work, *args)
 
         # no /docs page (it would load its scripts from a CDN, and a browser cannot send the token to it); the
         # schema is at /openapi.json, behind the token
@@ -185,12 +196,12 @@ class Service:
 
         @app.get("/v1/models", dependencies=auth, responses=ERRORS)
         async def list_models() -> dict:
-            return {"models": await asyncio.to_thread(service.describe)}
+            return {"models": service.describe()}  # what was measured at start: nothing is run here
 
         @app.post("/v1/runs", dependencies=auth, status_code=201, responses=ERRORS)
         async def create_run(body: RunBody, owner: Owner) -> RunCreated:
             request = service.request_of(body)
-            run = await asyncio.to_thread(service.submit, request, owner, body.share)
+            run = await off_the_loop(service.submit, request, owner, body.share)
             return RunCreated(run_id=run.id, position=scheduler.position(run), share_id=run.share_id)
 
         @app.get("/v1/runs/{run_id}", dependencies=auth, responses=ERRORS)
@@ -232,7 +243,7 @@ class Service:
         @app.post("/v1/chat/completions", dependencies=auth, response_class=JSONResponse,
                   responses={**ERRORS, 200: {"content": {"application/json": {}, "text/event-stream": {}}}})
         async def chat(body: ChatBody, owner: Owner, request: Request):
-            run = await asyncio.to_thread(service.submit, service.chat_request(body), owner)
+            run = await off_the_loop(service.submit, service.chat_request(body), owner)
             if body.stream:
                 return StreamingResponse(streaming.chat_chunks(scheduler, run), media_type="text/event-stream")
             return await streaming.chat_whole(scheduler, run, request.is_disconnected)
@@ -244,6 +255,16 @@ class Service:
         from specviz.serve.connections import server_config
 
         return server_config(self.app(), host, port, **limits)
+
+
+def prestarted(threads: int) -> ThreadPoolExecutor:
+    """A pool whose threads all start now (a pool starts them as work comes and never ends them), so the
+    service's thread count is the same from its first request on."""
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="specviz-prepare")
+    barrier = threading.Barrier(threads)
+    for _ in range(threads):
+        pool.submit(barrier.wait, 10)  # each thread waits for the others: the pool must start them all
+    return pool
 
 
 def first_event(last_event_id: str | None) -> int:
