@@ -1,11 +1,12 @@
 """specviz's C++ ops (`specviz/kernels/csrc/*.cpp`, registered as `torch.ops.specviz.*`), compiled on first use.
 
 The ops: `attend`, the attention block of a decoding step in one call (csrc/attend.cpp); `q4_linear` and
-`q8_linear`, products with weights kept as GGUF blocks (csrc/blocklinear.cpp); `q4_layer`, a whole 4-bit decoder
-layer in one call, and its `rms_norm` (csrc/q4layer.cpp); see specviz.kernels.fastdecoder and
-specviz.kernels.quant. Everything works without them: where it cannot be built (no C++ compiler, no ninja, an
-unexpected torch), or with `SPECVIZ_EXTENSION=0`, `available()` is False, the decoder runs the same arithmetic
-through torch's own ops, and one warning says why.
+`q8_linear`, products with weights kept as GGUF blocks (csrc/blocklinear.cpp), which run on 8-bit activations in
+integers where the blocks come in tiles (csrc/intdot.cpp, csrc/intdot.h); `q4_layer`, a whole 4-bit decoder layer in
+one call, and its `rms_norm` (csrc/q4layer.cpp); see specviz.kernels.fastdecoder and specviz.kernels.quant.
+Everything works without them: where it cannot be built (no C++ compiler, no ninja, an unexpected torch), or with
+`SPECVIZ_EXTENSION=0`, `available()` is False, the decoder runs the same arithmetic through torch's own ops, and one
+warning says why.
 
 The build: torch's `cpp_extension` compiles the sources (a few seconds here) with `-march=native`, into a temporary
 folder of the cache (`models.cache_root()/kernels`) that is then renamed to a folder named by the sources, the
