@@ -135,7 +135,9 @@ class Eagle3Head(nn.Module):
         a reader that expects them in the file (vLLM) needs them added."""
         state = {("layers.0." + k[len("layer."):]) if k.startswith("layer.") else k: v
                  for k, v in self.state_dict().items() if not k.startswith("rotary.")}
-        layer = {**self.config.to_dict(), "architectures": ["LlamaForCausalLM"]}
+        # one decoder layer, as the weights hold: a reader that builds what the config says (vLLM) would otherwise
+        # build LlamaConfig's default of 32, 31 of them without weights
+        layer = {**self.config.to_dict(), "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 1}
         config = {"speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"],
                   "transformer_layer_config": layer, "draft_vocab_size": self.draft_vocab_size,
                   "norm_before_residual": self.layer.norm_before_residual,
