@@ -4,6 +4,7 @@ at once, while the server's resident memory, threads and open files are sampled.
 
     python scripts/soak_service.py --model smollm2-135m --runs 1000            # starts its own service
     python scripts/soak_service.py --url http://127.0.0.1:8000 --pid 1234      # one already running
+    python scripts/soak_service.py --model smollm2-135m --half-open 1000        # slow clients instead
 
 It prints a JSON report: RSS, threads and open files before the first request, after the warm-up (the
 baseline), at the end, at their largest and once settled; what each kind of request got; and the time it took. tests/test_serve_soak.py runs it on the tiny test model."""
@@ -131,6 +132,35 @@ def soak(url: str, pid: int, model: str, runs: int, clients: int = 4, warmup: in
             "errors": errors[:20]}
 
 
+def half_open(url: str, pid: int, connections: int = 1000, header_timeout_s: float = 10.0) -> dict:
+    """Open `connections` sockets that each send half a request's headers and stop; then time a new client's
+    request, and watch the server's open files until the header deadline has closed the half-open ones."""
+    import socket
+
+    host, port = url.split("//")[1].split(":")
+    process, sockets = psutil.Process(pid), []
+    before = process.num_fds()
+    try:
+        for _ in range(connections):
+            s = socket.create_connection((host, int(port)))
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Half")
+            sockets.append(s)
+        time.sleep(1.0)
+        held = process.num_fds()
+        started = time.monotonic()
+        status = httpx.get(url + "/healthz", timeout=30).status_code
+        served_s = time.monotonic() - started
+        deadline = time.monotonic() + header_timeout_s + 10
+        while process.num_fds() > before + 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return {"half_open": connections, "fds_before": before, "fds_held": held, "new_client_status": status,
+                "new_client_s": round(served_s, 3), "fds_after_deadline": process.num_fds(),
+                "closed_within_s": round(time.monotonic() - started, 1)}
+    finally:
+        for s in sockets:
+            s.close()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m", help="preset or folder (when it starts its own service)")
@@ -140,6 +170,8 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--serve-args", default="--threads 1", help="more `specviz serve` flags")
+    parser.add_argument("--half-open", type=int, default=0, metavar="N",
+                        help="instead of runs: N connections that send half a header, and a new client's wait")
     args = parser.parse_args()
     server = None
     if args.url is None:
@@ -151,7 +183,9 @@ def main() -> int:
         args.url, args.pid = f"http://127.0.0.1:{args.port}", server.pid
     try:
         model = httpx.get(args.url + "/v1/models").json()["models"][0]["name"]
-        print(json.dumps(soak(args.url, args.pid, model, args.runs, args.clients), indent=1))
+        report = half_open(args.url, args.pid, args.half_open) if args.half_open else \
+            soak(args.url, args.pid, model, args.runs, args.clients)
+        print(json.dumps(report, indent=1))
     finally:
         if server is not None:
             server.terminate()

@@ -1,4 +1,12 @@
 """The engine as a service: `specviz serve` loads its models once, owns the device with one engine worker per
 device, and streams every run's events to any number of clients (the app's remote backend, `specviz.Client`,
-an OpenAI client). runs.py is the queue and the workers, http.py the routes, client.py the Python client,
-metrics.py the Prometheus counters. docs/service.md is the reference."""
+an OpenAI client, the viewers of a watch link).
+
+    http.py         the routes                          runs.py         the queue, the workers, runs' lifetimes
+    validate.py     request bodies and their checks     streaming.py    SSE, traces, chat completions
+    guard.py        Host allow-list, body limit, token, the error shape
+    connections.py  the connection cap and the header deadline (uvicorn's h11, guarded)
+    client.py       the Python client                   metrics.py      the Prometheus counters
+    cli.py          `specviz serve` and `specviz load-bench`
+
+docs/service.md is the reference."""
