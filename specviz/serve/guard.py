@@ -90,9 +90,19 @@ def host_name(header: str) -> str:
     return header.rpartition(":")[0].lower().rstrip(".") if header.count(":") == 1 else header.lower().rstrip(".")
 
 
+def over_tcp(scope) -> bool:
+    """Whether the request came from an address on the network (what a browser connects from), not through a
+    Unix socket or in-process (Starlette's TestClient names its client "testclient")."""
+    client = scope.get("client")
+    try:
+        return client is not None and bool(ipaddress.ip_address(client[0]))
+    except ValueError:
+        return False
+
+
 class HostAllowList:
-    """ASGI middleware: a request whose Host header names none of `hosts` gets 400. The loopback names and
-    addresses always pass; "*" lets every name through. A web page that points its own domain at 127.0.0.1 (DNS
+    """ASGI middleware: a request over TCP whose Host header names none of `hosts` gets 400. The loopback names
+    and addresses always pass; "*" lets every name through. A web page that points its own domain at 127.0.0.1 (DNS
     rebinding) then cannot reach a token-less service on loopback: its requests carry its domain as the Host."""
 
     def __init__(self, app, hosts: tuple[str, ...] = ()):
@@ -109,7 +119,7 @@ class HostAllowList:
             return False
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
+        if scope["type"] != "http" or not over_tcp(scope):
             return await self.app(scope, receive, send)
         header = dict(scope.get("headers", [])).get(b"host", b"").decode("latin-1")
         name = host_name(header)
