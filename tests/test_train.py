@@ -46,16 +46,22 @@ def tiny_target():
     return model
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    root = tmp_path_factory.mktemp("data")
+def tiny_data_config(root, **settings) -> DataConfig:
+    """40 prompts written under `root`: 8 held out, 32 for training, in shards of 8, answers of up to 20 tokens."""
     prompts = root / "prompts.jsonl"
     with prompts.open("w") as f:
         for i in range(40):
             f.write(json.dumps({"id": i, "instruction": f"question number {i} about {'abc' * (i % 5)}"}) + "\n")
+    return DataConfig(**{"model_path": "unused", "out_dir": str(root / "cache"), "prompts_path": str(prompts),
+                         "n_prompts": 32, "n_val": 8, "max_new_tokens": 20, "shard_size": 8, "batch_size": 4,
+                         **settings})
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    root = tmp_path_factory.mktemp("data")
     target = tiny_target()
-    cfg = DataConfig(model_path="unused", out_dir=str(root / "cache"), prompts_path=str(prompts), n_prompts=32,
-                     n_val=8, max_new_tokens=20, shard_size=8, batch_size=4)
+    cfg = tiny_data_config(root)
     index = build_dataset(cfg, target, ByteTokenizer())
     return target, cfg, index, root
 
@@ -218,12 +224,15 @@ def test_eagle3_trains_with_training_time_test_and_ships_if_better(aux_dataset, 
     assert (tmp_path / "r2" / "eagle3" / "not-shipped" / "model.safetensors").is_file()
     again = run_config("eagle3", aux_dataset, tmp_path, unroll=3, steps=25, init=str(tmp_path / "eagle3"), bf16=True,
                        loss_vocab=32, out=str(tmp_path / "eagle3-b"), work_dir=str(tmp_path / "r3"))
-    train_eagle3(again, target)  # --init (under bf16 autocast): it goes on from the trained head, not from scratch
+    second = train_eagle3(again, target)  # --init (under bf16 autocast): it goes on from the trained head
+    assert second[f"initial head ({tmp_path / 'eagle3'})"] == metrics["fp16 (shipped)"]  # judged before any step
     state = torch.load(tmp_path / "r3" / "eagle3" / "checkpoint.pt", weights_only=True)
     from specviz.train.loop import History
 
     assert History(**state["history"]).losses[0]["ploss0"] < first_last("eagle3", tmp_path, "ploss0")[0]
-    assert "Started from the head in" in (tmp_path / "eagle3-b" / "PROVENANCE.md").read_text()
+    provenance = (tmp_path / "eagle3-b" / "PROVENANCE.md").read_text()
+    assert "Started from the head in" in provenance and "## How the initial head was made" in provenance
+    assert provenance.count("## Validation") == 2
 
 
 def test_eagle3_needs_data_with_auxiliary_layers(dataset, tmp_path):

@@ -40,6 +40,10 @@ def build_train_parser() -> argparse.ArgumentParser:
     d.add_argument("--first-train-shard", type=int, default=0,
                    help="make train shards from this one on (a later run can fill in the earlier ones)")
     d.add_argument("--prompts", default=DataConfig.prompts_path)
+    d.add_argument("--answers-dir", default=None,
+                   help="keep each shard's answers here (small compressed files, committed to git) and rebuild "
+                        "the features of shards found there instead of generating them (default: "
+                        "data/answers/<target>/ in the repository; 'none': keep none)")
     d.add_argument("--aux-layers", default="",
                    help="also cache the inputs of these decoder layers (comma-separated, or 'eagle3': layers 2, "
                         "N/2 and N-3 of an N-layer target, the EAGLE-3 default), for `train eagle3`")
@@ -103,6 +107,15 @@ def aux_layer_ids(spec: str, model_path: str) -> tuple[int, ...]:
         raise SpecvizError(f"--aux-layers takes layer numbers like 2,15,27 or 'eagle3', got {spec!r}") from None
 
 
+def answers_dir(spec: str | None, model_path: str) -> str:
+    """None -> the repository's data/answers/<target>; 'none' or '' -> no answers kept."""
+    if spec is None:
+        from specviz.train.answers import ANSWERS_ROOT
+
+        return str(ANSWERS_ROOT / Path(model_path).name)
+    return "" if spec.lower() in ("", "none") else spec
+
+
 def add_train_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-path", default=str(default_model_path()))
     p.add_argument("--data-dir", default=str(default_data_dir()))
@@ -131,7 +144,8 @@ def train_main(argv: list[str]) -> int:
                          max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                          shard_size=args.shard_size, max_minutes=args.max_minutes,
                          first_train_shard=args.first_train_shard,
-                         aux_layers=aux_layer_ids(args.aux_layers, args.model_path))
+                         aux_layers=aux_layer_ids(args.aux_layers, args.model_path),
+                         answers_dir=answers_dir(args.answers_dir, args.model_path))
         build_dataset(cfg)
         return 0
     cfg = train_config(args, argv)

@@ -11,6 +11,11 @@ Layout of the cache folder (default `<SPECVIZ_CACHE or ~/.cache/specviz>/train/s
                                     `aux_features` (N, 3H) fp16, with `--aux-layers`: the inputs of those
                                     decoder layers side by side (what an EAGLE-3 head fuses)
 
+With an answers folder (`answers_dir`, the CLI's default `data/answers/<target>/`, committed to git), each shard's
+answers are kept there too as a small compressed file (see answers.py), and a shard whose answers are found there
+is rebuilt with one teacher-forced forward pass instead of being generated: the cache can be remade on another
+machine at a fraction of the cost.
+
 Features cover every position (prompt too), because an EAGLE head attends over the prompt's features at
 inference. Position t holds f_t, which the target's LM head maps to the distribution of token t+1.
 Responses are greedy (temperature 0, the headline benchmark setting), stop at eos, and keep the eos.
@@ -32,6 +37,7 @@ from specviz.atomic import save_tensors_atomically, write_atomically
 from specviz.errors import SpecvizError
 from specviz.kernels import fastlinear
 
+from . import answers
 from .common import default_data_dir, default_model_path, load_target
 
 log = logging.getLogger("specviz.train.data")
@@ -57,6 +63,7 @@ class DataConfig:
     first_train_shard: int = 0  # train shards before this one are left for a later run (new prompts first)
     # decoder layers whose inputs are cached too, side by side (EAGLE-3's low, middle and high features; () none)
     aux_layers: tuple[int, ...] = ()
+    answers_dir: str = ""  # keep each shard's answers here and rebuild from those found ("": none; see answers.py)
 
 
 @dataclass
@@ -187,36 +194,63 @@ def greedy_with_features(target, prompts: list[list[int]], max_new_tokens: int, 
 
 
 @torch.inference_mode()
-def final_hidden_states(target, seqs: list[list[int]], eos_id: int) -> list[torch.Tensor]:
-    """One unpadded-equivalent forward per sequence (right padding leaves causal positions untouched)."""
-    ids, mask = right_pad(seqs, eos_id)
-    hidden = target.model(input_ids=ids, attention_mask=mask).last_hidden_state  # (B, L, H)
-    return [hidden[row, : len(s)].to(torch.float16) for row, s in enumerate(seqs)]
+def teacher_forced_features(target, seqs: list[list[int]], eos_id: int, aux_layers: tuple[int, ...] = ()):
+    """The features of finished sequences from one forward pass (right padding leaves causal positions untouched):
+    [((n, H) fp16,)] per sequence, or with aux_layers [((n, H) fp16, (n, len(aux_layers) * H) fp16)] as
+    greedy_with_features gives them."""
+    ids, mask = right_pad(seqs, eos_id)  # (B, L)
+    out = target.model(input_ids=ids, attention_mask=mask, output_hidden_states=bool(aux_layers))
+    hidden = out.last_hidden_state  # (B, L, H)
+    aux = torch.cat([out.hidden_states[i] for i in aux_layers], dim=-1) if aux_layers else None  # (B, L, 3H)
+    return [(hidden[row, : len(s)].to(torch.float16),) if aux is None else
+            (hidden[row, : len(s)].to(torch.float16), aux[row, : len(s)].to(torch.float16))
+            for row, s in enumerate(seqs)]
 
 
-def build_shard(target, prompts: list[list[int]], cfg: DataConfig, eos_id: int, vocab_size: int) -> dict:
-    order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))  # similar lengths share a batch
-    seqs, prompt_lens, feats, aux = [], [], [], []
+def shard_rows(prompts: list[list[int]]) -> list[int]:
+    """The order a shard keeps its prompts in: longest first, so that similar lengths share a generation batch."""
+    return sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
+
+
+def generate_shard(target, prompts: list[list[int]], cfg: DataConfig, eos_id: int) -> tuple[list[int], list]:
+    """(rows, [(tokens, features, aux features?)]): the target's greedy answers to prompts[rows[i]], row by row."""
+    rows, items = shard_rows(prompts), []
+    for k in range(0, len(rows), cfg.batch_size):
+        batch = [prompts[i] for i in rows[k : k + cfg.batch_size]]
+        items.extend(greedy_with_features(target, batch, cfg.max_new_tokens, eos_id, tuple(cfg.aux_layers)))
+    return rows, items
+
+
+def rebuild_shard(target, prompts: list[list[int]], rows: list[int], responses: list[list[int]], cfg: DataConfig,
+                  eos_id: int) -> list:
+    """[(tokens, features, aux features?)] of stored answers (row i: prompts[rows[i]] + responses[i]), teacher-forced
+    a batch of similar lengths at a time: equal to the generation pass's to fp16 rounding."""
+    seqs = [prompts[r] + list(a) for r, a in zip(rows, responses)]
+    by_length = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
+    items: list = [None] * len(seqs)
+    for k in range(0, len(seqs), cfg.batch_size):
+        batch = by_length[k : k + cfg.batch_size]
+        feats = teacher_forced_features(target, [seqs[i] for i in batch], eos_id, tuple(cfg.aux_layers))
+        for i, f in zip(batch, feats):
+            items[i] = (seqs[i], *f)
+    return items
+
+
+def assemble_shard(items: list, prompt_lens: list[int], vocab_size: int) -> dict:
+    """The shard file's tensors from [(tokens, features, aux features?)] and each row's prompt length."""
     counts = torch.zeros(vocab_size, dtype=torch.int64)
-    for k in range(0, len(order), cfg.batch_size):
-        batch = [prompts[i] for i in order[k : k + cfg.batch_size]]
-        answers = greedy_with_features(target, batch, cfg.max_new_tokens, eos_id, tuple(cfg.aux_layers))
-        for prompt, (tokens, feat, *more) in zip(batch, answers):
-            seqs.append(tokens)
-            feats.append(feat)
-            aux.extend(more)
-            prompt_lens.append(len(prompt))
-            counts += torch.bincount(torch.tensor(tokens[len(prompt) :], dtype=torch.long), minlength=vocab_size)
-    lengths = torch.tensor([len(s) for s in seqs])
+    for (tokens, *_), plen in zip(items, prompt_lens):
+        counts += torch.bincount(torch.tensor(tokens[plen:], dtype=torch.long), minlength=vocab_size)
+    lengths = torch.tensor([len(tokens) for tokens, *_ in items])
     shard = {
-        "tokens": torch.tensor([t for s in seqs for t in s], dtype=torch.int32),
-        "features": torch.cat(feats),
+        "tokens": torch.tensor([t for tokens, *_ in items for t in tokens], dtype=torch.int32),
+        "features": torch.cat([item[1] for item in items]),
         "offsets": torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]),
         "prompt_lens": torch.tensor(prompt_lens, dtype=torch.int64),
         "token_counts": counts,
     }
-    if aux:
-        shard["aux_features"] = torch.cat(aux)
+    if len(items[0]) > 2:
+        shard["aux_features"] = torch.cat([item[2] for item in items])
     return shard
 
 
@@ -245,7 +279,8 @@ def check_same_making(previous: dict, cfg: DataConfig, out: Path) -> None:
 
 
 def build_dataset(cfg: DataConfig, target=None, tokenizer=None) -> dict:
-    """Generate and cache every shard not yet on disk. Returns the index."""
+    """Make and cache every shard not yet on disk: rebuilt from its stored answers where cfg.answers_dir has them,
+    else generated (and its answers stored there). Returns the index."""
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if target is None:
@@ -257,19 +292,35 @@ def build_dataset(cfg: DataConfig, target=None, tokenizer=None) -> dict:
     done = {s["name"]: s for s in index.get("shards", [])}
     val, train = select_prompts(cfg, tokenizer)
     plan = shard_plan(val, train, cfg.shard_size, cfg.first_train_shard)
-    log.info("data: %d val + %d train prompts in %d shards, %d already done", len(val), len(train), len(plan), len(done))
+    where = answers.folder(cfg)
+    log.info("data: %d val + %d train prompts in %d shards, %d already done; answers in %s", len(val), len(train),
+             len(plan), len(done), where)
     start = time.time()
     for name, prompts in plan:
+        split, number = name.split("-")
+        first = int(number) * cfg.shard_size + (len(val) if split == "train" else 0)  # position of prompts[0]
         if name in done and (out / f"{name}.safetensors").exists():
+            if where is not None and not answers.path_of(where, name).exists():
+                keep_answers_of_cached_shard(out, where, name, prompts, first, cfg, done[name]["seconds"])
             continue
         t0 = time.time()
-        shard = build_shard(target, prompts, cfg, eos_id, target.config.vocab_size)
+        stored = answers.matching(where, name, prompts, first) if where is not None else None
+        if stored is not None:
+            rows = [p - first for p in stored.positions]
+            items = rebuild_shard(target, prompts, rows, stored.responses, cfg, eos_id)
+        else:
+            rows, items = generate_shard(target, prompts, cfg, eos_id)
+            if where is not None:  # the answers first: a shard killed after them is rebuilt, not generated again
+                answers.write(where, answers.from_rows(name, prompts, first, rows, [t for t, *_ in items],
+                                                       time.time() - t0), cfg, Path(cfg.model_path).name)
+        shard = assemble_shard(items, [len(prompts[r]) for r in rows], target.config.vocab_size)
         save_tensors_atomically(shard, out / f"{name}.safetensors")
         n_resp = int(shard["token_counts"].sum())
         done[name] = {
-            "name": name, "split": name.split("-")[0], "n_seqs": len(prompts),
+            "name": name, "split": split, "n_seqs": len(prompts),
             "n_tokens": int(shard["tokens"].numel()), "n_response_tokens": n_resp,
             "seconds": round(time.time() - t0, 1),
+            **({"rebuilt": True, "answers_seconds": stored.seconds} if stored is not None else {}),
         }
         index = {
             "config": asdict(cfg), "hidden_size": target.config.hidden_size,
@@ -277,12 +328,28 @@ def build_dataset(cfg: DataConfig, target=None, tokenizer=None) -> dict:
             "shards": sorted(done.values(), key=lambda s: s["name"]),
         }
         write_atomically(out / "index.json", json.dumps(index, indent=2))
-        log.info("shard %s: %d seqs, %d response tokens, %.0f s (%.1f resp tok/s)",
-                 name, len(prompts), n_resp, time.time() - t0, n_resp / (time.time() - t0))
+        log.info("shard %s: %d seqs, %d response tokens, %s in %.0f s (%.1f resp tok/s)", name, len(prompts), n_resp,
+                 "rebuilt from stored answers" if stored is not None else "generated", time.time() - t0,
+                 n_resp / (time.time() - t0))
         if cfg.max_minutes is not None and time.time() - start > 60 * cfg.max_minutes:
             log.info("data: time budget reached; rerun with the same arguments to resume")
             break
     return index
+
+
+def keep_answers_of_cached_shard(out: Path, where: Path, name: str, prompts: list[list[int]], first: int,
+                                 cfg: DataConfig, seconds: float) -> None:
+    """Store the answers of a shard cached before its answers were kept (its tokens hold them)."""
+    from safetensors import safe_open
+
+    with safe_open(str(out / f"{name}.safetensors"), "pt") as f:
+        tokens, offsets = f.get_tensor("tokens").tolist(), f.get_tensor("offsets").tolist()
+    rows = shard_rows(prompts)
+    seqs = [tokens[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
+    if len(seqs) != len(rows) or any(s[: len(prompts[r])] != prompts[r] for r, s in zip(rows, seqs)):
+        log.warning("shard %s in %s does not hold this plan's prompts in order; its answers are not kept", name, out)
+        return
+    answers.write(where, answers.from_rows(name, prompts, first, rows, seqs, seconds), cfg, Path(cfg.model_path).name)
 
 
 # ---------------------------------------------------------------------------------------------- reading

@@ -187,7 +187,12 @@ def train_eagle3(cfg: TrainConfig, target=None) -> dict:
     loss_rows = vocab[: cfg.loss_vocab] if cfg.loss_vocab else vocab  # frequency order: a prefix is the most frequent
     embed, w_loss = target.get_input_embeddings(), target.lm_head.weight[loss_rows]
     baseline = eagle2_baseline(target, val_set, cfg)
-    before = ("random head", evaluate(new_head(target, aux_layers, vocab).eval(), target, eval_batches(val_set, cfg)))
+    if cfg.init:  # the head it starts from, judged on these held-out sequences before any step
+        before = (f"initial head ({cfg.init})", evaluate(head.eval(), target, eval_batches(val_set, cfg)))
+    else:
+        before = ("random head", evaluate(new_head(target, aux_layers, vocab).eval(), target, eval_batches(val_set, cfg)))
+    earlier = Path(cfg.init or ".", "PROVENANCE.md")  # read now: --out may be the same folder
+    earlier = earlier.read_text() if cfg.init and earlier.is_file() else f"(no PROVENANCE.md in {cfg.init})\n"
     log.info("eagle3: %s %s; draft vocab %d covers %.4f of response tokens", *before, len(vocab), coverage)
     shipped = Path(cfg.out, "model.safetensors")
     previous = None
@@ -223,7 +228,7 @@ def train_eagle3(cfg: TrainConfig, target=None) -> dict:
     ]
     if cfg.init:
         notes.insert(0, f"Started from the head in `{cfg.init}` (its weights and draft vocabulary; fresh optimizer "
-                        "state and learning-rate schedule).")
+                        "state and learning-rate schedule); how that one was made is appended below.")
     if previous is not None:
         notes.append(f"The head that was in {shipped.parent} before: {previous}.")
     metrics = save_trained(cfg, head, lambda: evaluate(head, target, eval_batches(val_set, cfg)), before, history,
@@ -231,6 +236,10 @@ def train_eagle3(cfg: TrainConfig, target=None) -> dict:
     if baseline:
         metrics[baseline[0]] = baseline[1]
         add_to_provenance(Path(cfg.out), baseline)
+    if cfg.init:  # keep the chain: how the starting head was made
+        path = Path(cfg.out, "PROVENANCE.md")
+        path.write_text(path.read_text() + "\n## How the initial head was made\n\n"
+                        + earlier.replace("\n#", "\n##").split("\n", 1)[-1])
     log.info("eagle3: %s", metrics)
     return metrics
 

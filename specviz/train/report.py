@@ -23,6 +23,8 @@ def data_summary(data_dir: str) -> dict:
         "train_response_tokens": pick("train", "n_response_tokens"),
         "val_seqs": pick("val", "n_seqs"), "val_response_tokens": pick("val", "n_response_tokens"),
         "generation_seconds": round(sum(s["seconds"] for s in shards)),
+        "rebuilt_shards": sum(1 for s in shards if s.get("rebuilt")),
+        "answers_seconds": round(sum(s.get("answers_seconds", 0) for s in shards)),
         "data_config": index.get("config", {}),
     }
 
@@ -63,7 +65,9 @@ def write_provenance(cfg: TrainConfig, title: str, history: History, metrics: di
         f"- Size: {data['train_seqs']} training sequences ({data['train_tokens']} tokens, "
         f"{data['train_response_tokens']} response tokens); validation {data['val_seqs']} sequences "
         f"({data['val_response_tokens']} response tokens). Generation + feature pass took "
-        f"{data['generation_seconds']} s on {platform.machine()} CPU.",
+        f"{data['generation_seconds']} s on {platform.machine()} CPU"
+        + (f" ({data['rebuilt_shards']} shards' features rebuilt from their stored answers, which took "
+           f"{data['answers_seconds']} s to generate)." if data["rebuilt_shards"] else "."),
         "- Features: the target's final hidden state (normed, the LM head's input) for every position, fp16, taken "
         "from the generation pass itself (a clean forward over the finished sequence agrees to fp16 rounding; "
         "tests/test_train.py checks it).",
