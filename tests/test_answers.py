@@ -31,11 +31,13 @@ def no_generation(*args, **kwargs):
 
 
 def assert_equal_to_fp16_rounding(rebuilt: torch.Tensor, generated: torch.Tensor) -> None:
-    """At most one fp16 step apart: the two passes agree in fp32 far below fp16's resolution, so rounding either
-    result to fp16 can land one step away and no further."""
+    """Row by row no further apart than rounding to fp16 moves a vector: relative L2 distance at most fp16's unit
+    roundoff, 2^-11. (The two passes sum in other orders and batch shapes; fp32 keeps that far below it: 1.8e-4 at
+    most on SmolLM2-135M. Element by element is too strict a test: a value near zero in a row of large ones
+    carries the row's absolute error.)"""
     a, b = rebuilt.float(), generated.float()
-    step = torch.finfo(torch.float16).eps * torch.maximum(a.abs(), b.abs()).clamp(min=2.0 ** -14)
-    assert bool(((a - b).abs() <= step).all()), float(((a - b).abs() / step).max())
+    distance = (a - b).norm(dim=-1) / b.norm(dim=-1).clamp(min=1e-6)  # (N,)
+    assert float(distance.max()) <= 2.0 ** -11, float(distance.max())
 
 
 def test_a_cache_rebuilt_from_the_answers_equals_the_generated_one(made, tmp_path, monkeypatch):
