@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     prompts = encode(args.limit, folders["target"])
     prompts_file = work / "prompts.json"
     prompts_file.write_text(json.dumps(prompts))
-    models = loading.load("smollm2-135m", device="cpu")
+    models = loading.load("smollm2-135m", device="cpu", weights="fp32")  # the fp32 tensors vLLM is given
     rows, startup = [], []
     for label, method, tokens, folder, drafter, options, k in RUNS:
         if args.only and args.only != method:

@@ -1,10 +1,13 @@
 """A stand-in for `vllm serve` that answers as vLLM 0.32's OpenAI server does for a speculative run with
 `--per-request-spec-decode-metrics detailed` (its shapes read from vllm/entrypoints/openai and
 vllm/v1/metrics/stats.py): /v1/models, /metrics, /detokenize, and a streamed /v1/chat/completions whose chunks hold
-one verify step's tokens each, then a usage chunk with metrics.speculative_decoding. `die_after` closes the
-connection mid-stream, as a server that crashed would."""
+one verify step's tokens each, then a usage chunk with metrics.speculative_decoding; and /v1/completions from
+token ids, committing `continuation(prompt ids, max_tokens)` in verify steps. `die_after` closes the
+connection mid-stream, as a server that crashed would; `stall_after` keeps it open and sends nothing more, as a
+stuck one would."""
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
@@ -25,7 +28,8 @@ def text_of(token: int) -> str:
     return f"<{token}>"
 
 
-def app(die_after: int | None = None) -> FastAPI:
+def app(die_after: int | None = None, stall_after: int | None = None, continuation=None) -> FastAPI:
+    continuation = continuation or (lambda prompt, budget: [10 + i % 6 for i in range(budget)])
     api = FastAPI()
     api.state.requests = []
 
@@ -56,6 +60,8 @@ def app(die_after: int | None = None) -> FastAPI:
             for n, ids in enumerate(STEPS):
                 if die_after is not None and n == die_after:
                     raise RuntimeError("the server died")  # the response ends without [DONE] or a usage chunk
+                if stall_after is not None and n == stall_after:
+                    await asyncio.sleep(30)
                 finish = "length" if n == len(STEPS) - 1 else None
                 yield chunk(choices=[{"index": 0, "delta": {"content": "".join(map(text_of, ids))},
                                       "token_ids": ids, "finish_reason": finish}])
@@ -66,14 +72,49 @@ def app(die_after: int | None = None) -> FastAPI:
 
         return StreamingResponse(lines(), media_type="text/event-stream")
 
+    @api.post("/v1/completions")
+    async def completions(request: Request) -> StreamingResponse:
+        """Token ids in, `continuation(prompt ids, max_tokens)` out: the prefill's token in the first chunk, then
+        verify steps of 3 drafted tokens committing 3, 2, 1, 3, 2, 1 ... tokens (accepting 2, 1, 0, ...)."""
+        body = await request.json()
+        api.state.requests.append(body)
+        out = continuation(list(body["prompt"]), body["max_tokens"])
+        sizes, left = [1], len(out) - 1
+        while left > 0:
+            sizes.append(min(3 - (len(sizes) - 1) % 3, left))
+            left -= sizes[-1]
+        accepted = [3 - (n % 3) - 1 for n in range(len(sizes) - 1)]  # vLLM's count: before the cut at the budget
+        spec = {"num_spec_steps": len(accepted), "num_accepted_draft_tokens": sum(accepted),
+                "num_draft_tokens": 3 * len(accepted), "num_spec_tokens": 3,
+                "draft_acceptance_rate": sum(accepted) / (3 * len(accepted)) if accepted else 0.0,
+                "acceptance_histogram": [accepted.count(j) for j in range(4)],
+                "per_step_accepted": accepted, "per_step_drafted": [3] * len(accepted)}
+
+        def chunk(**fields) -> str:
+            return "data: " + json.dumps({"id": "cmpl-1", "object": "text_completion", "created": 0,
+                                          "model": "fake-model", **fields}) + "\n\n"
+
+        async def lines():
+            at = 0
+            for n, size in enumerate(sizes):
+                ids, at = out[at:at + size], at + size
+                yield chunk(choices=[{"index": 0, "text": "".join(map(text_of, ids)), "token_ids": ids,
+                                      "prompt_token_ids": body["prompt"] if n == 0 else None,
+                                      "finish_reason": "length" if n == len(sizes) - 1 else None}])
+            yield chunk(choices=[], usage={"prompt_tokens": len(body["prompt"]), "completion_tokens": len(out)},
+                        metrics={"speculative_decoding": spec if accepted else None})
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(lines(), media_type="text/event-stream")
+
     return api
 
 
 class Served:
     """The fake server on a free loopback port, in a thread, for a `with` block."""
 
-    def __init__(self, die_after: int | None = None):
-        self.app = app(die_after)
+    def __init__(self, die_after: int | None = None, stall_after: int | None = None, continuation=None):
+        self.app = app(die_after, stall_after, continuation)
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]

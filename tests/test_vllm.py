@@ -7,6 +7,12 @@ EPYC here vLLM took 30 to 90 s to start on a quiet machine and up to 220 s while
 (target, drafter, a 1 GiB KV cache, eager; scripts/vllm_worker.py reports it as startup_s). The two vLLM tests
 took 11.5 minutes together on a busy machine (`pytest tests/test_vllm.py --durations=0`: 347 s and 318 s).
 
+Through specviz's vLLM backend, against a `vllm serve` of the export with the EAGLE-3 head (docs/vllm.md's command,
+started by specviz.bench.servers; 87 s to start, 150 s for the three tests on the busy host here): a server still
+starting is a clear message at once; a greedy run commits specviz's own `none` tokens, one streamed step per
+verify step with vLLM's own accepted counts; and killing vLLM's engine process mid-run is a SpecvizError naming the
+server and what to do, not a hang.
+
 Parity: on two MT-bench questions at T = 0, per-position acceptance in vLLM and in specviz (the same token ids,
 fp32 in both) agree within TOLERANCE at each position. A planted fault fails it: the head's layer config as shipped
 (`num_hidden_layers: 32`, LlamaConfig's default) makes vLLM build 31 layers with no weights, and it accepted 0 of
@@ -16,7 +22,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -26,7 +35,6 @@ ROOT = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 TOLERANCE = 0.08  # 2 prompts x 32 tokens give about 40 drafts (one token is 0.025); the ends of outputs differ by 1-2
 MAX_TOKENS = 32
-
 
 
 def parity_script():
@@ -108,7 +116,7 @@ def loaded():
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SPECVIZ_DRAFT_DTYPE", "float32")  # the drafters in fp32, as vLLM runs them
-        yield models.load("smollm2-135m", device="cpu")
+        yield models.load("smollm2-135m", device="cpu", weights="fp32")  # the target's fp32 tensors, as exported
 
 
 def in_vllm(vllm_python, export, prompts, method: str, folder: str, tokens: int, tmp_path) -> dict:
@@ -144,3 +152,101 @@ def test_draft_model_in_vllm(vllm_python, export, prompts, loaded, tmp_path):
     vllm = in_vllm(vllm_python, export, prompts, "draft_model", "draft", 4, tmp_path)
     ours = parity_script().run_ours(loaded, json.loads(prompts.read_text()), "draft", {"draft_vocab": "full"}, 4, MAX_TOKENS)
     check_parity(vllm, ours, 4)
+
+
+# ------------------------------------------------------------------------ a `vllm serve`, through the vLLM backend
+MT_BENCH = ROOT.parent / "shared" / "data" / "mt_bench.jsonl"
+SILENCE_S = 30  # the backend's bound on a stream that sends nothing
+
+
+@pytest.fixture(scope="module")
+def launched(vllm_python, export, tmp_path_factory):
+    """`vllm serve` of the exported target with the EAGLE-3 head as a chain of depth 3, started (docs/vllm.md's
+    command, as specviz.bench.servers runs it) and not yet waited for; the last test below kills it."""
+    from specviz.bench.servers import start_vllm
+
+    speculative = {"method": "eagle3", "model": str(export["eagle3"]), "num_speculative_tokens": 3}
+    server = start_vllm(export["target"], speculative, log=tmp_path_factory.mktemp("vllm-serve") / "server.log",
+                        wait_s=None, python=vllm_python)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def served(launched):
+    return launched.wait_ready(600)
+
+
+def first_question() -> str:
+    from specviz.bench.prompts import load_prompts
+
+    return load_prompts(MT_BENCH, limit=1)[0].text
+
+
+@pytest.mark.slow
+def test_a_vllm_server_still_starting_says_so_at_once(launched):
+    """vLLM takes connections only once it is ready (it binds its port early, and listens at the end): connecting
+    while it starts is a message saying so, at once."""
+    from specviz.backends.vllm import VllmBackend
+    from specviz.errors import SpecvizError
+
+    assert launched.process.poll() is None and not launched.listening(), "vLLM answered before the test asked"
+    asked = time.perf_counter()
+    with pytest.raises(SpecvizError, match=f"no vLLM server answers at {launched.url} .* still starting"):
+        VllmBackend.connect(launched.url)
+    assert time.perf_counter() - asked < 2
+
+
+@pytest.mark.slow
+def test_a_greedy_run_on_vllm_commits_specvizs_none_tokens(served, loaded):
+    """T = 0, fp32 in both: vLLM with our head commits the target's greedy tokens, as specviz's `none` does, from
+    the same chat-templated prompt; each streamed step's accepted count is vLLM's own for that verify step."""
+    import specviz
+    from specviz.backends.vllm import VllmBackend
+    from specviz.decoding.prompt import encode_prompt
+
+    prompt, budget = first_question(), 48
+    backend = VllmBackend.connect(served.url)
+    assert backend.speculative is True
+    events = list(backend.stream(prompt, max_new_tokens=budget, temperature=0.0))
+    start, steps, done = events[0], events[1:-1], events[-1]
+    ours = specviz.generate(prompt, models=loaded, drafter="none", max_new_tokens=budget, temperature=0.0)
+    assert start.prompt_token_ids == encode_prompt(loaded.tokenizer, prompt)  # the same chat template
+    assert done.token_ids == ours.token_ids and done.text == ours.text
+    assert [t for s in steps for t in (c.token for c in s.committed)] == done.token_ids
+
+    stats = done.stats
+    assert stats["source"] == "vllm" and stats["accepted"] > 0
+    per_step = stats["per_step_accepted"]  # vLLM's count per verify step, before it cut the output at the budget
+    # the first chunk is the prefill's token (nothing drafted yet); then one chunk per verify step, a chunk of
+    # n tokens accepting n - 1, the last one cut to the tokens left
+    assert steps[0].accepted == 0 and len(steps) == 1 + len(per_step)
+    streamed = [s.accepted for s in steps[1:]]
+    assert streamed[:-1] == per_step[:-1] and streamed[-1] <= per_step[-1]
+    assert sum(streamed) == len(done.token_ids) - len(steps)
+    assert stats["steps"] == len(steps) and stats["new_tokens"] == len(done.token_ids) == budget
+
+
+@pytest.mark.slow
+def test_a_vllm_server_killed_mid_run_is_a_clear_error_at_once(served):
+    """The engine process of `vllm serve` is killed while a run streams: the backend raises a SpecvizError naming
+    the server and what to do, well within its silence bound, after delivering what came before."""
+    from specviz.backends.vllm import VllmBackend
+    from specviz.errors import SpecvizError
+
+    backend = VllmBackend.connect(served.url)
+    backend.silence_s = SILENCE_S
+    victims = served.children() or [served.process.pid]  # vLLM's engine core decodes in a child process
+    got, killed = [], None
+    with pytest.raises(SpecvizError) as failure:
+        for event in backend.stream(first_question(), max_new_tokens=1000, temperature=0.0):
+            got.append(event)
+            if len(got) == 4:
+                for pid in victims:
+                    os.kill(pid, signal.SIGKILL)
+                killed = time.perf_counter()
+    assert killed is not None, "the run ended before the kill"
+    assert time.perf_counter() - killed < SILENCE_S
+    message = str(failure.value)
+    assert served.url in message and "start it again" in message, message
+    assert got[0].type == "start" and len(got) >= 4

@@ -62,11 +62,40 @@ def test_a_server_that_dies_mid_run_is_a_clear_error():
 
 
 def test_a_server_that_is_not_there_says_how_to_start_one():
+    import time
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # free, nobody listens
-    with pytest.raises(SpecvizError, match="no vLLM server answers at .*docs/vllm.md"):
+    asked = time.perf_counter()
+    with pytest.raises(SpecvizError, match="no vLLM server answers at .*still starting.*docs/vllm.md"):
         open_backend(f"vllm+http://127.0.0.1:{port}")
+    assert time.perf_counter() - asked < 2  # refused at once, not after a timeout
+
+
+def test_a_server_that_takes_the_connection_but_does_not_answer_is_an_error_within_the_timeout():
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()  # accepts connections (the kernel does) and never answers
+        url = "http://127.0.0.1:%d" % s.getsockname()[1]
+        asked = time.perf_counter()
+        with pytest.raises(SpecvizError, match="took the connection but did not answer /v1/models within 1 s"):
+            VllmBackend.connect(url, timeout_s=1)
+        assert time.perf_counter() - asked < 5
+
+
+def test_a_stream_that_goes_silent_is_a_clear_error_within_its_bound():
+    import time
+
+    with Served(stall_after=1) as server:
+        backend = VllmBackend.connect(server.url)
+        backend.silence_s = 1
+        asked = time.perf_counter()
+        with pytest.raises(SpecvizError, match="sent nothing for 1 s mid-run"):
+            list(backend.stream("Say hello.", max_new_tokens=6))
+        assert time.perf_counter() - asked < 5
 
 
 def test_it_refuses_a_drafter_it_cannot_choose():

@@ -7,9 +7,14 @@ exposes no q, no tree and no u: the pages say so instead of drawing them.
 
 How a run becomes steps: vLLM streams one chunk per engine step for a single request, holding that step's
 committed tokens (accepted drafts plus the replacement or bonus), so a chunk of n tokens is a step that accepted
-n - 1 drafted tokens. With `--per-request-spec-decode-metrics detailed` the last chunk also carries vLLM's own
-ordered per-step accepted and drafted counts and its acceptance histogram; the Done event's stats take those
-where they are given (and say which source they came from).
+n - 1 drafted tokens (a server whose streaming falls behind its engine merges the steps not yet sent into one
+chunk). With `--per-request-spec-decode-metrics detailed` the last chunk also carries vLLM's own ordered per-step
+accepted and drafted counts and its acceptance histogram; the Done event's stats take those where they are given
+(and say which source they came from).
+
+Faults are SpecvizErrors naming the server and what to try: nothing listening, a server that listens but does not
+answer yet (vLLM binds its port before it loads the model), a refused run, an error chunk, a connection that ends
+mid-run (the server stopped), and a stream silent for `silence_s` (stuck); none of them hangs.
 
 Start the server as docs/vllm.md says; `vllm+http://host:8000` (or `SPECVIZ_BACKEND=vllm+http://...`) picks it.
 """
@@ -26,7 +31,11 @@ from specviz.decoding import events as ev
 from specviz.errors import SpecvizError
 
 SCHEME = "vllm+"
-TRY = "start it as docs/vllm.md says (make vllm, then `.venv-vllm/bin/vllm serve ...`), or check the address"
+START = ("start one as docs/vllm.md says (`make vllm`, then `.venv-vllm/bin/python -m "
+         "vllm.entrypoints.openai.api_server --model ...`), or check the address")
+RESTART = "see the end of the server's log for why, and start it again (docs/vllm.md)"
+STARTING = ("A vLLM server that is still starting takes connections only once it is ready (30 to 110 s on a 2-core "
+            "CPU): wait until its log says 'Application startup complete'")
 
 
 class VllmBackend:
@@ -36,24 +45,35 @@ class VllmBackend:
     lock = None
 
     def __init__(self, url: str, model: str, token: str | None = None, speculative: bool | None = None,
-                 timeout_s: float = 30.0):
+                 timeout_s: float = 30.0, silence_s: float = 120.0):
         self.url, self.model, self.token = url.rstrip("/"), model, token
         self.speculative = speculative  # whether its /metrics count speculative drafts (None: not known)
-        self.timeout_s = timeout_s
+        self.timeout_s = timeout_s  # to connect and to send a request
+        self.silence_s = silence_s  # a run whose stream sends nothing for this long is taken as stuck
+        self.detokenize = True  # each token's own text from /detokenize (False: a timed run asks nothing extra)
         self._texts: dict[int, str] = {}  # token id -> text, from the server's /detokenize
 
     @classmethod
-    def connect(cls, url: str, model: str | None = None, token: str | None = None) -> VllmBackend:
-        """The server at `url` (http://host:port, without the vllm+ prefix) and one model it serves."""
+    def connect(cls, url: str, model: str | None = None, token: str | None = None,
+                timeout_s: float = 10.0) -> VllmBackend:
+        """The server at `url` (http://host:port, without the vllm+ prefix) and one model it serves; SpecvizError
+        within about timeout_s when there is none, or one that does not answer (vLLM listens while it starts)."""
         url = url.removeprefix(SCHEME).rstrip("/")
         headers = _auth(token)
         try:
-            served = httpx.get(f"{url}/v1/models", headers=headers, timeout=10).raise_for_status().json()
+            served = httpx.get(f"{url}/v1/models", headers=headers, timeout=timeout_s).raise_for_status().json()
         except httpx.HTTPStatusError as err:
             raise SpecvizError(f"the vLLM server at {url} answered /v1/models with {err.response.status_code}; "
                                "check the token (SPECVIZ_BACKEND_TOKEN)") from None
+        except httpx.TimeoutException as err:
+            raise SpecvizError(f"the server at {url} took the connection but did not answer /v1/models within "
+                               f"{timeout_s:g} s ({type(err).__name__}): busy or stuck; see its log, or {START}") from None
+        except httpx.ConnectError as err:
+            raise SpecvizError(f"no vLLM server answers at {url} (ConnectError: {err}): nothing listens there yet. "
+                               f"{STARTING}; or {START}") from None
         except (httpx.HTTPError, ValueError) as err:
-            raise SpecvizError(f"no vLLM server answers at {url} ({type(err).__name__}); {TRY}") from None
+            raise SpecvizError(f"the server at {url} did not answer /v1/models as vLLM does ({type(err).__name__}); "
+                               f"check the address, or {START}") from None
         names = [m.get("id") for m in served.get("data", [])]
         if not names:
             raise SpecvizError(f"the vLLM server at {url} serves no model")
@@ -97,15 +117,20 @@ class VllmBackend:
         started = time.perf_counter()
         try:
             with httpx.stream("POST", f"{self.url}{path}", json=body, headers=_auth(self.token),
-                              timeout=httpx.Timeout(self.timeout_s, read=self.timeout_s * 4)) as response:
+                              timeout=httpx.Timeout(self.timeout_s, read=self.silence_s)) as response:
                 if response.status_code != 200:
                     response.read()
                     raise SpecvizError(f"the vLLM server at {self.url} refused the run ({response.status_code}): "
                                        f"{_message(response)}")
                 yield from self._events(_chunks(response.iter_lines()), prompt, settings, started)
+        except httpx.ConnectError as err:
+            raise SpecvizError(f"no vLLM server answers at {self.url} ({err}); {START}") from None
+        except httpx.ReadTimeout:
+            raise SpecvizError(f"the vLLM server at {self.url} sent nothing for {self.silence_s:.0f} s mid-run; it "
+                               f"may be stuck or overloaded: {RESTART}") from None
         except httpx.HTTPError as err:
             raise SpecvizError(f"the vLLM server at {self.url} stopped answering mid-run ({type(err).__name__}: "
-                               f"{err}); {TRY}") from None
+                               f"the connection ended; it stopped or crashed): {RESTART}") from None
 
     def _body(self, prompt, settings, chat: bool) -> dict:
         body = {"model": self.model, "stream": True, "stream_options": {"include_usage": True},
@@ -128,7 +153,7 @@ class VllmBackend:
         finish, spec = None, None
         for chunk in chunks:
             if "error" in chunk:
-                raise SpecvizError(f"the vLLM server at {self.url} failed the run: {_error_text(chunk)}")
+                raise SpecvizError(f"the vLLM server at {self.url} failed the run: {_error_text(chunk)}; {RESTART}")
             spec = ((chunk.get("metrics") or {}).get("speculative_decoding")) or spec
             choices = chunk.get("choices") or []
             for source in (chunk, *choices):
@@ -149,8 +174,9 @@ class VllmBackend:
                 yield self._step(steps, len(prompt_ids) + len(generated) - len(ids), ids, delta or "", now - last,
                                  now - started, len(generated))
                 last = now
-        if not start_sent or (steps == 0 and finish is None):
-            raise SpecvizError(f"the vLLM server at {self.url} ended the run's stream before any token; {TRY}")
+        if finish is None:  # a stream cut short by a server that stopped, not a run that finished
+            raise SpecvizError(f"the vLLM server at {self.url} ended the run's stream after {len(generated)} "
+                               f"token(s), before the run finished: {RESTART}")
         wall = time.perf_counter() - started
         yield ev.Done(text=text, token_ids=generated, stop_reason="eos" if finish == "stop" else "max_new_tokens",
                       stats=stats_of(steps, len(generated), wall, spec))
@@ -176,11 +202,14 @@ class VllmBackend:
 
     def _token_texts(self, ids: list[int], delta: str) -> list[str]:
         """Each token's text: a one-token chunk's is its delta; a longer chunk's come from the server's
-        /detokenize (memoised), or the whole delta on its last token where that endpoint is missing."""
+        /detokenize (memoised), or the whole delta on its last token where that endpoint is missing or
+        `detokenize` is off."""
         if len(ids) <= 1:
             if ids:
                 self._texts.setdefault(ids[0], delta)
             return [delta] * len(ids)
+        if not self.detokenize:
+            return [""] * (len(ids) - 1) + [delta]
         missing = [t for t in dict.fromkeys(ids) if t not in self._texts]
         try:
             for token in missing:
@@ -214,9 +243,10 @@ def stats_of(steps: int, new_tokens: int, wall: float, spec: dict | None) -> dic
                      mean_acceptance_length=spec.get("mean_acceptance_length"))
         if accepted and drafted:
             depth = max(drafted)
-            reached = [sum(d > i for d in drafted) for i in range(depth)]
-            hits = [sum(a > i for a in accepted) for i in range(depth)]
-            stats["per_position_acceptance"] = [h / r for h, r in zip(hits, reached) if r]
+            reached = [sum(d > i for d in drafted) for i in range(depth)]  # steps whose draft reached depth i + 1
+            hits = [sum(a > i for a in accepted) for i in range(depth)]  # ... and accepted a token there
+            stats.update(reached=reached, accepted_at=hits, per_step_accepted=list(accepted),
+                         per_position_acceptance=[h / r for h, r in zip(hits, reached) if r])
     return stats
 
 
