@@ -14,6 +14,7 @@ from specviz.bench import cli as specviz_cli
 from specviz.bench import probes
 from specviz.bench import report as bench_report
 from specviz.bench import run as bench_run
+from specviz.bench.runs import MethodRuns, Run
 from specviz.decoding import costs
 from specviz.decoding import verify as verify_module
 from specviz.decoding.drafter import Drafter
@@ -179,8 +180,8 @@ def test_sampling_and_repeats_validate_and_skip_the_identity_check(tiny, prompts
 def test_each_prompt_is_held_to_the_floor_of_the_bandwidth_measured_beside_it():
     """A tenant halves the bandwidth during prompt b and `none` slows down with it: per prompt, `none` is at 50 %
     of its floor both times, while the run's totals against the median bandwidth would say otherwise."""
-    runs = bench_report.MethodRuns([bench_report.Run("none", "a", 0, [1] * 100, 1.0), bench_report.Run("none", "b", 0, [1] * 100, 2.0),
-                             bench_report.Run("none", "b", 1, [1] * 100, 2.0)])
+    runs = MethodRuns([Run("none", "a", 0, [1] * 100, 1.0), Run("none", "b", 0, [1] * 100, 2.0),
+                       Run("none", "b", 1, [1] * 100, 2.0)])
     weight_bytes = 10**8  # 100 MB: 5 ms at 20 GB/s, 10 ms at 10 GB/s
     floor = bench_report.floor_report(weight_bytes, {"a": [20.0], "b": [10.0, 10.0]}, runs)
     assert floor["none_share_of_floor_per_prompt"] == {"median": pytest.approx(0.5), "min": pytest.approx(0.5),

@@ -8,13 +8,16 @@
     must equal `none`'s token for token, up to floating-point near-ties (reported as numerics events,
     specviz/bench/numerics.py); any other mismatch is reported loudly and fails the run.
   - Peers: generate(), generate(assistant_model=draft) with the same K and a constant schedule, and
-    generate(prompt_lookup_num_tokens=K), on the same model objects, prompts and token budget.
+    generate(prompt_lookup_num_tokens=K), on the same model objects, prompts and token budget; llama.cpp where
+    it is installed; running vLLM servers (`--vllm URL=label,...`), each with its own speculative method.
   - The verify-cost curve: one target forward over n new tokens after a KV cache of a realistic context, as a
     chain (causal) and as a tree (4D mask); with it, the speedup predicted from measured τ and costs.
   - The weight-streaming floor: bytes of target weights / memory bandwidth measured in the same run.
 
     prompts.py  the prompt sets            run.py     run_bench, BenchSettings     peers.py  transformers' generate()
     probes.py   bandwidth, machine info    report.py  aggregation, Markdown        schema.py the report's JSON schema
+    runs.py     one decode, per-prompt     llamacpp.py  llama.cpp's peers          vllm.py   vLLM servers as lanes
+                ratios, table cells        servers.py   start a vllm/specviz serve
 
 `run_bench(models, prompts, settings)` returns one JSON-ready dict that validates against `BENCH_SCHEMA`;
 `specviz bench` (specviz/cli.py) is its command line. docs/performance.md explains every field.

@@ -11,6 +11,7 @@ import torch
 
 from specviz.atomic import check_writable, write_atomically
 from specviz.bench import QUICK_SIZES, BenchSettings, load_prompts, quick_settings, run_bench, to_markdown, validate
+from specviz.bench.vllm import parse_lanes
 from specviz.cli.args import add_decoding_args, add_model_args, decode_settings, int_list
 from specviz.errors import SpecvizError
 
@@ -59,6 +60,9 @@ def build_bench_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-peers", action="store_true", help="skip transformers' generate() baselines")
     p.add_argument("--no-llama-cpp", action="store_true",
                    help="skip llama.cpp's plain decoding and prompt lookup (run when llama-cpp-python is installed: `make peers`)")
+    p.add_argument("--vllm", default="", metavar="URL[=LABEL],...",
+                   help="running vLLM servers as lanes beside ours (each with the speculative method it was started "
+                        "with: plain, ngram, draft model, EAGLE-3; docs/vllm.md), e.g. http://127.0.0.1:8001=eagle3")
     p.add_argument("--verify-sizes", default=None, help="n for the verify-cost curve, e.g. 1,2,4,8 (0 to skip)")
     p.add_argument("--context-len", type=int, default=256, help="cached tokens before each timed verify forward")
     p.add_argument("--bandwidth-mb", type=int, default=256, help="size of the tensor copied to measure memory bandwidth")
@@ -84,6 +88,7 @@ def settings_from_args(args) -> BenchSettings:
         repeats=args.repeats,
         peers=not args.no_peers,
         llama_cpp=not args.no_llama_cpp,
+        vllm=tuple(parse_lanes(args.vllm)),
         verify_sizes=sizes,
         context_len=args.context_len,
         bandwidth_mb=args.bandwidth_mb,

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from specviz.bench.prompts import Prompt
-from specviz.bench.report import Run
+from specviz.bench.runs import Run
 from specviz.decoding import engine
 
 if TYPE_CHECKING:

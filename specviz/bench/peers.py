@@ -10,7 +10,7 @@ import torch
 from transformers import GenerationConfig
 
 from specviz.bench.prompts import Prompt
-from specviz.bench.report import Run
+from specviz.bench.runs import Run
 from specviz.decoding import engine
 from specviz.decoding.costs import synchronize
 

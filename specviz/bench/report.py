@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shlex
 import statistics
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from specviz.analysis import predicted_speedup
@@ -15,8 +14,9 @@ from specviz.bench.probes import (
     streamed_weight_bytes,
     target_forward,
 )
+from specviz.bench.runs import MethodRuns, acceptance, fmt, matched, mismatches, ratios, speed, spread, summary, table
+from specviz.bench.vllm import VllmLanes, vllm_markdown, vllm_report
 from specviz.decoding.costs import fitting_context, interpolate
-from specviz.decoding.metrics import acceptance_histogram
 from specviz.kernels import fastlinear
 
 if TYPE_CHECKING:
@@ -27,107 +27,16 @@ SCHEMA_VERSION = 1
 HEAD_TO_HEAD = (("none", "generate"), ("draft", "generate_assisted"), ("ngram", "generate_prompt_lookup"))
 
 
-@dataclass
-class Run:
-    """One decode of one prompt by one method (a drafter through our engine, or a peer)."""
-
-    method: str
-    prompt: str
-    repeat: int
-    token_ids: list[int]
-    wall_s: float  # the whole call, prefill included, as a user waits for it
-    steps: int = 0  # target forwards after the prefill (engine runs only)
-    drafted: int = 0
-    accepted: int = 0
-    draft_s: float = 0.0
-    verify_s: float = 0.0
-    reached: list[int] = field(default_factory=list)  # per depth d (index d - 1): steps whose draft reached d
-    accepted_at: list[int] = field(default_factory=list)  # ... and steps that accepted a token at depth d
-    tree: bool = False  # some step drafted a tree that is not a chain
-
-    @property
-    def tokens_per_s(self) -> float:
-        return len(self.token_ids) / self.wall_s if self.wall_s > 0 else 0.0
-
-
-
-def summary(values: list[float]) -> dict | None:
-    """median / min / max of per-prompt ratios (None when there are none)."""
-    if not values:
-        return None
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
-
-
-@dataclass
-class MethodRuns:
-    """One method's runs grouped by prompt: repeat 0 for tokens and counts, the median time over repeats."""
-
-    runs: list[Run]
-    by_prompt: dict[str, list[Run]] = field(init=False)
-
-    def __post_init__(self):
-        self.by_prompt = {}
-        for run in self.runs:
-            self.by_prompt.setdefault(run.prompt, []).append(run)
-
-    def first(self, prompt: str) -> Run:
-        return self.by_prompt[prompt][0]
-
-    def wall_s(self, prompt: str) -> float:
-        return statistics.median(r.wall_s for r in self.by_prompt[prompt])
-
-    def tokens_per_s(self, prompt: str) -> float:
-        return len(self.first(prompt).token_ids) / self.wall_s(prompt)
-
-    def firsts(self) -> list[Run]:
-        return [runs[0] for runs in self.by_prompt.values()]
-
-    def totals(self) -> tuple[int, float]:
-        """Tokens and seconds summed over prompts."""
-        return sum(len(r.token_ids) for r in self.firsts()), sum(self.wall_s(p) for p in self.by_prompt)
-
-
-def ratios(ours: MethodRuns, theirs: MethodRuns) -> list[float]:
-    """Per prompt: our tokens/s over theirs (on the tokens each actually produced)."""
-    return [ours.tokens_per_s(p) / theirs.tokens_per_s(p) for p in ours.by_prompt if p in theirs.by_prompt]
-
-
-def mismatches(ours: MethodRuns, reference: MethodRuns) -> list[dict]:
-    """Prompts where our tokens differ from the reference's: where they first differ and what each had there."""
-    found = []
-    for prompt in ours.by_prompt:
-        a, b = reference.first(prompt).token_ids, ours.first(prompt).token_ids
-        if a != b:
-            at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-            found.append({"prompt": prompt, "index": at, "expected": a[at] if at < len(a) else None,
-                          "got": b[at] if at < len(b) else None, "expected_tokens": len(a), "got_tokens": len(b)})
-    return found
-
-
-def speed(method: MethodRuns) -> dict:
-    tokens, seconds = method.totals()
-    return {"new_tokens": tokens, "wall_s": seconds, "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
-            "ms_per_token": 1e3 * seconds / tokens if tokens else None}
-
-
 def drafter_report(method: MethodRuns, none: MethodRuns, greedy: bool) -> dict:
     firsts = method.firsts()
-    steps, all_steps = sum(r.steps for r in firsts), sum(r.steps for r in method.runs)
-    drafted, accepted = sum(r.drafted for r in firsts), sum(r.accepted for r in firsts)
-    depth = max((len(r.reached) for r in firsts), default=0)
-    reached = [sum(r.reached[d] for r in firsts if d < len(r.reached)) for d in range(depth)]
-    accepted_at = [sum(r.accepted_at[d] for r in firsts if d < len(r.accepted_at)) for d in range(depth)]
+    all_steps = sum(r.steps for r in method.runs)
+    counted = acceptance(method)
+    steps, drafted = counted["steps"], counted["drafted"]
     wall = sum(r.wall_s for r in method.runs)
     found = mismatches(method, none) if greedy else []
     return {
         **speed(method),
-        "steps": steps,
-        "tau": sum(len(r.token_ids) for r in firsts) / steps if steps else 0.0,
-        "drafted": drafted,
-        "accepted": accepted,
-        "acceptance_rate": accepted / drafted if drafted else None,
-        "per_position_acceptance": [a / n for a, n in zip(accepted_at, reached)],
-        "acceptance_histogram": acceptance_histogram(reached, accepted_at),
+        **counted,
         "draft_share": sum(r.draft_s for r in method.runs) / wall,
         "verify_share": sum(r.verify_s for r in method.runs) / wall,
         # over every repeat, as the wall time (median over repeats) is: the first repeat alone may be the slow one
@@ -222,9 +131,10 @@ def llama_cpp_report(info: dict, grouped: dict[str, MethodRuns], drafters: list[
 
 
 def build_report(models, prompts, encoded, settings, drafters, peers, runs, chain_curve, tree_curve, bandwidth, command,
-                 llama_cpp: dict | None = None) -> dict:
+                 llama_cpp: dict | None = None, vllm_lanes: VllmLanes | None = None) -> dict:
     """bandwidth: {prompt id: [GB/s measured before each of its `none` runs]}; llama_cpp: the llama.cpp peers'
-    description (specviz.bench.llamacpp), their runs among `runs` when they ran."""
+    description (specviz.bench.llamacpp), their runs among `runs` when they ran; vllm_lanes: the vLLM servers
+    that ran beside ours (specviz.bench.vllm), their runs among `runs`."""
     greedy = settings.sampling.greedy
     grouped = {m: MethodRuns([r for r in runs if r.method == m]) for m in dict.fromkeys([*drafters, *peers, *(r.method for r in runs)])}
     none = grouped["none"]
@@ -277,6 +187,7 @@ def build_report(models, prompts, encoded, settings, drafters, peers, runs, chai
         "peers": peer_reports,
         "head_to_head": head_to_head,
         **({"llama_cpp": llama_cpp_report(llama_cpp, grouped, drafters, greedy)} if llama_cpp is not None else {}),
+        **({"vllm": vllm_report(vllm_lanes, grouped, drafters, greedy)} if vllm_lanes is not None else {}),
         "outputs_match_none": (not bad) if greedy else None,
         "mismatching_prompts": bad,
         "verify_cost_ms": chain_curve,
@@ -334,17 +245,6 @@ def command_for(model: str, settings: BenchSettings, limit: int | None = None, q
     return shlex.join(words)
 
 
-def _f(value, spec: str = ".2f", suffix: str = "") -> str:
-    return "–" if value is None else f"{value:{spec}}{suffix}"
-
-
-def _spread(s: dict | None) -> str:
-    return "–" if s is None else f"{s['median']:.2f}× ({s['min']:.2f}–{s['max']:.2f})"
-
-
-def _match(value) -> str:
-    return {True: "yes", False: "**NO**", None: "not checked (T > 0)"}[value]
-
 
 def floor_sentence(fl: dict) -> str:
     """The floor paragraph of the Markdown report and the Benchmarks page (older reports lack the per-prompt part)."""
@@ -356,20 +256,18 @@ def floor_sentence(fl: dict) -> str:
         measured = f"{fl['bandwidth_gb_s']:.1f} GB/s (copy, measured once in the run)"
     text = (f"{fl['weight_bytes'] / 1e6:,.1f} MB of target weights read per step ÷ {measured} = "
             f"**{fl['floor_ms_per_token']:.1f} ms per token** ({fl['floor_tokens_per_s']:.1f} tokens/s) at best for "
-            f"autoregressive decoding. Measured: `none` {_f(fl['none_ms_per_token'], '.1f')} ms per token; ")
+            f"autoregressive decoding. Measured: `none` {fmt(fl['none_ms_per_token'], '.1f')} ms per token; ")
     per_prompt = fl.get("none_share_of_floor_per_prompt")
     if per_prompt:
         text += (f"per prompt, against the bandwidth measured just before it, `none` reaches **{100 * per_prompt['median']:.0f} %** "
                  f"of the floor's tokens/s (median; {100 * per_prompt['min']:.0f}–{100 * per_prompt['max']:.0f} %), "
-                 f"{_f(None if fl.get('none_share_of_floor_totals') is None else 100 * fl['none_share_of_floor_totals'], '.0f', ' %')} "
+                 f"{fmt(None if fl.get('none_share_of_floor_totals') is None else 100 * fl['none_share_of_floor_totals'], '.0f', ' %')} "
                  f"from the totals and the median bandwidth")
     else:
-        text += f"{_f(None if fl['none_share_of_floor'] is None else 100 * fl['none_share_of_floor'], '.0f', ' %')} of the floor's tokens/s"
-    return text + f"; one target forward over 1 token: {_f(fl.get('forward_1_ms'), '.1f')} ms."
+        text += f"{fmt(None if fl['none_share_of_floor'] is None else 100 * fl['none_share_of_floor'], '.0f', ' %')} of the floor's tokens/s"
+    return text + f"; one target forward over 1 token: {fmt(fl.get('forward_1_ms'), '.1f')} ms."
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
 
 
 def llama_cpp_markdown(section: dict | None) -> list[str]:
@@ -382,10 +280,10 @@ def llama_cpp_markdown(section: dict | None) -> list[str]:
     parted = plain["parted_from_none"]
     lines = ["", f"## llama.cpp (llama-cpp-python {section['version']}, `{section['gguf']}`, {section['threads']} threads, "
              f"prompt lookup of {section['lookup']['num_pred_tokens']} tokens over {section['lookup']['max_ngram_size']}-grams)", ""]
-    lines += _table(["peer", "tokens/s", "ms/token", "speedup vs llama.cpp plain", "output = llama.cpp plain"],
-                    [["`llama_cpp`", _f(plain["tokens_per_s"], ".1f"), _f(plain["ms_per_token"], ".1f"), "1.00×", "–"],
-                     ["`llama_cpp_lookup`", _f(lookup["tokens_per_s"], ".1f"), _f(lookup["ms_per_token"], ".1f"),
-                      _spread(lookup["speedup_vs_plain"]), _match(lookup["outputs_match_plain"])]])
+    lines += table(["peer", "tokens/s", "ms/token", "speedup vs llama.cpp plain", "output = llama.cpp plain"],
+                    [["`llama_cpp`", fmt(plain["tokens_per_s"], ".1f"), fmt(plain["ms_per_token"], ".1f"), "1.00×", "–"],
+                     ["`llama_cpp_lookup`", fmt(lookup["tokens_per_s"], ".1f"), fmt(lookup["ms_per_token"], ".1f"),
+                      spread(lookup["speedup_vs_plain"]), matched(lookup["outputs_match_plain"])]])
     if plain["outputs_equal_none"] is not None:
         n = plain["outputs_equal_none"] + len(parted)
         lines += ["", f"llama.cpp's plain output equals our `none`'s on {plain['outputs_equal_none']} of {n} prompts"
@@ -393,8 +291,8 @@ def llama_cpp_markdown(section: dict | None) -> list[str]:
                      + (" …" if len(parted) > 12 else "") if parted else "")
                   + " (its 4-bit products quantize the activations to 8 bits; ours keep them fp32)."]
     lines += ["", "Ours over llama.cpp, per prompt (median, min–max):", ""]
-    lines += _table(["ours", "over `llama_cpp`", "over `llama_cpp_lookup`"],
-                    [[f"`{n}`", _spread(o["llama_cpp"]), _spread(o["llama_cpp_lookup"])] for n, o in section["ours_over"].items()])
+    lines += table(["ours", "over `llama_cpp`", "over `llama_cpp_lookup`"],
+                    [[f"`{n}`", spread(o["llama_cpp"]), spread(o["llama_cpp_lookup"])] for n, o in section["ours_over"].items()])
     return lines
 
 
@@ -423,50 +321,51 @@ def to_markdown(report: dict) -> str:
                   f"{', '.join(report['mismatching_prompts'])}. See the mismatch list below.**", ""]
     lines += ["## Drafters (our engine)", "",
               "τ counts the replacement/bonus token; speedup is per prompt over `none`, median (min–max).", ""]
-    lines += _table(
+    lines += table(
         ["drafter", "τ", "acceptance", "tokens/s", "ms/token", "draft share", "speedup vs none", "output = none"],
-        [[f"`{n}`", _f(d["tau"]), _f(d["acceptance_rate"]), _f(d["tokens_per_s"], ".1f"), _f(d["ms_per_token"], ".1f"),
-          _f(100 * d["draft_share"], ".0f", " %"), _spread(d["speedup_vs_none"]), _match(d["outputs_match_none"])]
+        [[f"`{n}`", fmt(d["tau"]), fmt(d["acceptance_rate"]), fmt(d["tokens_per_s"], ".1f"), fmt(d["ms_per_token"], ".1f"),
+          fmt(100 * d["draft_share"], ".0f", " %"), spread(d["speedup_vs_none"]), matched(d["outputs_match_none"])]
          for n, d in report["drafters"].items()],
     )
     depth = max((len(d["per_position_acceptance"]) for d in report["drafters"].values()), default=0)
     if depth:
         lines += ["", "Per-position acceptance (of the steps whose draft reached depth d, the share accepting there):", ""]
-        lines += _table(["drafter"] + [f"d={d + 1}" for d in range(depth)],
-                        [[f"`{n}`"] + [_f(a) for a in d["per_position_acceptance"]] + ["–"] * (depth - len(d["per_position_acceptance"]))
+        lines += table(["drafter"] + [f"d={d + 1}" for d in range(depth)],
+                        [[f"`{n}`"] + [fmt(a) for a in d["per_position_acceptance"]] + ["–"] * (depth - len(d["per_position_acceptance"]))
                          for n, d in report["drafters"].items() if d["per_position_acceptance"]])
     if any(d.get("acceptance_histogram") for d in report["drafters"].values()):
         lines += ["", "Acceptance histogram (verify steps that drafted something, by drafted tokens accepted: 0, 1, 2, …):", ""]
-        lines += _table(["drafter", "steps accepting 0, 1, 2, …"], [[f"`{n}`", ", ".join(map(str, d["acceptance_histogram"]))]
+        lines += table(["drafter", "steps accepting 0, 1, 2, …"], [[f"`{n}`", ", ".join(map(str, d["acceptance_histogram"]))]
                                                                     for n, d in report["drafters"].items() if d.get("acceptance_histogram")])
     if report["peers"]:
         lines += ["", "## Peers (transformers `generate()`, same model objects)", ""]
-        lines += _table(["peer", "tokens/s", "ms/token", "speedup vs generate", "output = generate"],
-                        [[f"`{n}`", _f(p["tokens_per_s"], ".1f"), _f(p["ms_per_token"], ".1f"), _spread(p["speedup_vs_generate"]),
-                          _match(p["outputs_match_generate"])] for n, p in report["peers"].items()])
+        lines += table(["peer", "tokens/s", "ms/token", "speedup vs generate", "output = generate"],
+                        [[f"`{n}`", fmt(p["tokens_per_s"], ".1f"), fmt(p["ms_per_token"], ".1f"), spread(p["speedup_vs_generate"]),
+                          matched(p["outputs_match_generate"])] for n, p in report["peers"].items()])
     if report["head_to_head"]:
         lines += ["", "## Head to head (ours over theirs, per prompt)", ""]
-        lines += _table(["ours", "peer", "speedup"], [[f"`{h['ours']}`", f"`{h['peer']}`", _spread(h["speedup"])]
+        lines += table(["ours", "peer", "speedup"], [[f"`{h['ours']}`", f"`{h['peer']}`", spread(h["speedup"])]
                                                       for h in report["head_to_head"]])
     lines += llama_cpp_markdown(report.get("llama_cpp"))
+    lines += vllm_markdown(report.get("vllm"))
     if report["verify_cost_ms"]:
         sizes = list(report["verify_cost_ms"])
         lines += ["", f"## Verify cost (ms of one target forward over n new tokens, {c['context_len']} tokens cached; median)", ""]
-        rows = [["chain"] + [_f(report["verify_cost_ms"][n], ".1f") for n in sizes]]
+        rows = [["chain"] + [fmt(report["verify_cost_ms"][n], ".1f") for n in sizes]]
         if report["tree_verify_cost_ms"]:
-            rows.append([f"tree (branching {c.get('tree_branching')})"] + [_f(report["tree_verify_cost_ms"].get(n), ".1f") for n in sizes])
+            rows.append([f"tree (branching {c.get('tree_branching')})"] + [fmt(report["tree_verify_cost_ms"].get(n), ".1f") for n in sizes])
         rows.append([f"chain, relative to n={sizes[0]}"]
-                    + [_f(report["verify_cost_ms"][n] / report["verify_cost_ms"][sizes[0]]) for n in sizes])
-        lines += _table(["n"] + sizes, rows)
+                    + [fmt(report["verify_cost_ms"][n] / report["verify_cost_ms"][sizes[0]]) for n in sizes])
+        lines += table(["n"] + sizes, rows)
     if report["predicted_speedup"]:
         lines += ["", "## Predicted vs measured speedup over `none`", "",
                   "predicted = τ · c(1) / (draft ms + c(inputs per step)), c the verify-cost curve; "
                   "other ms = step time not spent drafting or verifying (prefill spread over steps, acceptance, events).", ""]
-        lines += _table(["drafter", "τ", "inputs/step", "draft ms/step", "verify ms/step (curve)", "verify ms/step (measured)",
+        lines += table(["drafter", "τ", "inputs/step", "draft ms/step", "verify ms/step (curve)", "verify ms/step (measured)",
                          "other ms/step", "predicted", "measured"],
-                        [[f"`{n}`", _f(p["tau"]), _f(p["inputs_per_step"]), _f(p["draft_ms_per_step"], ".1f"),
-                          _f(p["verify_ms_per_step_curve"], ".1f"), _f(p["verify_ms_per_step_measured"], ".1f"),
-                          _f(p["other_ms_per_step"], ".1f"), _f(p["predicted"], ".2f", "×"), _f(p["measured"], ".2f", "×")]
+                        [[f"`{n}`", fmt(p["tau"]), fmt(p["inputs_per_step"]), fmt(p["draft_ms_per_step"], ".1f"),
+                          fmt(p["verify_ms_per_step_curve"], ".1f"), fmt(p["verify_ms_per_step_measured"], ".1f"),
+                          fmt(p["other_ms_per_step"], ".1f"), fmt(p["predicted"], ".2f", "×"), fmt(p["measured"], ".2f", "×")]
                          for n, p in report["predicted_speedup"].items()])
     lines += ["", "## Weight-streaming floor", "", floor_sentence(report["floor"])]
     lines += numerics.markdown(report)
@@ -474,11 +373,11 @@ def to_markdown(report: dict) -> str:
     bad += [(n, x) for n, p in report["peers"].items() for x in p["mismatches"]]
     if bad:
         lines += ["", "## Mismatches", "", "Drafters are compared with `none`, peers with `generate`.", ""]
-        lines += _table(["method", "prompt", "first differing token", "expected", "got", "lengths"],
+        lines += table(["method", "prompt", "first differing token", "expected", "got", "lengths"],
                         [[f"`{n}`", x["prompt"], str(x["index"]), str(x["expected"]), str(x["got"]),
                           f"{x['expected_tokens']} / {x['got_tokens']}"] for n, x in bad])
     lines += ["", "## Prompts", ""]
-    lines += _table(["prompt", "prompt tokens", "output tokens (`none`)", "output (`none`, start)"],
+    lines += table(["prompt", "prompt tokens", "output tokens (`none`)", "output (`none`, start)"],
                     [[p["id"], str(p["prompt_tokens"]), str(p["output_tokens"]),
                       p["output_preview"][:80].replace("\n", " ").replace("|", "\\|")] for p in report["prompts"]])
     return "\n".join(lines) + "\n"

@@ -10,8 +10,10 @@ from specviz.bench import llamacpp
 from specviz.bench.peers import peer_arguments, run_peer
 from specviz.bench.probes import BandwidthProbe
 from specviz.bench.prompts import Prompt, check_unique_ids
-from specviz.bench.report import Run, build_report
+from specviz.bench.report import build_report
+from specviz.bench.runs import Run
 from specviz.bench.settings import BenchSettings
+from specviz.bench.vllm import VllmLanes
 from specviz.decoding.costs import synchronize, verify_costs
 from specviz.decoding.prompt import encode_prompt
 from specviz.drafters import available, make_drafter, parse_spec, variants
@@ -63,7 +65,8 @@ def chosen_drafters(models, requested: tuple[str, ...]) -> list[str]:
 def run_bench(models, prompts: list[Prompt], settings: BenchSettings | None = None,
               progress: ProgressCallback | None = None, command: str = "") -> dict:
     """Run the whole benchmark on our engine in this process (a LocalBackend, or loaded models: a
-    specviz.models.LoadedModels) and return the report. The peers run on the same model objects."""
+    specviz.models.LoadedModels) and return the report. The peers run on the same model objects; vLLM lanes
+    (settings.vllm) on running servers."""
     backend = as_local(models)
     models = backend.models
     settings = settings or BenchSettings()
@@ -77,12 +80,13 @@ def run_bench(models, prompts: list[Prompt], settings: BenchSettings | None = No
     drafters = chosen_drafters(models, settings.drafters)
     for name in drafters:
         make_drafter(name, models, k=settings.k)  # fail before measuring anything
+    lanes = VllmLanes(list(settings.vllm)) if settings.vllm else None  # so does a vLLM server that is not there
     peers = peer_arguments(models, settings) if settings.peers else {}
     encoded = [encode_prompt(models.tokenizer, p.text) for p in prompts]
     n_ctx = max(map(len, encoded)) + settings.max_new_tokens + settings.k + 16  # room for a last draft past the budget
     llama, llama_info = llamacpp.llama_cpp_peers(models, settings, n_ctx)
     theirs = list(llamacpp.NAMES) if llama is not None else []
-    methods = drafters + list(peers) + theirs
+    methods = drafters + list(peers) + theirs + (lanes.names if lanes else [])
     total = (len(methods) if settings.warmup else 0) + len(prompts) * settings.repeats * len(methods) + bool(settings.verify_sizes)
     done = 0
 
@@ -95,6 +99,8 @@ def run_bench(models, prompts: list[Prompt], settings: BenchSettings | None = No
     def decode(method: str, prompt: Prompt, ids: list[int], run_settings: BenchSettings, peer_args: dict, repeat: int) -> Run:
         if method in theirs:
             return llama.run(method, prompt, ids, run_settings, repeat)
+        if lanes and method in lanes.backends:
+            return lanes.run(method, prompt, ids, run_settings, repeat)
         if method in peer_args:
             return run_peer(models, method, peer_args[method], prompt, ids, run_settings, repeat)
         return run_drafter(backend, method, prompt, ids, run_settings, repeat)
@@ -122,4 +128,4 @@ def run_bench(models, prompts: list[Prompt], settings: BenchSettings | None = No
                              settings.tree_branching)
         tick("verify cost")
     return build_report(models, prompts, encoded, settings, drafters, list(peers), runs, costs["chain"], costs["tree"],
-                        bandwidth, command, llama_info)
+                        bandwidth, command, llama_info, lanes)

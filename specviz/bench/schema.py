@@ -5,6 +5,7 @@ import json
 import os
 from pathlib import Path
 
+from specviz.bench import vllm
 from specviz.bench.peers import PEERS
 from specviz.bench.report import SCHEMA_VERSION
 from specviz.errors import SpecvizError
@@ -132,6 +133,7 @@ BENCH_SCHEMA = {
                     "properties": {"llama_cpp": _SUMMARY, "llama_cpp_lookup": _SUMMARY}}},
             },
         },
+        "vllm": vllm.SCHEMA,  # optional: reports of runs without vLLM lanes lack it
         "outputs_match_none": {"type": ["boolean", "null"]},
         "mismatching_prompts": {"type": "array", "items": {"type": "string"}},
         "verify_cost_ms": _CURVE,

@@ -26,6 +26,7 @@ class BenchSettings(DecodeSettings):
     tree_branching: int = 4  # the tree curve's shape: a full tree, this many children per node, breadth first
     bandwidth_mb: int = 256  # size of the tensor copied to measure memory bandwidth
     bandwidth_repeats: int = 5
+    vllm: tuple[tuple[str, str], ...] = ()  # (label, URL) of running vLLM servers, each a lane (specviz.bench.vllm)
 
 
 def quick_settings(**overrides) -> BenchSettings:
