@@ -114,3 +114,12 @@ def test_what_a_client_may_set_is_served_and_within_the_spec(request):
             assert math.isfinite(value), (key, value)
             assert option.low is None or value >= option.low, (key, value)
             assert option.high is None or value <= option.high, (key, value)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("served", [False, True])
+def test_a_non_finite_number_is_refused_by_the_spec_itself(value, served):
+    """Not only the service's parser: the spec's own check refuses NaN and infinities (NaN passes every < and >)."""
+    with pytest.raises(SpecvizError, match="medusa option epsilon must be"):
+        REGISTRY["medusa"].check({"epsilon": value}, served=served)
+    REGISTRY["medusa"].check({"epsilon": 0.1}, served=served)  # a finite value in range is taken

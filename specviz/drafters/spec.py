@@ -3,6 +3,7 @@ bounds) and how to build it. The registry (specviz/drafters/__init__.py) holds t
 service's allow-list and bounds, the app's help and tree controls and docs/drafters.md are all read from them."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -37,7 +38,7 @@ class Option:
                 raise SpecvizError(f"{drafter} option {self.name} must be text, got {value!r}")
             return
         number = int if self.type is int else (int, float)
-        if isinstance(value, bool) or not isinstance(value, number):
+        if isinstance(value, bool) or not isinstance(value, number) or not math.isfinite(value):
             raise SpecvizError(f"{drafter} option {self.name} must be {self.takes()}, got {value!r}")
         high = self.high if served else None
         below = self.low is not None and (value <= self.low if self.open_interval else value < self.low)
