@@ -18,10 +18,10 @@ TOKEN_ENV = "SPECVIZ_BACKEND_TOKEN"  # the bearer token for a `specviz serve` ba
 
 
 @functools.lru_cache(maxsize=2)
-def _load(model: str, draft_model: str | None, device: str):
+def _load(model: str, draft_model: str | None, device: str, weights: str):
     from specviz import models
 
-    return models.load(model, draft_model=draft_model, device=device)
+    return models.load(model, draft_model=draft_model, device=device, weights=weights)
 
 
 def stream(
@@ -34,6 +34,7 @@ def stream(
     models=None,
     chat: bool = True,
     device: str = "auto",
+    weights: str = "auto",
     drafter_options: dict | None = None,
     backend=None,
     **decode,
@@ -43,14 +44,15 @@ def stream(
     The decode configuration is a specviz.decoding.settings.DecodeSettings: pass one as `settings`, or its fields by name
     (max_new_tokens, temperature, top_p, top_k, k, seed, n_top), which override those of `settings`.
     `models` takes already-loaded models (a specviz.models.LoadedModels, or `loaded(target, tokenizer, draft)`);
-    otherwise `model`/`draft_model` name a preset, a local folder or a hub id. `backend` runs it elsewhere: a
+    otherwise `model`/`draft_model` name a preset, a local folder or a hub id, loaded with `weights` (see
+    specviz.models.load: "auto" runs a preset's own 4-bit GGUF blocks on the CPU). `backend` runs it elsewhere: a
     specviz.backends.Backend, or "http://host:8000" for a `specviz serve` service (the token from
     $SPECVIZ_BACKEND_TOKEN); the events are the same."""
     settings = settings_of(settings, decode)
     if isinstance(backend, str):
         backend = open_backend(backend, model=model, token=os.environ.get(TOKEN_ENV))
     elif backend is None:
-        backend = LocalBackend(models if models is not None else _load(model or "smollm2-135m", draft_model, device))
+        backend = LocalBackend(models if models is not None else _load(model or "smollm2-135m", draft_model, device, weights))
     return backend.stream(prompt, drafter=drafter, settings=settings, drafter_options=drafter_options, chat=chat)
 
 

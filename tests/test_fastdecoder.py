@@ -128,7 +128,7 @@ def test_a_changed_weight_rebuilds_the_fused_copy():
 @pytest.mark.skipif(not models.is_fetched("smollm2-135m"), reason="smollm2-135m is not fetched (make fetch)")
 @torch.inference_mode()
 def test_real_model_packed_fast_path_agrees_with_transformers():
-    smol = models.load("smollm2-135m", device="cpu")
+    smol = models.load("smollm2-135m", device="cpu", weights="fp32")
     target = engine.Target(smol.target)
     assert target.fast is not None
     ids = smol.tokenizer("The capital of France is a city where", return_tensors=None)["input_ids"]

@@ -232,7 +232,9 @@ def test_fetch_converts_a_gguf_into_the_cache_layout(tiny_gguf, cache, tmp_path,
     assert folder == cache / "tiny-llama" and models.is_fetched("tiny-llama")
     names = {p.name for p in folder.iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "specviz.json"} <= names
-    assert not any(name.endswith((".gguf", ".whl")) for name in names)
+    assert [name for name in names if name.endswith(".gguf")] == ["tiny.gguf"]  # kept: the default weights' blocks
+    assert (folder / "tiny.gguf").read_bytes() == tiny_gguf.read_bytes()
+    assert not any(name.endswith(".whl") for name in names)
     assert sorted(p.name for p in cache.iterdir()) == [".lock-tiny-llama", "tiny-llama"]  # no temp folders
     assert json.loads((folder / "specviz.json").read_text())["sha256"] == model_file.sha256
     assert {stage.split()[0] for stage, _, _ in seen} == {"download", "join", "convert"}
@@ -242,7 +244,7 @@ def test_fetch_converts_a_gguf_into_the_cache_layout(tiny_gguf, cache, tmp_path,
     # CPU kernels that models.load swaps in, see specviz/fastlinear.py).
     ids = torch.tensor([[3, 50, 99, 101, 7]])  # (B=1, T=5)
     direct = AutoModelForCausalLM.from_pretrained(tiny_gguf.parent, gguf_file=tiny_gguf.name, dtype=torch.float32)
-    loaded = models.load("tiny-llama", device="cpu")
+    loaded = models.load("tiny-llama", device="cpu", weights="fp32")
     theirs = direct.state_dict()
     for name, value in loaded.target.state_dict().items():
         assert torch.equal(value, theirs[name]), name

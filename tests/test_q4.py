@@ -2,6 +2,7 @@
 paths, the Q4_1, Q8_0, Q4_K, Q6_K and Q5_0 block parsers against `gguf`'s own dequantize, and a target whose projections stay 4-bit
 and whose LM head stays 8-bit (specviz.models.quantized)."""
 import copy
+import dataclasses
 
 import gguf
 import numpy as np
@@ -692,6 +693,47 @@ def test_unknown_weights_are_a_clear_error():
         quantized.apply_weights(tiny_llama(), "int3", None)
     with pytest.raises(SpecvizError, match="needs a preset"):
         quantized.apply_weights(tiny_llama(), "q4", None)
+    with pytest.raises(SpecvizError, match="unknown weights"):
+        quantized.resolve_weights("int3", None, torch.device("cpu"), torch.float32)
+
+
+def test_auto_weights_are_the_gguf_blocks_only_where_they_can_run(monkeypatch):
+    """"auto" (every entry point's default) is the GGUF's blocks on 8-bit activations for a preset GGUF on the CPU in
+    float32 with the C++ ops built, and the fp32 tensors anywhere else; a choice other than auto is kept."""
+    preset = models.PRESETS["smollm2-135m"].target
+    cpu, fp32 = torch.device("cpu"), torch.float32
+    monkeypatch.setattr(quant, "available", lambda: True)
+    assert quantized.resolve_weights("auto", preset, cpu, fp32) == quantized.GGUF_DEFAULT == "q4q8"
+    assert quantized.resolve_weights("auto", None, cpu, fp32) == "fp32"  # a local folder or hub id: no GGUF
+    assert quantized.resolve_weights("auto", preset, torch.device("cuda"), fp32) == "fp32"
+    assert quantized.resolve_weights("auto", preset, cpu, torch.bfloat16) == "fp32"
+    assert quantized.resolve_weights("auto", dataclasses.replace(preset, gguf_name="model.safetensors"), cpu, fp32) == "fp32"
+    for choice in quantized.WEIGHTS:
+        assert quantized.resolve_weights(choice, None, cpu, fp32) == choice
+    monkeypatch.setattr(quant, "available", lambda: False)  # no compiler where it was installed: the fp32 path
+    assert quantized.resolve_weights("auto", preset, cpu, fp32) == "fp32"
+
+
+def test_every_entry_point_defaults_to_auto_weights():
+    import inspect
+
+    from specviz.bench.cli import build_bench_parser
+    from specviz.cli.main import build_parser
+
+    parser = build_parser()
+    for command in (["generate", "--prompt", "hi"], ["serve"], ["batch-cost"]):
+        assert parser.parse_args(command).weights == "auto", command
+    assert build_bench_parser().parse_args([]).weights == "auto"
+    assert parser.parse_args(["generate", "--prompt", "hi", "--weights", "fp32"]).weights == "fp32"
+    assert inspect.signature(models.load).parameters["weights"].default == "auto"
+    assert inspect.signature(specviz.stream).parameters["weights"].default == "auto"
+
+
+@needs_op
+def test_a_gguf_without_4_bit_projections_loads_as_fp32(monkeypatch):
+    """Asked for blocks a file does not hold (its tensors F32), the load says it runs fp32 rather than q4q8."""
+    monkeypatch.setattr(quantized, "quantize_target", lambda *args: 0)  # what such a file gives: nothing replaced
+    assert quantized.apply_weights(tiny_llama(), "q4q8", models.PRESETS["smollm2-135m"].target) == "fp32"
 
 
 

@@ -25,7 +25,7 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def smol():
-    return models.load("smollm2-135m", device="cpu")
+    return models.load("smollm2-135m", device="cpu", weights="fp32")  # the reference is transformers on the fp32 model
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)

@@ -100,8 +100,9 @@ def chosen_report() -> dict | None:
     return None
 
 
-def llama_cpp_tables(section: dict | None) -> None:
-    """llama.cpp's plain decoding and prompt lookup on the same GGUF, and ours over each; or why they did not run."""
+def llama_cpp_tables(section: dict | None, weights: str = "fp32") -> None:
+    """llama.cpp's plain decoding and prompt lookup on the same GGUF, and ours over each (`weights`: what our target
+    ran, the report's machine.weights); or why they did not run."""
     if section is None:
         return
     if not section.get("methods"):
@@ -117,9 +118,11 @@ def llama_cpp_tables(section: dict | None) -> None:
                  hide_index=True)
     st.dataframe([{"ours": name, **{f"over {peer} (median, min–max)": span(over[peer]) for peer in ("llama_cpp", "llama_cpp_lookup")}}
                   for name, over in section["ours_over"].items()], hide_index=True)
-    st.caption("llama.cpp's 4-bit products quantize the activations to 8 bits and ours keep them fp32, so its greedy "
-               "output is a near neighbour of `none`'s, not the same tokens; its lookup's output is compared with its "
-               "own plain decoding in the Markdown report.")
+    ours = ("quantize them to 8 bits too, by the same rule but summed in another order" if weights == "q4q8"
+            else "keep them fp32")
+    st.caption(f"llama.cpp's 4-bit products quantize the activations to 8 bits and ours ({weights}) {ours}, so its "
+               "greedy output is a near neighbour of `none`'s, not the same tokens; its lookup's output is compared "
+               "with its own plain decoding in the Markdown report.")
 
 
 def numerics_table(report: dict) -> None:
@@ -264,7 +267,7 @@ def show(report: dict) -> None:
                        "output = generate": p["outputs_match_generate"]} for n, p in report["peers"].items()],
                      hide_index=True)
     numerics_table(report)
-    llama_cpp_tables(report.get("llama_cpp"))
+    llama_cpp_tables(report.get("llama_cpp"), report["machine"].get("weights", "fp32"))
     c1, c2 = st.columns(2)
     c1.plotly_chart(rates_figure(report), key="bench_rates")
     c2.plotly_chart(spread_figure(report), key="bench_spread")

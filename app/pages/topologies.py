@@ -32,7 +32,8 @@ for card, t in zip(cards, teaching.TOPOLOGIES):
 if report:
     machine = report["machine"]
     st.caption(
-        f"Measured here: the shipped bench report of {report['config']['model']} (135M parameters, fp32) on "
+        f"Measured here: the shipped bench report of {report['config']['model']} (135M parameters, "
+        f"{report['machine'].get('weights', 'fp32')} weights) on "
         f"{report['config']['n_prompts']} MT-bench questions, {report['config']['max_new_tokens']} new tokens, "
         f"temperature {report['config']['temperature']}, on a {machine['cores']}-core {machine['cpu']} CPU "
         f"({machine['date'][:10]}); speedup = median over prompts of tokens/s ÷ tokens/s of `none`. Command: "

@@ -10,6 +10,7 @@ from specviz.decoding import events as ev
 from specviz.decoding.prompt import encode_prompt
 from specviz.decoding.settings import DecodeSettings
 from specviz.drafters import available, make_drafter, variants
+from specviz.models.quantized import WEIGHT_WORDS
 
 
 class LocalBackend:
@@ -36,6 +37,10 @@ class LocalBackend:
     def dtype(self) -> str:
         return str(self.models.dtype).removeprefix("torch.")
 
+    @property
+    def weights(self) -> str:
+        return getattr(self.models, "weights", "fp32")  # what load() gave the target: specviz.models.quantized
+
     def drafters(self) -> list[str]:
         return available(self.models)
 
@@ -43,10 +48,11 @@ class LocalBackend:
         return variants(self.models)
 
     def where(self) -> str:
-        return f"in this process on {self.device} ({self.dtype})"
+        return f"in this process on {self.device} ({self.dtype}; {WEIGHT_WORDS[self.weights]})"
 
     def describe(self) -> dict:
         return {"name": self.name, "engine": "specviz", "device": self.device, "dtype": self.dtype,
+                "weights": self.weights,
                 "detail": self.detail, "drafters": self.drafters() + self.variants(), "where": self.where()}
 
     def stream(self, prompt: str | list[dict], on_wait: Callable[[int | None], None] | None = None, *,

@@ -12,7 +12,7 @@ import torch
 from specviz.atomic import check_writable, write_atomically
 from specviz.bench import QUICK_SIZES, BenchSettings, load_prompts, quick_settings, run_bench, to_markdown, validate
 from specviz.bench.vllm import parse_lanes
-from specviz.cli.args import add_decoding_args, add_model_args, decode_settings, int_list
+from specviz.cli.args import add_decoding_args, add_model_args, add_weights_arg, decode_settings, int_list
 from specviz.errors import SpecvizError
 
 
@@ -28,8 +28,8 @@ def cmd_batch_cost(args) -> int:
         check_writable(args.out)
     if args.threads:
         torch.set_num_threads(args.threads)
-    loaded = models.load(args.model, device=args.device, dtype=args.dtype)
-    options = ("model", "device", "dtype", "threads", "batch_sizes", "new_tokens", "context_len", "rounds", "seed")
+    loaded = models.load(args.model, device=args.device, dtype=args.dtype, weights=args.weights)
+    options = ("model", "device", "dtype", "weights", "threads", "batch_sizes", "new_tokens", "context_len", "rounds", "seed")
     command = shlex.join(["python", "-m", "specviz", "batch-cost", *[word for name in options if getattr(args, name) is not None
                                                                      for word in (f"--{name.replace('_', '-')}", str(getattr(args, name)))]])
     surface = batch.measure_surface(
@@ -175,6 +175,7 @@ def register(sub) -> None:
     bc.add_argument("--device", default="auto", help="auto (cuda when available), cpu or cuda")
     bc.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: bfloat16 on cuda, float32 elsewhere)")
     bc.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    add_weights_arg(bc)
     bc.add_argument("--batch-sizes", default="1,2,4,8,16,32", help="B, comma-separated (default: %(default)s)")
     bc.add_argument("--new-tokens", default="1,2,3,4,5,6,7,8", help="n per sequence, comma-separated, 1 included (default: %(default)s)")
     bc.add_argument("--context-len", type=int, default=256, help="cached tokens per sequence before each timed forward")

@@ -154,7 +154,7 @@ def build_report(models, prompts, encoded, settings, drafters, peers, runs, chai
         "schema_version": SCHEMA_VERSION,
         "machine": {**machine_info(models.target.device, dtype, floor["bandwidth_gb_s"], fastlinear.is_packed(models.target),
                                    target_forward(models.target)),
-                    "weights": getattr(models, "weights", "fp32"),  # the target's projections: fp32 or q4
+                    "weights": getattr(models, "weights", "fp32"),  # the target's projections: fp32, q4 or q4q8
                     "draft_dtypes": draft_dtypes(models)},
         "config": {
             "command": command or "specviz.bench.run_bench (Python API)",

@@ -48,7 +48,7 @@ BENCH_SCHEMA = {
             "properties": {"cpu": {"type": "string"}, "cores": {"type": ["integer", "null"]}, "torch_threads": {"type": "integer"},
                            "gpu": {"type": ["string", "null"]}, "torch": {"type": "string"}, "transformers": {"type": "string"},
                            "device": {"type": "string"}, "dtype": {"type": "string"}, "bandwidth_gb_s": _NUMBER,
-                           "date": {"type": "string"}, "weights": {"enum": ["fp32", "q4"]},
+                           "date": {"type": "string"}, "weights": {"enum": ["fp32", "q4", "q4q8"]},
                            "draft_dtypes": {"type": "object", "additionalProperties": {"type": "string"}}},
         },
         "config": {

@@ -5,6 +5,7 @@ import argparse
 
 from specviz.decoding.settings import DECODE_FIELDS, FIELD_HELP, FIELD_TYPES, DecodeSettings
 from specviz.errors import SpecvizError
+from specviz.models.quantized import CHOICES as WEIGHT_CHOICES
 
 DEFAULT_MODEL = "smollm2-135m"
 DEFAULT_DRAFTER = "ngram"
@@ -14,9 +15,15 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL, help="preset name, local folder or hub id (default: %(default)s)")
     parser.add_argument("--draft-model", default=None, help="draft model for --drafter draft (preset's own by default)")
     parser.add_argument("--device", default="auto", help="auto (cuda when available), cpu or cuda")
-    parser.add_argument("--weights", default="fp32", choices=("fp32", "q4"),
-                        help="the target's projections: fp32 (dequantized at fetch), or q4: the preset GGUF's 4-bit "
-                             "blocks kept 4-bit (CPU, float32; default: %(default)s)")
+    add_weights_arg(parser)
+
+
+def add_weights_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--weights", default="auto", choices=WEIGHT_CHOICES,
+                        help="the target's projections: q4q8: the preset GGUF's own 4-bit blocks, multiplied in "
+                             "integers on 8-bit activations; q4: the same blocks on fp32 activations; fp32: the "
+                             "GGUF's values widened to fp32 at fetch; auto: q4q8 for a preset on the CPU in "
+                             "float32, else fp32 (default: %(default)s)")
 
 
 def add_decoding_args(parser: argparse.ArgumentParser, defaults: DecodeSettings = DecodeSettings(), drafter: bool = True) -> None:

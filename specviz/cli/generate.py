@@ -18,11 +18,12 @@ def cmd_generate(args) -> int:
     if args.trace:
         check_writable(args.trace)  # before the decode, not after it
     loaded = None
-    if args.weights != "fp32":
+    if args.backend:
+        if args.weights != "auto":
+            raise SpecvizError("--weights is the local target's: a --backend service loads its own")
+    else:
         from specviz import models
 
-        if args.backend:
-            raise SpecvizError("--weights is the local target's: a --backend service loads its own")
         loaded = models.load(args.model, draft_model=args.draft_model, device=args.device, weights=args.weights)
     on_vllm = (args.backend or "").startswith("vllm+")  # it serves its own model and drafts as it was started
     stream = api.stream(
@@ -71,6 +72,7 @@ def cmd_models(args) -> int:
 
 def cmd_fetch(args) -> int:
     from specviz import models
+    from specviz.models import quantized
 
     if args.name not in models.PRESETS:
         raise SpecvizError(f"unknown preset '{args.name}'; choose one of: {', '.join(models.PRESETS)}")
@@ -78,6 +80,8 @@ def cmd_fetch(args) -> int:
     for model_file in (preset.target, preset.draft):
         if model_file is not None:
             print(f"{model_file.key}: {models.fetch(model_file)}", file=sys.stderr)
+            if model_file.gguf_name.endswith(".gguf"):  # a folder fetched before fetches kept it: its default weights
+                quantized.fetch_gguf(model_file)
     return 0
 
 

@@ -106,22 +106,26 @@ def load_pretrained(where: str, device: torch.device, dtype: torch.dtype):
 
 def load(model: str = "smollm2-135m", draft_model: str | None = None, device: str | torch.device = "auto",
          dtype: str | torch.dtype | None = None, progress: ProgressCallback | None = None,
-         weights: str = "fp32") -> LoadedModels:
+         weights: str = "auto") -> LoadedModels:
     """Load a target (and a draft: `draft_model`, else the preset's), fetching preset weights on first use.
 
     model / draft_model: a preset name (its target), a model key, a local folder, or a hub id.
-    weights: "fp32", or "q4" to keep a preset target's projections 4-bit (specviz.models.quantized), and a preset
-    draft's too; "q4q8" likewise, with the activations of their products quantized to 8 bits (integer products).
+    weights: "auto" (the default): a preset's GGUF blocks as "q4q8" on the CPU in float32, else "fp32"
+    (specviz.models.quantized.resolve_weights); "fp32": the fetched fp32 tensors (the GGUF's values widened);
+    "q4": a preset target's projections kept 4-bit (specviz.models.quantized), and a preset draft's too, with fp32
+    activations; "q4q8" likewise, with the activations of their products quantized to 8 bits (integer products).
+    LoadedModels.weights says which ran.
     """
+    from specviz.models import quantized
+
     chosen_device = resolve_device(device)
     chosen_dtype = as_dtype(dtype) if dtype is not None else default_dtype(chosen_device)
     if draft_model is None and model in PRESETS and PRESETS[model].draft is not None:
         draft_model = PRESETS[model].draft.key
+    source = PRESETS[model].target if model in PRESETS else preset_model_files().get(model)
+    weights = quantized.resolve_weights(weights, source, chosen_device, chosen_dtype)
     target, tokenizer = load_pretrained(locate(model, progress), chosen_device, chosen_dtype)
     if weights != "fp32":
-        from specviz.models import quantized
-
-        source = PRESETS[model].target if model in PRESETS else preset_model_files().get(model)
         weights = quantized.apply_weights(target, weights, source)
     draft = None
     if draft_model is not None:

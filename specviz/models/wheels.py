@@ -230,7 +230,10 @@ def fetch_into(model_file: ModelFile, root: Path, final: Path, progress: Progres
             built = Path(temp) / "model"
             convert.convert_or_explain(joined, built)
             write_manifest(built, model_file)
-            joined.unlink()
+            if model_file.gguf_name.endswith(".gguf"):
+                os.replace(joined, built / model_file.gguf_name)  # kept: the default weights are its blocks
+            else:
+                joined.unlink()
             os.replace(built, final)
             progress.update(convert_stage, 1, 1, unit="model")
     finally:

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from specviz.atomic import check_writable, write_atomically
+from specviz.cli.args import add_weights_arg
 from specviz.errors import SpecvizError
 
 TOKEN_ENV = "SPECVIZ_TOKEN"
@@ -55,7 +56,7 @@ def cmd_serve(args) -> int:
     loaded = {}
     for name in args.model or ["smollm2-135m"]:
         key = name if name in m.PRESETS else Path(name).expanduser().name
-        loaded[key] = m.load(name, device=args.device)
+        loaded[key] = m.load(name, device=args.device, weights=args.weights)
     service = Service(loaded, token=token, limits=Limits(max_new_tokens=args.max_new_tokens_limit),
                       max_queue=args.max_queue, keep_bytes=int(args.keep_mb * 2**20), keep_s=args.keep_s,
                       allowed_hosts=hosts)
@@ -102,6 +103,7 @@ def register(sub) -> None:
     srv.add_argument("--model", action="append", default=None,
                      help="preset name or local folder; repeat for several (default: smollm2-135m)")
     srv.add_argument("--device", default="auto", help="auto (cuda when available), cpu or cuda")
+    add_weights_arg(srv)
     srv.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     srv.add_argument("--port", type=int, default=8000)
     srv.add_argument("--token-file", default=None, help="file holding the bearer token clients must send "
