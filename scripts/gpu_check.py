@@ -13,11 +13,19 @@
    verify-cost curve and weight-streaming floor (a forward pass's speed does not depend on the weight values).
    With --quick it keeps that per-layer shape but has 2 layers, so that a CPU can run it.
 
+3. With --vllm: vLLM on the same GPU (`make vllm` installs vllm==0.32.0 where nvidia-smi is found, into
+   .venv-vllm; the GPU machine has no network, so that venv must already be there): the exported target
+   (specviz.train.export_vllm) served plain and with our EAGLE-3 head as a chain of depth 3, each given a greedy run
+   through specviz's vLLM backend and compared token for token with specviz's `none` (fp32 in both), then the
+   load table (scripts/load_table.py: 1, 4, 16 clients, both vLLM servers beside a `specviz serve`). Without the
+   venv or the fetched model this part says why in the JSON and the rest still runs.
+
 When CUDA is asked for and absent, it says so, writes {"skipped": reason} and exits 0.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 import time
@@ -31,7 +39,7 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from specviz import bench, models  # noqa: E402
 from specviz.atomic import write_atomically  # noqa: E402
-from specviz.bench import batch, probes  # noqa: E402
+from specviz.bench import batch, probes, servers  # noqa: E402
 from specviz.bench.cli import report_mismatches  # noqa: E402
 from specviz.decoding import costs  # noqa: E402
 from specviz.errors import SpecvizError  # noqa: E402
@@ -154,6 +162,53 @@ def run_checks(embedded: models.LoadedModels, large_shape: dict, settings: bench
     }
 
 
+def vllm_checks(device: torch.device, work: Path, rounds: int, max_new_tokens: int) -> dict:
+    """Part 3: vLLM plain and with our EAGLE-3 head on this device, against specviz's greedy `none` and in the
+    load table; {"skipped": why} where vLLM's venv or the fetched embedded model is missing."""
+    from specviz import api
+    from specviz.backends.vllm import VllmBackend
+    from specviz.decoding.prompt import encode_prompt
+    from specviz.train.export_vllm import export_all
+
+    if not servers.VLLM_PYTHON.exists():
+        return {"skipped": f"vLLM is not installed at {servers.VLLM_PYTHON.parent.parent} (`make vllm`, with network)"}
+    if not models.is_fetched(EMBEDDED):
+        return {"skipped": f"{EMBEDDED} is not in the cache: there is no target to export to vLLM"}
+    folders = export_all(work / "export")
+    # both servers on one GPU beside specviz serve: each takes a share of its memory, not vLLM's default 0.9
+    extra = ("--gpu-memory-utilization", "0.3") if device.type == "cuda" else ()
+    eagle3 = {"method": "eagle3", "model": str(folders["eagle3"]), "num_speculative_tokens": 3}
+    fp32 = models.load(EMBEDDED, device=device, dtype=torch.float32, weights="fp32")  # as vLLM is given it
+    prompt = bench.load_prompts(limit=1)[0].text
+    ours = api.generate(prompt, models=fp32, drafter="none", max_new_tokens=max_new_tokens, temperature=0.0)
+    result = {"prompt": prompt, "max_new_tokens": max_new_tokens, "none_token_ids": list(ours.token_ids)}
+    with servers.start_vllm(folders["target"], log=work / "vllm-plain.log", extra=extra) as plain, \
+            servers.start_vllm(folders["target"], eagle3, log=work / "vllm-eagle3.log", extra=extra) as head:
+        for name, server in (("plain", plain), ("eagle3", head)):
+            backend = VllmBackend.connect(server.url)
+            events = list(backend.stream(prompt, max_new_tokens=max_new_tokens, temperature=0.0))
+            done = events[-1]
+            result[name] = {"startup_s": server.startup_s, "same_prompt": events[0].prompt_token_ids
+                            == encode_prompt(fp32.tokenizer, prompt),
+                            "same_as_none": list(done.token_ids) == list(ours.token_ids), "stats": done.stats}
+            print(f"gpu_check: vLLM {name}: output = specviz none: {result[name]['same_as_none']}, "
+                  f"{done.stats['tokens_per_s']:.1f} tokens/s", file=sys.stderr, flush=True)
+        del fp32
+        table = load_table_module()
+        out = work / "load-table.json"
+        code = table.main(["--rounds", str(rounds), "--max-new-tokens", str(max_new_tokens), "--vllm-plain", plain.url,
+                           "--vllm-eagle3", head.url, "--logs", str(work), "--json-out", str(out)])
+        result["load_table"] = json.loads(out.read_text()) if code == 0 else {"failed": f"exit status {code}"}
+    return result
+
+
+def load_table_module():
+    spec = importlib.util.spec_from_file_location("load_table", Path(__file__).resolve().parent / "load_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="Verify-cost curves and a short bench on one GPU; writes JSON.")
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu")
@@ -161,6 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="few sizes and prompts, a 2-layer large model: a CPU smoke run")
     p.add_argument("--limit", type=int, default=None, help="prompts in the short bench (default 6, quick 2)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="default 64, quick 16")
+    p.add_argument("--vllm", action="store_true", help="also vLLM plain and with our EAGLE-3 head, and the load table "
+                   "(needs .venv-vllm from `make vllm`)")
+    p.add_argument("--work", default="runs/gpu-check", help="the vLLM export, server logs and load table go here")
     p.add_argument("--out", default="gpu_check.json")
     return p
 
@@ -192,6 +250,13 @@ def main(argv: list[str] | None = None) -> int:
         surface = replace(batch.quick_surface_settings() if quick else batch.SurfaceSettings(),
                           bandwidth_mb=settings.bandwidth_mb, bandwidth_repeats=settings.bandwidth_repeats)
         result = run_checks(embedded, large_shape, settings, args.limit or (2 if quick else 6), note, surface)
+        if args.vllm:
+            vllm_started = time.perf_counter()
+            try:
+                result["vllm"] = vllm_checks(device, Path(args.work), 1 if quick else 2, settings.max_new_tokens)
+            except SpecvizError as err:  # a vLLM that fails to start or dies: said in the JSON, the rest kept
+                result["vllm"] = {"failed": str(err)}
+            result["timings_s"]["vllm_s"] = time.perf_counter() - vllm_started
         result["timings_s"]["total_s"] = time.perf_counter() - started
         result["quick"] = quick
     except SpecvizError as err:

@@ -38,13 +38,15 @@ def free_port() -> int:
 
 def vllm_command(model: str | Path, port: int, speculative: dict | None = None, python: Path = VLLM_PYTHON,
                  max_model_len: int = 2048, extra: tuple[str, ...] = ()) -> list[str]:
-    """docs/vllm.md's command for one model (and speculative config), fp32 and eager, with vLLM's per-request
-    detailed speculative metrics (what the vLLM backend's steps and statistics read); `extra`: more of `vllm
-    serve`'s flags (on a GPU shared by two servers, --gpu-memory-utilization)."""
+    """docs/vllm.md's command for one model (and speculative config), fp32 and eager; a speculative one with
+    vLLM's per-request detailed speculative metrics (what the vLLM backend's steps and statistics read; vLLM refuses
+    them without a speculative config). `extra`: more of `vllm serve`'s flags (on a GPU shared by two servers,
+    --gpu-memory-utilization)."""
     command = [str(python), "-m", VLLM_SERVER, "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
-               "--dtype", "float32", "--enforce-eager", "--max-model-len", str(max_model_len), "--seed", "0",
-               "--per-request-spec-decode-metrics", "detailed", *extra]
-    return command + (["--speculative-config", json.dumps(speculative)] if speculative else [])
+               "--dtype", "float32", "--enforce-eager", "--max-model-len", str(max_model_len), "--seed", "0", *extra]
+    if speculative:
+        command += ["--speculative-config", json.dumps(speculative), "--per-request-spec-decode-metrics", "detailed"]
+    return command
 
 
 def specviz_command(model: str, port: int, threads: int | None = None) -> list[str]:
