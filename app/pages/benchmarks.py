@@ -9,12 +9,14 @@ import streamlit as st
 
 from app import figures, state, teaching
 from specviz import bench
+from specviz.bench.vllm import PREFIX as VLLM_PREFIX  # a lane's method in the runs: vllm:<label>
 from specviz.errors import SpecvizError
 
 state.intro(
     "Benchmarks",
     "How much faster, on this machine, with which drafter, and why: every drafter against plain decoding (`none`) "
-    "and against what you would use instead (transformers' `generate()`), measured side by side.  \n"
+    "and against what you would use instead (transformers' `generate()`, llama.cpp, vLLM servers), measured side "
+    "by side.  \n"
     "Run a small bench here, or load a report written by `python -m specviz bench --json-out FILE`.",
 )
 
@@ -125,6 +127,39 @@ def llama_cpp_tables(section: dict | None, weights: str = "fp32") -> None:
                "with its own plain decoding in the Markdown report.")
 
 
+VLLM_LIMITS = ("vLLM exposes no q, no tree and no u: a lane's τ and acceptance are its own per-step counts (drafted "
+               "and accepted per verify step, from `--per-request-spec-decode-metrics detailed`), τ counting the "
+               "prefill's forward as ours does, not tests this page can replay. Its output is compared with `none`'s "
+               "for information only: vLLM's kernels round otherwise, so the two may part at a near-tie.")
+HOW = {True: "speculative", False: "plain", None: "not known"}  # a lane's server: whether its /metrics count drafts
+
+
+def vllm_tables(section: dict | None) -> None:
+    """Running vLLM servers as lanes (`specviz bench --vllm URL=label,...`): each beside `none`, its per-position
+    acceptance, and ours over each lane per prompt."""
+    if not section:
+        return
+    lanes = section["lanes"]
+    st.markdown("**vLLM** (running servers, each with the speculative method it was started with): the same prompt "
+                "token ids, sampling settings and token budget, timed in the same interleaved run as a client waits "
+                "for it, the whole stream over HTTP, prefill included.")
+    st.dataframe([{"lane": label, "server": lane["url"], "decoding": HOW[lane["speculative"]],
+                   "τ": rounded(lane["tau"]), "acceptance": rounded(lane["acceptance_rate"]),
+                   "tokens/s": rounded(lane["tokens_per_s"], 1), "ms/token": rounded(lane["ms_per_token"], 1),
+                   **spread("speedup vs none", lane["speedup_vs_none"]),
+                   "output = none (prompts)": None if lane["outputs_equal_none"] is None else
+                   f"{lane['outputs_equal_none']} of {lane['outputs_equal_none'] + len(lane['parted_from_none'])}"}
+                  for label, lane in lanes.items()], hide_index=True)
+    depth = max((len(lane["per_position_acceptance"]) for lane in lanes.values()), default=0)
+    if depth:
+        st.markdown("vLLM's per-position acceptance (accepted at depth d ÷ steps that drafted to d):")
+        st.dataframe([{"lane": label, **{f"d={d + 1}": rounded(a) for d, a in enumerate(lane["per_position_acceptance"])}}
+                      for label, lane in lanes.items() if lane["per_position_acceptance"]], hide_index=True)
+    st.dataframe([{"ours": name, **{f"over {label} (median, min–max)": span(s) for label, s in over.items()}}
+                  for name, over in section["ours_over"].items()], hide_index=True)
+    st.caption(VLLM_LIMITS)
+
+
 def numerics_table(report: dict) -> None:
     """Greedy differences from `none` at a floating-point near-tie: numerics events, with the target's two logits."""
     events = [(n, x) for n, d in report["drafters"].items() for x in d.get("numerics_events", [])]
@@ -140,6 +175,11 @@ def numerics_table(report: dict) -> None:
 
 
 # ------------------------------------------------------------------------------------------- charts
+def served_lanes(report: dict) -> dict[str, dict]:
+    """The report's vLLM lanes named as in its runs, vllm:<label> (a lane's label may be a drafter's name)."""
+    return {f"{VLLM_PREFIX}{label}": lane for label, lane in ((report.get("vllm") or {}).get("lanes") or {}).items()}
+
+
 def rates_figure(report: dict) -> go.Figure:
     drafters, peers = report["drafters"], report["peers"]
     fig = go.Figure()
@@ -152,9 +192,14 @@ def rates_figure(report: dict) -> go.Figure:
     if theirs:
         fig.add_bar(name="llama.cpp", x=list(theirs), y=[p["tokens_per_s"] for p in theirs.values()],
                     text=[f"{p['tokens_per_s']:.1f}" for p in theirs.values()], textposition="outside")
+    served = served_lanes(report)
+    if served:
+        fig.add_bar(name="vLLM (served)", x=list(served), y=[p["tokens_per_s"] for p in served.values()],
+                    text=[f"{p['tokens_per_s']:.1f}" for p in served.values()], textposition="outside")
     floor = report["floor"]["floor_tokens_per_s"]
     title = "Tokens per second (all prompts together)"
-    fastest = max([d["tokens_per_s"] for d in drafters.values()] + [p["tokens_per_s"] for p in [*peers.values(), *theirs.values()]])
+    fastest = max([d["tokens_per_s"] for d in drafters.values()]
+                  + [p["tokens_per_s"] for p in [*peers.values(), *theirs.values(), *served.values()]])
     if floor <= 3 * fastest:
         # a short label at the left: a long one overflows a narrow chart and is cut off
         fig.add_hline(y=floor, line_dash="dash", annotation_text=f"floor {floor:.1f}", annotation_position="top left")
@@ -191,7 +236,7 @@ def cost_figure(report: dict) -> go.Figure:
 
 def acceptance_figure(report: dict) -> go.Figure:
     fig = go.Figure()
-    for name, d in report["drafters"].items():
+    for name, d in {**report["drafters"], **served_lanes(report)}.items():
         if d["per_position_acceptance"]:
             fig.add_scatter(name=name, x=list(range(1, len(d["per_position_acceptance"]) + 1)),
                             y=d["per_position_acceptance"], mode="lines+markers")
@@ -268,22 +313,29 @@ def show(report: dict) -> None:
                      hide_index=True)
     numerics_table(report)
     llama_cpp_tables(report.get("llama_cpp"), report["machine"].get("weights", "fp32"))
+    vllm_tables(report.get("vllm"))
     c1, c2 = st.columns(2)
     c1.plotly_chart(rates_figure(report), key="bench_rates")
     c2.plotly_chart(spread_figure(report), key="bench_spread")
+    served = served_lanes(report)
+    if served:
+        st.caption("The tokens/s chart shows each vLLM lane as vllm:<label> beside ours, timed in the same run (a lane "
+                   "over HTTP, as a client waits); the per-prompt chart shows our drafters only: ours over each vLLM "
+                   "lane, per prompt, is the table above. A speculative lane's own counts join the acceptance charts below.")
     if report["verify_cost_ms"]:
         c1, c2 = st.columns(2)
         c1.plotly_chart(cost_figure(report), key="bench_cost")
         c2.plotly_chart(predicted_figure(report), key="bench_predicted")
-    histograms = {n: d["acceptance_histogram"] for n, d in report["drafters"].items() if d.get("acceptance_histogram")}
-    if any(d["per_position_acceptance"] for d in report["drafters"].values()):
+    ours = {n: d["acceptance_histogram"] for n, d in report["drafters"].items() if d.get("acceptance_histogram")}
+    histograms = {**ours, **{n: d["acceptance_histogram"] for n, d in served.items() if d.get("acceptance_histogram")}}
+    if any(d["per_position_acceptance"] for d in [*report["drafters"].values(), *served.values()]):
         c1, c2 = (st.columns(2) if histograms else (st.container(), None))
         c1.plotly_chart(acceptance_figure(report), key="bench_acceptance")
         if histograms:
             c2.plotly_chart(figures.acceptance_histogram_figure(histograms, "Acceptance histogram (all prompts)"),
                             key="bench_histogram")
         st.caption(teaching.HISTOGRAM_NOTE + (" This report predates the histogram (its drafters carry no "
-                                              "`acceptance_histogram`)." if not histograms else ""))
+                                              "`acceptance_histogram`)." if not ours else ""))
     st.markdown("**Weight-streaming floor.** A plain decoding step reads every weight once: " + bench.floor_sentence(report["floor"]))
     points = bench.none_against_bandwidth(report)
     if points:
