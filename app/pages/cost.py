@@ -1,9 +1,12 @@
+from pathlib import Path
+
 import plotly.graph_objects as go
 import streamlit as st
 
 from app import state
 from specviz import analysis
 from specviz.bench import batch as batch_surface
+from specviz.bench import loadtable
 from specviz.drafters import parse_spec
 from specviz.errors import SpecvizError
 
@@ -11,11 +14,13 @@ state.intro(
     "Cost and scale",
     "What a faster decode is worth: dollars per million output tokens follow directly from tokens/s and the GPU "
     "price.  \nThen: the speedup predicted from the measured acceptance rate α and measured step costs, next to "
-    "the measured one, and why the gain shrinks as the batch grows.",
+    "the measured one, why the gain shrinks as the batch grows, and what many clients at once get from a server "
+    "that batches.",
 )
 
 
 CHAIN_DRAFTERS = ("ngram", "draft")
+PROJECT = Path(__file__).resolve().parents[2]
 H100_TB_S = analysis.GPU_DATASHEET["H100 SXM"]["bandwidth_tb_s"]  # NVIDIA H100 datasheet, not measured here
 
 
@@ -140,24 +145,32 @@ st.markdown(
 )
 
 
-def chosen_surface() -> dict | None:
-    """An uploaded surface when it is one (a clear error otherwise), else the one shipped with specviz."""
-    upload = st.file_uploader("Your own surface (JSON from `python -m specviz batch-cost --out FILE.json`); "
-                              "without one, the surface shipped with specviz", type=["json"], key="cost_b_upload")
+def uploaded_or_shipped(what: str, command: str, key: str, parse, load, shipped: Path) -> dict | None:
+    """An uploaded file when parse(data, name) takes it (a clear error otherwise), else the one shipped with
+    specviz, load() (None when none is shipped)."""
+    upload = st.file_uploader(f"Your own {what} (JSON from `{command}`); without one, the {what} shipped with "
+                              "specviz", type=["json"], key=key)
     if upload is not None:
         try:
-            surface = batch_surface.parse_surface(upload.getvalue(), upload.name)
-            st.caption(f"Showing the uploaded surface {upload.name}.")
-            return surface
+            found = parse(upload.getvalue(), upload.name)
+            st.caption(f"Showing the uploaded {what} {upload.name}.")
+            return found
         except SpecvizError as err:
-            st.error(f"{err}. Showing the shipped surface instead.")
+            st.error(f"{err}." + (f" Showing the shipped {what} instead." if shipped.exists() else ""))
     try:
-        surface = batch_surface.load_surface()
+        found = load()
     except SpecvizError as err:
         st.error(str(err))
         return None
-    st.caption("Showing the shipped surface, specviz/bench/data/batch-surface-cpu.json.")
-    return surface
+    if found is not None:
+        st.caption(f"Showing the shipped {what}, "
+                   f"{shipped.relative_to(PROJECT) if shipped.is_relative_to(PROJECT) else shipped}.")
+    return found
+
+
+def chosen_surface() -> dict | None:
+    return uploaded_or_shipped("surface", "python -m specviz batch-cost --out FILE.json", "cost_b_upload",
+                               batch_surface.parse_surface, batch_surface.load_surface, batch_surface.SHIPPED)
 
 
 def machine_label(surface: dict) -> str:
@@ -282,3 +295,84 @@ if gains:
                "B sequences × 3600) × 10⁶ (section 1's formula). Plain: B tokens per c(B, 1). Speculative: B · E(α, K) "
                "tokens per step of c(B, K + 1) + K · d · c(B, 1), from the measured surface. "
                f"{batching_note(rows)}")
+
+# ------------------------------------------------------------------------------------------ many clients
+st.header("5. Many clients: throughput under concurrency")
+st.markdown(
+    "Sections 3 and 4 ask what speculation does for one stream or inside one batch. A server is asked something "
+    "else: with N clients streaming at once, how many tokens per second come out in total, and how long does each "
+    "wait for its first token? **Our engine decodes one run at a time**: `specviz serve` queues the other clients' "
+    "runs, so its aggregate stays at one stream's speed however many clients there are, and their first tokens "
+    "wait behind the runs ahead of them. **vLLM batches**: each of its forwards advances every running request, "
+    "and while a forward is memory-bound a few more tokens in it cost little (section 4), so its aggregate grows "
+    "with the clients. Throughput under concurrency comes from vLLM's batching, and that is what this table "
+    "measures: specviz's engine shows what speculation does to one stream, step by step; to serve many clients, "
+    "run vLLM, with our EAGLE-3 head as its drafter (docs/vllm.md)."
+)
+
+
+def load_figure(table: dict) -> go.Figure:
+    """Aggregate tokens/s against clients, a line a lane: the median over rounds, its bar the rounds' min–max."""
+    fig = go.Figure()
+    for lane in table["lanes"]:
+        rows = [lane["by_clients"][str(n)] for n in table["clients"]]
+        middle = [r["aggregate_tokens_per_s"] for r in rows]
+        fig.add_scatter(name=lane["label"], x=table["clients"], y=middle, mode="lines+markers",
+                        line={"dash": "solid" if lane["engine"] == "vLLM" else "dot"},
+                        error_y={"type": "data", "symmetric": False,
+                                 "array": [r["aggregate_range"][1] - m for r, m in zip(rows, middle)],
+                                 "arrayminus": [m - r["aggregate_range"][0] for r, m in zip(rows, middle)]})
+    fig.update_layout(title="Aggregate tokens/s against clients streaming at once", height=380,
+                      xaxis={"title": "clients at once", "type": "log", "tickvals": table["clients"]},
+                      yaxis={"title": "tokens/s, all clients together", "rangemode": "tozero"},
+                      legend={"orientation": "h", "y": -0.25}, margin={"l": 10, "r": 10, "t": 40, "b": 10})
+    return fig
+
+
+def growth_note(table: dict) -> str:
+    """How much each lane's aggregate grows from the fewest clients to the most, from the table's own numbers."""
+    first, last = str(table["clients"][0]), str(table["clients"][-1])
+    grown = [f"{lane['label']} {lane['by_clients'][last]['aggregate_tokens_per_s'] / start:.1f}×"
+             for lane in table["lanes"] if (start := lane["by_clients"][first]["aggregate_tokens_per_s"]) > 0]
+    return f"From {first} to {last} clients the aggregate grows: {', '.join(grown)}." if first != last and grown else ""
+
+
+def load_rows(table: dict) -> list[dict]:
+    """The table's rows: every lane at each number of clients, its aggregate and its first-token times."""
+    rows = []
+    for n in table["clients"]:
+        for lane in table["lanes"]:
+            s = lane["by_clients"][str(n)]
+            rows.append({"clients": n, "lane": lane["label"], "engine": lane["engine"],
+                         "aggregate tokens/s (median)": round(s["aggregate_tokens_per_s"], 1),
+                         "min": round(s["aggregate_range"][0], 1), "max": round(s["aggregate_range"][1], 1),
+                         "first token, median (s)": seconds(s["ttft_median_s"]),
+                         "first token, p90 (s)": seconds(s["ttft_p90_s"]), "runs": s["runs"], "errors": s["errors"]})
+    return rows
+
+
+def seconds(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
+
+
+table = uploaded_or_shipped("load table", "python scripts/load_table.py --json-out FILE.json", "cost_load_upload",
+                            loadtable.parse_load_table, loadtable.load_load_table, loadtable.SHIPPED)
+if table is None:
+    st.info("No load table to show yet. Make one on a machine with vLLM installed (docs/vllm.md): the script starts "
+            "vLLM plain, vLLM with our EAGLE-3 head and `specviz serve`, measures 1, 4 and 16 clients in interleaved "
+            "rounds, and writes the JSON this section reads; then load it above.")
+    st.code(loadtable.COMMAND, language="bash")
+else:
+    st.plotly_chart(load_figure(table), key="cost_load")
+    st.dataframe(load_rows(table), hide_index=True)
+    failed = [f"{lane['label']} at {n} clients: {s.get('first_error')}" for lane in table["lanes"]
+              for n, s in lane["by_clients"].items() if s["errors"]]
+    if failed:
+        st.warning("Some runs failed (their tokens are not counted); the first error of each lane and number of "
+                   "clients that had one: " + "; ".join(failed))
+    versions = ", ".join(f"{k} {v}" for k, v in table.get("versions", {}).items())
+    st.caption(f"Measured {table['date']} by `{table['command']}` on {table['cpu']}, {table['cores']} cores; "
+               f"{table['setup']}" + (f"; {versions}" if versions else "") + f". {table['rounds']} rounds, at most "
+               f"{table['max_new_tokens']} new tokens a run, T = 0. A point is the median over rounds of a phase's "
+               "tokens ÷ its wall time, its bar the rounds' min–max; the first token is timed from a run's request "
+               f"to its first committed token, over every run. {growth_note(table)}")
