@@ -23,7 +23,7 @@ def main(argv):
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--context-len", type=int, default=256)
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--weights", default="fp32", choices=("fp32", "q4"))
+    ap.add_argument("--weights", default="fp32", choices=("fp32", "q4", "q4q8"))
     ap.add_argument("--new-tokens", type=int, default=1, help="tokens per step (a verify of that many)")
     args = ap.parse_args(argv)
     model = models.load(args.model, device="cpu", weights=args.weights).target

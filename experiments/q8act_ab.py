@@ -10,7 +10,8 @@ multiplied in integers (`weights="q4q8"`, specviz/kernels/csrc/intdot.h), side b
    logit there;
 3. drift (`--kl`): the mean KL(p_q4 ‖ p_q4q8) of the next-token distributions, and how often their top-1 tokens
    agree, at the first N response positions of the held-out training prompts (the first 128 of
-   `specviz train data`'s shuffled order, never trained on), each answered greedily by the q4 target;
+   `specviz train data`'s shuffled order, never trained on), each answered greedily by the q4 target; and the same
+   with only the projections, or only the LM head, on 8-bit activations (the other part on fp32 ones);
 4. with `--llama-cpp` (llama-cpp-python importable, e.g. built by `make peers`), llama.cpp's own drift on the same
    GGUF, whose dot products quantize the activations to 8 bits too: its greedy output against the q4 target's,
    and KL(p_q4 ‖ p_llama.cpp) at the same positions (its logits for every position, over the same tokens).
@@ -156,6 +157,14 @@ def kl_part(loaded: dict, targets: dict, positions: int, tokens: int, llama_cpp:
     lines = [f"held-out positions: {sum(len(a) for _, a in sequences)} answer tokens of {len(sequences)} prompts, "
              f"the first {positions} used",
              f"q4q8 against q4: {drift(logp['q4'], logp['q4q8'], positions)}"]
+    heads = {way: quant.q8_head(loaded[way].target) for way in WAYS}
+    for label, way, head in (("projections on 8-bit activations, LM head on fp32 ones", "q4q8", heads["q4"]),
+                             ("projections on fp32 activations, LM head on 8-bit ones", "q4", heads["q4q8"])):
+        model = loaded[way].target
+        object.__setattr__(model, quant.HEAD_ATTRIBUTE, head)  # the other way's head, for this comparison only
+        mixed = Target(model)
+        lines.append(f"{label}: {drift(logp['q4'], [distributions(mixed, i, a) for i, a in sequences], positions)}")
+        object.__setattr__(model, quant.HEAD_ATTRIBUTE, heads[way])
     if llama_cpp:
         llm = llama_cpp_model(loaded["q4"], max(len(i) + len(a) for i, a in sequences) + 8, logits_all=True)
         theirs = [llama_cpp_distributions(llm, ids, answer) for ids, answer in sequences]
