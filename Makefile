@@ -73,13 +73,13 @@ test-avx2: fetch
 	ONEDNN_MAX_CPU_ISA=AVX2 $(PY) -m pytest -q -m "not qwen" tests/test_heads.py tests/test_fastlinear.py tests/test_fastdecoder.py tests/test_extension.py
 
 test: lint fetch
-	$(PY) -m pytest -m "not qwen" --ignore=tests/test_vllm.py tests
+	$(PY) -m pytest -m "not qwen" --ignore=tests/test_vllm.py --ignore=tests/test_browser_vllm.py tests
 	$(MAKE) --no-print-directory test-avx2
 
 # Our draft model and EAGLE-3 head loaded in vLLM, decoding, with the same acceptance as in specviz (about 3 minutes
 # after `make vllm`; CI runs it after `make test`). -rs prints the reason of any skip.
 test-vllm: vllm fetch
-	$(PY) -m pytest -rs tests/test_vllm.py
+	$(PY) -m pytest -rs tests/test_vllm.py tests/test_browser_vllm.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache
