@@ -2,6 +2,12 @@
 
 Run with `make run` (streamlit run app.py). SPECVIZ_DEFAULT_MODEL=<preset or folder> picks the model the
 sidebar starts with."""
+# Streamlit imports pandas and pyarrow lazily, inside st.dataframe; sessions that draw their first table at the
+# same moment (a room pressing Run together on a fresh server) each import them in their own thread, and some get
+# a partially initialised module ("module 'pandas' has no attribute 'Series'"). Importing them here, where every
+# session's first script run passes before it can draw anything, finishes that import once.
+import pandas  # noqa: F401
+import pyarrow  # noqa: F401
 import streamlit as st
 
 from app import state

@@ -280,7 +280,7 @@ def run_decode(shared: Backend, prompt: str, settings: Settings, into: list | No
         return None
     except Exception as err:  # an engine bug should read as a message, not a traceback
         waiting.empty()
-        st.error(f"The engine failed ({type(err).__name__}): {err}")
+        st.error(f"The run failed ({type(err).__name__}): {err}")
         return None
     return events
 
