@@ -63,6 +63,42 @@ def test_one_op_equals_the_torch_ops(heads, kv_heads, head_dim, T, past, mask_ki
 
 
 @needs_op
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (2, 1, 48)])  # 48: the portable path
+@pytest.mark.parametrize("bool_mask", [False, True])
+@torch.inference_mode()
+def test_a_tree_row_gives_the_bits_of_its_path_alone(heads, kv_heads, head_dim, bool_mask):
+    """Each row of a tree's attention is, bit for bit, what the op gives that row with only its path in the cache
+    (what a one-token decode along it computes): the same keys summed in the same order, whatever else the tree
+    holds. On 8-bit activations one changed bit can move a rounding, and with it a greedy token."""
+    layers = stack(heads, kv_heads, head_dim)
+    past, tree = 37, random_tree(n=23, seed=5)
+    qkv, cos, sin, keys, values = inputs(layers, len(tree) + 1, past, seed=11)
+    mask = tree.attention_mask(past)
+    together = layers._attend_in_one_op(Layer, qkv, cos, sin, keys.clone(), values.clone(), past,
+                                        mask == 0 if bool_mask else mask)
+    for row in range(len(tree) + 1):  # row 0 is the root, row i + 1 the tree's node i
+        path = [0] + [node + 1 for node in (tree.path_to(row - 1) if row else [])]
+        alone = layers._attend_in_one_op(Layer, qkv[path].contiguous(), cos[path].contiguous(), sin[path].contiguous(),
+                                         keys.clone(), values.clone(), past, None)
+        assert torch.equal(alone[-1], together[row]), f"row {row} differs from its path alone"
+
+
+@needs_op
+@torch.inference_mode()
+def test_a_mask_with_other_values_attends_over_every_key_with_them_added():
+    """A mask that does more than let keys in or shut them out (here a bias of -2 on some) is applied as it is."""
+    layers = stack(4, 2, 16)
+    T, past = 6, 20
+    qkv, cos, sin, keys, values = inputs(layers, T, past, seed=2)
+    mask = torch.zeros(T, past + T)
+    mask[:, ::3] = -2.0
+    mask[:, past:] = torch.full((T, T), torch.finfo(torch.float32).min).triu(1)
+    theirs = layers._attend(Layer, qkv, cos.unsqueeze(0), sin.unsqueeze(0), keys.clone(), values.clone(), past, mask)
+    ours = layers._attend_in_one_op(Layer, qkv, cos, sin, keys, values, past, mask)
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+
+
+@needs_op
 @torch.inference_mode()
 def test_one_op_rejects_what_it_cannot_do():
     layers = stack(4, 2, 16)

@@ -283,6 +283,28 @@ def test_a_forward_over_n_tokens_gives_the_bits_of_n_one_token_forwards():
 
 
 @needs_op
+def test_a_tree_forward_gives_each_node_the_bits_of_one_token_forwards_along_its_path():
+    """A tree verify on 8-bit activations: each node's logits are those of one-token forwards along its path alone.
+    A tree of 24 nodes, so that its rows' keys cross a 16-key block (where a differently grouped sum once moved a
+    bit, and 8-bit roundings turned that into different greedy tokens)."""
+    from test_tree import random_tree
+
+    _, q8 = q4q8_pair()
+    target = Target(q8)
+    prompt, tree = [3, 17, 9, 40, 2, 11, 5, 8, 13, 21, 34], random_tree(n=24, seed=7)
+    past = len(prompt) - 1
+    cache = target.new_cache()
+    target.forward(prompt[:-1], cache, logits=False)
+    _, together = target.forward([prompt[-1]] + tree.tokens, cache, tree.position_ids(past),
+                                 tree.attention_mask(past))
+    for node in range(len(tree)):
+        cache = target.new_cache()
+        target.forward(prompt[:-1], cache, logits=False)
+        _, alone = target.forward([prompt[-1]] + [tree.tokens[i] for i in tree.path_to(node)], cache)
+        assert torch.equal(alone[-1], together[node + 1]), f"node {node} differs from its path alone"
+
+
+@needs_op
 def test_drafters_keep_the_greedy_output_on_8_bit_activations():
     from specviz.drafters.eagle import EagleDrafter, TreeShape
 

@@ -14,7 +14,12 @@
 // rounds them (this file is compiled with -ffp-contract=off), so the cache holds the same bits as through torch.
 // The softmax(q k / sqrt(D)) v is computed in fp32 per (token, head) with max subtraction: the same function
 // as scaled_dot_product_attention, to rounding. Without a mask each (token, head) is computed the same way
-// whatever T is (it sees past + t + 1 keys either way); a mask makes every row see all past + T keys.
+// whatever T is (it sees past + t + 1 keys either way). With a mask whose every entry either lets a key in unchanged
+// (true, or 0 added) or shuts it out (false, or an added value of -1e30 or less: a weight that is exactly 0), as a
+// draft tree's mask does, a row attends over the keys it may see, gathered in order: the same keys in the same
+// order as a one-token forward along the row's path would see them in a cache of its path alone, so it gives the
+// same bits whatever else the tree holds (a fixed order of sums needs the same sequence of terms, not only the same
+// nonzero ones). A mask with other values makes its row see all past + T keys, each with its value added.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -32,6 +37,26 @@
 namespace {
 
 constexpr int64_t kLanes = 16;  // partial sums per dot product: one AVX-512 register
+constexpr float kShut = -1e30f;  // an added mask value at or below this gives its key a weight of exactly 0
+
+// The cache position of a row's j-th key: index[j] where its keys are gathered, else j.
+inline int64_t key_at(const int64_t* index, int64_t j) { return index ? index[j] : j; }
+
+// The cache positions a mask row lets in, in order, into `keys`; false where the row has a value that neither lets
+// a key in unchanged nor shuts it out (then the row attends over all its keys with the mask applied).
+inline bool gather(const bool* allowed_row, const float* additive_row, int64_t end, std::vector<int64_t>& keys) {
+  keys.clear();
+  for (int64_t j = 0; j < end; ++j) {
+    if (allowed_row) {
+      if (allowed_row[j]) keys.push_back(j);
+    } else if (additive_row[j] == 0.f) {
+      keys.push_back(j);
+    } else if (!(additive_row[j] <= kShut)) {
+      return false;
+    }
+  }
+  return true;
+}
 
 // The generic path's dot product: 16 partial sums (which the compiler vectorizes), then summed in order.
 inline float dot(const float* a, const float* b, int64_t n) {
@@ -121,10 +146,11 @@ inline __m512 lane_sums(__m512* v) {
 }
 
 // One (token, head): out = softmax(scale q·k_j + mask_j over j < seen) · v, for D = 16 C. `scores` has room for
-// seen floats; allowed_row / additive_row: the token's row of a bool / additive mask, or null.
+// seen floats; allowed_row / additive_row: the token's row of a bool / additive mask, or null; index: where the
+// j-th key and value sit in the cache (a row's gathered keys), or null for the j-th.
 template <int C>
-void head_attention(const float* q, const float* keys, const float* values, int64_t seen, float scale,
-                    const bool* allowed_row, const float* additive_row, float* scores, float* out) {
+void head_attention(const float* q, const float* keys, const float* values, const int64_t* index, int64_t seen,
+                    float scale, const bool* allowed_row, const float* additive_row, float* scores, float* out) {
   constexpr int64_t D = C * kLanes;
   __m512 qv[C];
   for (int c = 0; c < C; ++c) qv[c] = _mm512_loadu_ps(q + c * kLanes);
@@ -132,14 +158,14 @@ void head_attention(const float* q, const float* keys, const float* values, int6
   for (; j + kLanes <= seen; j += kLanes) {
     __m512 v[kLanes];
     for (int i = 0; i < kLanes; ++i) {
-      const float* k = keys + (j + i) * D;
+      const float* k = keys + key_at(index, j + i) * D;
       v[i] = _mm512_mul_ps(qv[0], _mm512_loadu_ps(k));
       for (int c = 1; c < C; ++c) v[i] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(k + c * kLanes), v[i]);
     }
     _mm512_storeu_ps(scores + j, lane_sums(v));
   }
   for (; j < seen; ++j) {
-    const float* k = keys + j * D;
+    const float* k = keys + key_at(index, j) * D;
     __m512 v = _mm512_mul_ps(qv[0], _mm512_loadu_ps(k));
     for (int c = 1; c < C; ++c) v = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(k + c * kLanes), v);
     scores[j] = _mm512_reduce_add_ps(v);
@@ -152,7 +178,7 @@ void head_attention(const float* q, const float* keys, const float* values, int6
     total = exp_shifted(scores, seen, top);
     for (j = 0; j < seen; ++j) {
       const __m512 p = _mm512_set1_ps(scores[j]);
-      const float* v = values + j * D;
+      const float* v = values + key_at(index, j) * D;
       for (int c = 0; c < C; ++c) acc[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(v + c * kLanes), acc[c]);
     }
   }
@@ -162,17 +188,17 @@ void head_attention(const float* q, const float* keys, const float* values, int6
 #endif
 
 // The same as head_attention for any D (a multiple of 16), in portable C++; acc has room for D floats.
-inline void head_attention_generic(const float* q, const float* keys, const float* values, int64_t D, int64_t seen,
-                                   float scale, const bool* allowed_row, const float* additive_row, float* scores,
-                                   float* acc, float* out) {
-  for (int64_t j = 0; j < seen; ++j) scores[j] = dot(q, keys + j * D, D);
+inline void head_attention_generic(const float* q, const float* keys, const float* values, const int64_t* index,
+                                   int64_t D, int64_t seen, float scale, const bool* allowed_row,
+                                   const float* additive_row, float* scores, float* acc, float* out) {
+  for (int64_t j = 0; j < seen; ++j) scores[j] = dot(q, keys + key_at(index, j) * D, D);
   const float top = mask_and_top(scores, seen, scale, allowed_row, additive_row);
   std::fill(acc, acc + D, 0.f);
   float total = 0.f;
   if (top > -std::numeric_limits<float>::infinity()) {
     total = exp_shifted(scores, seen, top);
     for (int64_t j = 0; j < seen; ++j) {
-      const float* v = values + j * D;
+      const float* v = values + key_at(index, j) * D;
       for (int64_t d = 0; d < D; ++d) acc[d] += scores[j] * v[d];
     }
   }
@@ -234,6 +260,11 @@ at::Tensor attend(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor
   float* OUT = out.data_ptr<float>();
   // Threads only where there is enough work to share (a single token over a short context runs on one).
   const int64_t grain = std::max<int64_t>(1, (1 << 18) / std::max<int64_t>(1, end * D));
+  // With a mask, each row's keys: gathered where its mask only lets keys in or shuts them out (see the top).
+  std::vector<std::vector<int64_t>> rows_keys(allowed || additive ? T : 0);
+  std::vector<char> gathered(rows_keys.size(), 0);
+  for (int64_t t = 0; t < static_cast<int64_t>(rows_keys.size()); ++t)
+    gathered[t] = gather(allowed ? allowed + t * end : nullptr, additive ? additive + t * end : nullptr, end, rows_keys[t]);
   at::parallel_for(0, T * heads, grain, [&](int64_t begin, int64_t stop) {
     std::vector<float> q(D), scores(end), acc(D);
     for (int64_t task = begin; task < stop; ++task) {
@@ -241,20 +272,29 @@ at::Tensor attend(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor
       rotate(QKV + t * width + h * D, COS + t * D, SIN + t * D, q.data(), D);
       const float* keys_g = K + g * capacity * D;
       const float* values_g = V + g * capacity * D;
-      const int64_t seen = (allowed || additive) ? end : past + t + 1;  // causal: nothing after the token itself
+      const int64_t* index = nullptr;
+      const bool* allowed_row = nullptr;
+      const float* additive_row = nullptr;
+      int64_t seen = past + t + 1;  // causal: nothing after the token itself
+      if (!rows_keys.empty() && gathered[t]) {
+        index = rows_keys[t].data();
+        seen = static_cast<int64_t>(rows_keys[t].size());
+      } else if (!rows_keys.empty()) {
+        seen = end;
+        allowed_row = allowed ? allowed + t * end : nullptr;
+        additive_row = additive ? additive + t * end : nullptr;
+      }
       float* o = OUT + t * heads * D + h * D;
-      const bool* allowed_row = allowed ? allowed + t * end : nullptr;
-      const float* additive_row = additive ? additive + t * end : nullptr;
       switch (D) {  // AVX-512 registers for the common head sizes
 #ifdef __AVX512F__
-        case 16: head_attention<1>(q.data(), keys_g, values_g, seen, scale, allowed_row, additive_row, scores.data(), o); break;
-        case 32: head_attention<2>(q.data(), keys_g, values_g, seen, scale, allowed_row, additive_row, scores.data(), o); break;
-        case 64: head_attention<4>(q.data(), keys_g, values_g, seen, scale, allowed_row, additive_row, scores.data(), o); break;
-        case 128: head_attention<8>(q.data(), keys_g, values_g, seen, scale, allowed_row, additive_row, scores.data(), o); break;
+        case 16: head_attention<1>(q.data(), keys_g, values_g, index, seen, scale, allowed_row, additive_row, scores.data(), o); break;
+        case 32: head_attention<2>(q.data(), keys_g, values_g, index, seen, scale, allowed_row, additive_row, scores.data(), o); break;
+        case 64: head_attention<4>(q.data(), keys_g, values_g, index, seen, scale, allowed_row, additive_row, scores.data(), o); break;
+        case 128: head_attention<8>(q.data(), keys_g, values_g, index, seen, scale, allowed_row, additive_row, scores.data(), o); break;
 #endif
         default:
-          head_attention_generic(q.data(), keys_g, values_g, D, seen, scale, allowed_row, additive_row, scores.data(),
-                                 acc.data(), o);
+          head_attention_generic(q.data(), keys_g, values_g, index, D, seen, scale, allowed_row, additive_row,
+                                 scores.data(), acc.data(), o);
       }
     }
   });
