@@ -3,9 +3,11 @@
 # 2 CPU cores, by how busy the machine is): the 80 MT-bench questions at T = 0 with every drafter and the
 # transformers peers, the floor run (`none` alone), the same at T = 1, and the variants on 6 questions. Each
 # report is written only when its run ends (atomically); progress goes to runs/readme-benches/*.log.
-#   scripts/readme_benches.sh [t0 floor t1 variants eagle3-t0 eagle3-t1 q4]     (default: the first four, in that order)
+#   scripts/readme_benches.sh [t0 floor t1 variants eagle3-t0 eagle3-t1 default q4]   (default: the first four, in that order)
 #   (eagle3-t0 / eagle3-t1: EAGLE-2 beside EAGLE-3 alone, without peers, for docs/training.md; T1_LIMIT questions at T = 1;
-#    q4: the GGUF's 4-bit weights beside llama.cpp on the same file, for docs/performance.md; needs `make peers`)
+#    default: the default weights (the GGUF's blocks on 8-bit activations) with every drafter beside llama.cpp on the same
+#    file, for README.md, DEFAULT_LIMIT questions; q4: the same blocks on fp32 activations; both need `make peers`;
+#    the others run the fp32 copy, the model docs/performance.md's sections 1-8 measure)
 #   EXTRA=eagle2:head=runs/old-eagle scripts/readme_benches.sh t0    (more drafters beside the usual ones in t0 and t1,
 #                                                                   e.g. a head trained before, to compare in one run)
 # Run it from a quiet machine: anything else running shifts the absolute speeds (the ratios less so, since every
@@ -25,23 +27,26 @@ bench() {  # name args...
 }
 for part in ${@:-t0 floor t1 variants}; do
     case $part in
-        t0) bench t0 --prompts "$QUESTIONS" --max-new-tokens 128 --temperature 0 --drafters "$ALL" \
+        t0) bench t0 --weights fp32 --prompts "$QUESTIONS" --max-new-tokens 128 --temperature 0 --drafters "$ALL" \
                 --json-out specviz/bench/data/reference-t0.json --md-out docs/results/bench-smollm2-t0.md ;;
-        floor) bench floor --drafters none --no-peers --prompts "$QUESTIONS" --max-new-tokens 128 --verify-sizes 1 \
+        floor) bench floor --weights fp32 --drafters none --no-peers --prompts "$QUESTIONS" --max-new-tokens 128 --verify-sizes 1 \
                 --json-out docs/results/bench-floor-t0.json --md-out docs/results/bench-floor-t0.md ;;
-        t1) bench t1 --prompts "$QUESTIONS" --max-new-tokens 128 --temperature 1.0 --drafters "$ALL" \
+        t1) bench t1 --weights fp32 --prompts "$QUESTIONS" --max-new-tokens 128 --temperature 1.0 --drafters "$ALL" \
                 --json-out docs/results/bench-smollm2-t1-80.json --md-out docs/results/bench-smollm2-t1-80.md ;;
-        variants) bench variants --prompts "$QUESTIONS" --limit 6 --max-new-tokens 128 --temperature 0 --no-peers \
+        variants) bench variants --weights fp32 --prompts "$QUESTIONS" --limit 6 --max-new-tokens 128 --temperature 0 --no-peers \
                 --verify-sizes 0 --drafters eagle2,eagle2:total_tokens=16,eagle2:early_stop=false,eagle2:draft_vocab=trained,eagle2:lookup=4,medusa,draft,draft:adaptive=true \
                 --json-out docs/results/bench-variants.json --md-out docs/results/bench-variants.md ;;
-        eagle3-t0) bench eagle3-t0 --prompts "$QUESTIONS" --max-new-tokens 128 --temperature 0 --drafters "$EAGLES" --no-llama-cpp \
+        eagle3-t0) bench eagle3-t0 --weights fp32 --prompts "$QUESTIONS" --max-new-tokens 128 --temperature 0 --drafters "$EAGLES" --no-llama-cpp \
                 --no-peers --quick --json-out docs/results/bench-eagle3-t0.json --md-out docs/results/bench-eagle3-t0.md ;;
-        eagle3-t1) bench eagle3-t1 --prompts "$QUESTIONS" --limit "${T1_LIMIT:-80}" --max-new-tokens 128 --temperature 1.0 \
+        eagle3-t1) bench eagle3-t1 --weights fp32 --prompts "$QUESTIONS" --limit "${T1_LIMIT:-80}" --max-new-tokens 128 --temperature 1.0 \
                 --drafters "$EAGLES" --no-peers --no-llama-cpp --quick \
                 --json-out docs/results/bench-eagle3-t1.json --md-out docs/results/bench-eagle3-t1.md ;;
+        default) bench default --prompts "$QUESTIONS" --limit "${DEFAULT_LIMIT:-80}" --max-new-tokens 128 --temperature 0 \
+                --drafters none,ngram,draft:adaptive=true,medusa,eagle2,eagle2:lookup=4,eagle3,eagle3:lookup=4 --no-peers --quick \
+                --json-out docs/results/bench-default-t0.json --md-out docs/results/bench-default-t0.md ;;
         q4) bench q4 --weights q4 --prompts "$QUESTIONS" --max-new-tokens 128 --temperature 0 \
                 --drafters none,ngram,eagle2,eagle2:lookup=4 --no-peers --quick \
                 --json-out docs/results/bench-q4-llamacpp-t0.json --md-out docs/results/bench-q4-llamacpp-t0.md ;;
-        *) echo "unknown part '$part': choose from t0 floor t1 variants eagle3-t0 eagle3-t1 q4" >&2; exit 2 ;;
+        *) echo "unknown part '$part': choose from t0 floor t1 variants eagle3-t0 eagle3-t1 default q4" >&2; exit 2 ;;
     esac
 done

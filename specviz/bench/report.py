@@ -270,8 +270,8 @@ def floor_sentence(fl: dict) -> str:
 
 
 
-def llama_cpp_markdown(section: dict | None) -> list[str]:
-    """The llama.cpp section: why it did not run, or its two peers and ours over each."""
+def llama_cpp_markdown(section: dict | None, weights: str = "fp32") -> list[str]:
+    """The llama.cpp section: why it did not run, or its two peers and ours over each (`weights`: our target's)."""
     if section is None:
         return []
     if not section.get("methods"):
@@ -289,7 +289,8 @@ def llama_cpp_markdown(section: dict | None) -> list[str]:
         lines += ["", f"llama.cpp's plain output equals our `none`'s on {plain['outputs_equal_none']} of {n} prompts"
                   + (f"; the others part at token {', '.join(str(x['index']) for x in parted[:12])}"
                      + (" …" if len(parted) > 12 else "") if parted else "")
-                  + " (its 4-bit products quantize the activations to 8 bits; ours keep them fp32)."]
+                  + (" (both quantize the activations to 8 bits, by the same rule, and sum in other orders)."
+                     if weights == "q4q8" else " (its 4-bit products quantize the activations to 8 bits; ours keep them fp32).")]
     lines += ["", "Ours over llama.cpp, per prompt (median, min–max):", ""]
     lines += table(["ours", "over `llama_cpp`", "over `llama_cpp_lookup`"],
                     [[f"`{n}`", spread(o["llama_cpp"]), spread(o["llama_cpp_lookup"])] for n, o in section["ours_over"].items()])
@@ -346,7 +347,7 @@ def to_markdown(report: dict) -> str:
         lines += ["", "## Head to head (ours over theirs, per prompt)", ""]
         lines += table(["ours", "peer", "speedup"], [[f"`{h['ours']}`", f"`{h['peer']}`", spread(h["speedup"])]
                                                       for h in report["head_to_head"]])
-    lines += llama_cpp_markdown(report.get("llama_cpp"))
+    lines += llama_cpp_markdown(report.get("llama_cpp"), m.get("weights", "fp32"))
     lines += vllm_markdown(report.get("vllm"))
     if report["verify_cost_ms"]:
         sizes = list(report["verify_cost_ms"])
