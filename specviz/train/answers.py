@@ -49,11 +49,13 @@ class Answers:
     seconds: float = 0.0
 
 
+# The settings of a DataConfig that decide which prompts a shard holds and how they are answered (with the
+# prompts file); the data job's own MAKING adds what decides its features.
+MAKING = ("seed", "n_val", "max_new_tokens", "max_prompt_tokens", "shard_size")
+
+
 def making(cfg) -> dict:
-    """The settings of a DataConfig that decide which prompts a shard holds and how they are answered."""
-    return {"prompts": Path(cfg.prompts_path).stem, "seed": cfg.seed, "n_val": cfg.n_val,
-            "max_new_tokens": cfg.max_new_tokens, "max_prompt_tokens": cfg.max_prompt_tokens,
-            "shard_size": cfg.shard_size}
+    return {"prompts": Path(cfg.prompts_path).stem, **{key: getattr(cfg, key) for key in MAKING}}
 
 
 def folder(cfg) -> Path | None:

@@ -118,13 +118,14 @@ def select_prompts(cfg: DataConfig, tokenizer) -> tuple[list[list[int]], list[li
     return chosen[: cfg.n_val], chosen[cfg.n_val :]
 
 
-def shard_plan(val: list, train: list, shard_size: int, first_train_shard: int = 0) -> list[tuple[str, list]]:
-    """[(name, prompts)]: val shards, then train shards from `first_train_shard` on (names count from the start of
-    the prompt order whatever it is, so a later run can fill in the ones skipped)."""
+def shard_plan(val: list, train: list, shard_size: int, first_train_shard: int = 0) -> list[tuple[str, list, int]]:
+    """[(name, prompts, position of prompts[0] in val + train)]: val shards, then train shards from
+    `first_train_shard` on (names count from the start of the prompt order whatever it is, so a later run can fill
+    in the ones skipped)."""
     plan = []
-    for split, prompts, first in (("val", val, 0), ("train", train, first_train_shard)):
+    for split, prompts, first, offset in (("val", val, 0, 0), ("train", train, first_train_shard, len(val))):
         for k in range(first * shard_size, len(prompts), shard_size):
-            plan.append((f"{split}-{k // shard_size:05d}", prompts[k : k + shard_size]))
+            plan.append((f"{split}-{k // shard_size:05d}", prompts[k : k + shard_size], offset + k))
     return plan
 
 
@@ -265,7 +266,7 @@ def read_index(out_dir: str | Path) -> dict:
 # What decides the contents of the shards already on disk: a rerun that changes one of these would mix two
 # datasets (with another n_val, held-out prompts would become training ones). n_prompts may grow: that resumes.
 # (The model and prompts paths are left out: the same files may sit elsewhere on another machine.)
-MAKING = ("n_val", "seed", "max_new_tokens", "max_prompt_tokens", "shard_size", "aux_layers")
+MAKING = (*answers.MAKING, "aux_layers")  # what must not change between runs of one cache
 
 
 def check_same_making(previous: dict, cfg: DataConfig, out: Path) -> None:
@@ -296,9 +297,7 @@ def build_dataset(cfg: DataConfig, target=None, tokenizer=None) -> dict:
     log.info("data: %d val + %d train prompts in %d shards, %d already done; answers in %s", len(val), len(train),
              len(plan), len(done), where)
     start = time.time()
-    for name, prompts in plan:
-        split, number = name.split("-")
-        first = int(number) * cfg.shard_size + (len(val) if split == "train" else 0)  # position of prompts[0]
+    for name, prompts, first in plan:
         if name in done and (out / f"{name}.safetensors").exists():
             if where is not None and not answers.path_of(where, name).exists():
                 keep_answers_of_cached_shard(out, where, name, prompts, first, cfg, done[name]["seconds"])
@@ -317,7 +316,7 @@ def build_dataset(cfg: DataConfig, target=None, tokenizer=None) -> dict:
         save_tensors_atomically(shard, out / f"{name}.safetensors")
         n_resp = int(shard["token_counts"].sum())
         done[name] = {
-            "name": name, "split": split, "n_seqs": len(prompts),
+            "name": name, "split": name.split("-")[0], "n_seqs": len(prompts),
             "n_tokens": int(shard["tokens"].numel()), "n_response_tokens": n_resp,
             "seconds": round(time.time() - t0, 1),
             **({"rebuilt": True, "answers_seconds": stored.seconds} if stored is not None else {}),

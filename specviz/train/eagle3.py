@@ -187,12 +187,14 @@ def train_eagle3(cfg: TrainConfig, target=None) -> dict:
     loss_rows = vocab[: cfg.loss_vocab] if cfg.loss_vocab else vocab  # frequency order: a prefix is the most frequent
     embed, w_loss = target.get_input_embeddings(), target.lm_head.weight[loss_rows]
     baseline = eagle2_baseline(target, val_set, cfg)
-    if cfg.init:  # the head it starts from, judged on these held-out sequences before any step
-        before = (f"initial head ({cfg.init})", evaluate(head.eval(), target, eval_batches(val_set, cfg)))
-    else:
-        before = ("random head", evaluate(new_head(target, aux_layers, vocab).eval(), target, eval_batches(val_set, cfg)))
-    earlier = Path(cfg.init or ".", "PROVENANCE.md")  # read now: --out may be the same folder
-    earlier = earlier.read_text() if cfg.init and earlier.is_file() else f"(no PROVENANCE.md in {cfg.init})\n"
+    # the head it starts from (or a random one), judged on these held-out sequences before any step
+    start, label = (head, f"initial head ({cfg.init})") if cfg.init else (new_head(target, aux_layers, vocab), "random head")
+    before = (label, evaluate(start.eval(), target, eval_batches(val_set, cfg)))
+    earlier = None
+    if cfg.init:  # how the starting head was made, read now (--out may be the same folder), its title dropped
+        made = Path(cfg.init, "PROVENANCE.md")
+        earlier = (made.read_text().replace("\n#", "\n##").split("\n", 1)[-1] if made.is_file()
+                   else f"(no PROVENANCE.md in {cfg.init})\n")
     log.info("eagle3: %s %s; draft vocab %d covers %.4f of response tokens", *before, len(vocab), coverage)
     shipped = Path(cfg.out, "model.safetensors")
     previous = None
@@ -236,10 +238,9 @@ def train_eagle3(cfg: TrainConfig, target=None) -> dict:
     if baseline:
         metrics[baseline[0]] = baseline[1]
         add_to_provenance(Path(cfg.out), baseline)
-    if cfg.init:  # keep the chain: how the starting head was made
+    if earlier is not None:  # keep the chain: how the starting head was made
         path = Path(cfg.out, "PROVENANCE.md")
-        path.write_text(path.read_text() + "\n## How the initial head was made\n\n"
-                        + earlier.replace("\n#", "\n##").split("\n", 1)[-1])
+        path.write_text(path.read_text() + "\n## How the initial head was made\n\n" + earlier)
     log.info("eagle3: %s", metrics)
     return metrics
 
