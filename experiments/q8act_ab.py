@@ -160,11 +160,9 @@ def kl_part(loaded: dict, targets: dict, positions: int, tokens: int, llama_cpp:
     heads = {way: quant.q8_head(loaded[way].target) for way in WAYS}
     for label, way, head in (("projections on 8-bit activations, LM head on fp32 ones", "q4q8", heads["q4"]),
                              ("projections on fp32 activations, LM head on 8-bit ones", "q4", heads["q4q8"])):
-        model = loaded[way].target
-        object.__setattr__(model, quant.HEAD_ATTRIBUTE, head)  # the other way's head, for this comparison only
-        mixed = Target(model)
+        mixed = Target(loaded[way].target)
+        mixed.head = head  # the other way's LM head, on this adapter only
         lines.append(f"{label}: {drift(logp['q4'], [distributions(mixed, i, a) for i, a in sequences], positions)}")
-        object.__setattr__(model, quant.HEAD_ATTRIBUTE, heads[way])
     if llama_cpp:
         llm = llama_cpp_model(loaded["q4"], max(len(i) + len(a) for i, a in sequences) + 8, logits_all=True)
         theirs = [llama_cpp_distributions(llm, ids, answer) for ids, answer in sequences]
