@@ -39,7 +39,7 @@ class LocalBackend:
 
     @property
     def weights(self) -> str:
-        return getattr(self.models, "weights", "fp32")  # what load() gave the target: specviz.models.quantized
+        return self.models.weights  # what load() gave the target: specviz.models.quantized
 
     def drafters(self) -> list[str]:
         return available(self.models)

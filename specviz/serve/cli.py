@@ -63,7 +63,7 @@ def cmd_serve(args) -> int:
     print("specviz serve: warming up (the verify-cost curve, one short run per drafter) …", file=sys.stderr)
     service.warm()
     for row in service.describe():
-        print(f"specviz serve: {row['name']} on {row['device']} ({row['dtype']}, {row.get('weights', 'fp32')} weights), "
+        print(f"specviz serve: {row['name']} on {row['device']} ({row['dtype']}, {row['weights']} weights), "
               f"drafters: {', '.join(row['drafters'])}",
               file=sys.stderr)
     ready = f"specviz serve: ready on http://{args.host}:{args.port}" + (" (bearer token required)" if token else "")

@@ -126,7 +126,7 @@ class Service:
             drafters = available(models) + variants(models)
             curve = models.verify_curve
             rows.append({"name": name, "device": str(models.device), "dtype": str(models.dtype).removeprefix("torch."),
-                         "weights": getattr(models, "weights", "fp32"),
+                         "weights": models.weights,
                          "drafters": drafters, "default_drafter": self.default_drafter if name == self.default_model else None,
                          "verify_cost_ms": {str(n): s * 1e3 for n, s in curve.items()} if curve else None,
                          "max_positions": getattr(models.target.config, "max_position_embeddings", None)})
