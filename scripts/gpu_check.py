@@ -205,6 +205,7 @@ def vllm_checks(device: torch.device, work: Path, rounds: int, max_new_tokens: i
 def load_table_module():
     spec = importlib.util.spec_from_file_location("load_table", Path(__file__).resolve().parent / "load_table.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up by name
     spec.loader.exec_module(module)
     return module
 

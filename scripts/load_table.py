@@ -45,7 +45,10 @@ from specviz.backends.service import ServiceBackend  # noqa: E402
 from specviz.backends.vllm import VllmBackend  # noqa: E402
 from specviz.bench import servers  # noqa: E402
 from specviz.bench.loadtable import SHIPPED, parse_load_table  # noqa: E402
+from specviz.bench.probes import cpu_name  # noqa: E402
 from specviz.bench.prompts import load_prompts  # noqa: E402
+from specviz.bench.runs import spread  # noqa: E402
+from specviz.bench.runs import summary as median_min_max  # noqa: E402
 from specviz.errors import SpecvizError  # noqa: E402
 from specviz.serve.client import Client  # noqa: E402
 from specviz.serve.loadbench import percentile  # noqa: E402
@@ -63,8 +66,7 @@ class Lane:
 
 
 def vllm_lane(label: str, url: str) -> Lane:
-    backend = VllmBackend.connect(url)
-    backend.detokenize = False  # only the tokens are counted: no extra requests while timed
+    backend = VllmBackend.connect(url, detokenize=False)  # only the tokens are counted: no extra requests while timed
     return Lane(label, "vLLM", lambda prompt, n, client: backend.stream(prompt, max_new_tokens=n, temperature=0.0))
 
 
@@ -138,9 +140,8 @@ def measure(lanes: list[Lane], clients: list[int], rounds: int, prompts: list[st
 def summary(lane: Lane, n: int) -> dict:
     results = lane.phases[n]
     ttft = [run["ttft_s"] for res in results for run in res["runs"]]
-    return {"aggregate_tokens_per_s": statistics.median(r["aggregate_tokens_per_s"] for r in results),
-            "aggregate_range": [min(r["aggregate_tokens_per_s"] for r in results),
-                                max(r["aggregate_tokens_per_s"] for r in results)],
+    aggregate = median_min_max([r["aggregate_tokens_per_s"] for r in results])
+    return {"aggregate_tokens_per_s": aggregate["median"], "aggregate_range": [aggregate["min"], aggregate["max"]],
             "ttft_median_s": statistics.median(ttft) if ttft else None,
             "ttft_p90_s": percentile(ttft, 0.9) if ttft else None,
             "runs": len(ttft), "errors": sum(len(r["errors"]) for r in results),
@@ -170,11 +171,6 @@ def versions() -> dict:
     return found
 
 
-def cpu() -> str:
-    return next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                 if line.startswith("model name")), platform.processor())
-
-
 def to_markdown(report: dict) -> str:
     lines = [f"## {report['date']}: {', '.join(map(str, report['clients']))} clients, {report['rounds']} rounds",
              "", f"- Command: `{report['command']}`",
@@ -196,8 +192,7 @@ def to_markdown(report: dict) -> str:
               "| clients | " + " | ".join(report["pairs"]) + " |", "|---:|" + "---:|" * len(report["pairs"])]
     for n in report["clients"]:
         cells = [report["ratios"][pair][str(n)] for pair in report["pairs"]]
-        lines.append(f"| {n} | " + " | ".join(f"{statistics.median(c):.2f}× ({min(c):.2f}–{max(c):.2f})" if c else "–"
-                                              for c in cells) + " |")
+        lines.append(f"| {n} | " + " | ".join(spread(median_min_max(c)) for c in cells) + " |")
     errors = [(row["label"], s["first_error"]) for row in report["lanes"] for s in row["by_clients"].values() if s["first_error"]]
     if errors:
         lines += ["", "First error of each lane that had one:", ""] + [f"- {label}: {e}" for label, e in errors]
@@ -210,7 +205,7 @@ def build_report(lanes: list[Lane], args, argv: list[str], setup: str) -> dict:
     pairs = {f"{t.label} / {o.label}": (t, o) for t in vllm for o in ours}
     return {
         "date": datetime.date.today().isoformat(), "command": "python scripts/load_table.py " + " ".join(argv),
-        "cpu": cpu(), "cores": os.cpu_count(), "setup": setup, "versions": versions(),
+        "cpu": cpu_name(), "cores": os.cpu_count(), "setup": setup, "versions": versions(),
         "clients": args.clients, "rounds": args.rounds, "max_new_tokens": args.max_new_tokens,
         "lanes": [{"label": lane.label, "engine": lane.engine, "method": lane.label.split(": ", 1)[-1],
                    "by_clients": {str(n): summary(lane, n) for n in args.clients},

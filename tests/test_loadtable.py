@@ -106,10 +106,9 @@ def test_the_shipped_copy_is_read_when_it_is_there(table, tmp_path):
 
 @pytest.fixture
 def cost_page(tiny_model_dir, monkeypatch, tmp_path):
-    """The Cost page with no shipped load table (whatever specviz/bench/data holds)."""
+    """The Cost page with no shipped load table (whatever specviz/bench/data holds): SHIPPED in a folder of its own."""
     monkeypatch.setenv(ENV_MODEL, str(tiny_model_dir))
     monkeypatch.setattr(loadtable, "SHIPPED", tmp_path / "load-table-cpu.json")
-    monkeypatch.setattr(loadtable, "load_load_table", lambda: None)
     at = AppTest.from_file(APP, default_timeout=TIMEOUT)
     at.run()
     at.switch_page("app/pages/cost.py")
@@ -136,8 +135,7 @@ def test_without_a_table_the_page_says_how_to_make_one(cost_page):
 
 def test_a_shipped_table_is_drawn_with_its_lanes_and_first_token_times(cost_page, table, monkeypatch):
     at = cost_page
-    loadtable.SHIPPED.write_text(json.dumps(table))
-    monkeypatch.setattr(loadtable, "load_load_table", lambda: table)
+    loadtable.SHIPPED.write_text(json.dumps(table))  # what the page reads, through load_load_table
     ok(at.run())
     chart = load_chart(at)
     assert [(t["name"], t["x"]) for t in chart["data"]] == [("vLLM: plain", CLIENTS), ("specviz serve: none", CLIENTS)]

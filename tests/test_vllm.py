@@ -31,8 +31,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from specviz.bench.servers import VLLM_PYTHON
+
 ROOT = Path(__file__).resolve().parents[1]
-VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 TOLERANCE = 0.08  # 2 prompts x 32 tokens give about 40 drafts (one token is 0.025); the ends of outputs differ by 1-2
 MAX_TOKENS = 32
 
@@ -234,8 +235,7 @@ def test_a_vllm_server_killed_mid_run_is_a_clear_error_at_once(served):
     from specviz.backends.vllm import VllmBackend
     from specviz.errors import SpecvizError
 
-    backend = VllmBackend.connect(served.url)
-    backend.silence_s = SILENCE_S
+    backend = VllmBackend.connect(served.url, silence_s=SILENCE_S)
     victims = served.children() or [served.process.pid]  # vLLM's engine core decodes in a child process
     got, killed = [], None
     with pytest.raises(SpecvizError) as failure:

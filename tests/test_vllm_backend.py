@@ -90,8 +90,7 @@ def test_a_stream_that_goes_silent_is_a_clear_error_within_its_bound():
     import time
 
     with Served(stall_after=1) as server:
-        backend = VllmBackend.connect(server.url)
-        backend.silence_s = 1
+        backend = VllmBackend.connect(server.url, silence_s=1)
         asked = time.perf_counter()
         with pytest.raises(SpecvizError, match="sent nothing for 1 s mid-run"):
             list(backend.stream("Say hello.", max_new_tokens=6))

@@ -9,6 +9,7 @@ import streamlit as st
 
 from app import figures, state, teaching
 from specviz import bench
+from specviz.bench.vllm import DECODING
 from specviz.bench.vllm import PREFIX as VLLM_PREFIX  # a lane's method in the runs: vllm:<label>
 from specviz.errors import SpecvizError
 
@@ -131,7 +132,6 @@ VLLM_LIMITS = ("vLLM exposes no q, no tree and no u: a lane's τ and acceptance 
                "and accepted per verify step, from `--per-request-spec-decode-metrics detailed`), τ counting the "
                "prefill's forward as ours does, not tests this page can replay. Its output is compared with `none`'s "
                "for information only: vLLM's kernels round otherwise, so the two may part at a near-tie.")
-HOW = {True: "speculative", False: "plain", None: "not known"}  # a lane's server: whether its /metrics count drafts
 
 
 def vllm_tables(section: dict | None) -> None:
@@ -143,7 +143,7 @@ def vllm_tables(section: dict | None) -> None:
     st.markdown("**vLLM** (running servers, each with the speculative method it was started with): the same prompt "
                 "token ids, sampling settings and token budget, timed in the same interleaved run as a client waits "
                 "for it, the whole stream over HTTP, prefill included.")
-    st.dataframe([{"lane": label, "server": lane["url"], "decoding": HOW[lane["speculative"]],
+    st.dataframe([{"lane": label, "server": lane["url"], "decoding": DECODING[lane["speculative"]],
                    "τ": rounded(lane["tau"]), "acceptance": rounded(lane["acceptance_rate"]),
                    "tokens/s": rounded(lane["tokens_per_s"], 1), "ms/token": rounded(lane["ms_per_token"], 1),
                    **spread("speedup vs none", lane["speedup_vs_none"]),

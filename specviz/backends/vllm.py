@@ -12,8 +12,8 @@ chunk). With `--per-request-spec-decode-metrics detailed` the last chunk also ca
 accepted and drafted counts and its acceptance histogram; the Done event's stats take those where they are given
 (and say which source they came from).
 
-Faults are SpecvizErrors naming the server and what to try: nothing listening, a server that listens but does not
-answer yet (vLLM binds its port before it loads the model), a refused run, an error chunk, a connection that ends
+Faults are SpecvizErrors naming the server and what to try: nothing listening (a vLLM still starting takes
+connections only once it is ready), a server that takes the connection but does not answer, a refused run, an error chunk, a connection that ends
 mid-run (the server stopped), and a stream silent for `silence_s` (stuck); none of them hangs.
 
 Start the server as docs/vllm.md says; `vllm+http://host:8000` (or `SPECVIZ_BACKEND=vllm+http://...`) picks it.
@@ -45,19 +45,20 @@ class VllmBackend:
     lock = None
 
     def __init__(self, url: str, model: str, token: str | None = None, speculative: bool | None = None,
-                 timeout_s: float = 30.0, silence_s: float = 120.0):
+                 timeout_s: float = 30.0, silence_s: float = 120.0, detokenize: bool = True):
         self.url, self.model, self.token = url.rstrip("/"), model, token
         self.speculative = speculative  # whether its /metrics count speculative drafts (None: not known)
         self.timeout_s = timeout_s  # to connect and to send a request
         self.silence_s = silence_s  # a run whose stream sends nothing for this long is taken as stuck
-        self.detokenize = True  # each token's own text from /detokenize (False: a timed run asks nothing extra)
+        self.detokenize = detokenize  # each token's own text from /detokenize (False: a timed run asks nothing extra)
         self._texts: dict[int, str] = {}  # token id -> text, from the server's /detokenize
 
     @classmethod
-    def connect(cls, url: str, model: str | None = None, token: str | None = None,
-                timeout_s: float = 10.0) -> VllmBackend:
+    def connect(cls, url: str, model: str | None = None, token: str | None = None, timeout_s: float = 10.0,
+                **options) -> VllmBackend:
         """The server at `url` (http://host:port, without the vllm+ prefix) and one model it serves; SpecvizError
-        within about timeout_s when there is none, or one that does not answer (vLLM listens while it starts)."""
+        within about timeout_s when there is none, or one that does not answer. `options`: the backend's
+        silence_s and detokenize."""
         url = url.removeprefix(SCHEME).rstrip("/")
         headers = _auth(token)
         try:
@@ -84,7 +85,7 @@ class VllmBackend:
             speculative = "vllm:spec_decode_num_drafts" in metrics
         except httpx.HTTPError:
             speculative = None
-        return cls(url, model or names[0], token, speculative)
+        return cls(url, model or names[0], token, speculative, **options)
 
     @property
     def name(self) -> str:

@@ -17,7 +17,7 @@ from pathlib import Path
 from specviz.bench.schema import parse_json
 from specviz.errors import SpecvizError
 
-SHIPPED = Path(__file__).resolve().parent / "data" / "load-table-cpu.json"  # absent until the script writes it
+SHIPPED = Path(__file__).resolve().parent / "data" / "load-table-cpu.json"  # the table shipped with specviz
 COMMAND = "python scripts/load_table.py --json-out specviz/bench/data/load-table-cpu.json"  # makes SHIPPED
 
 _SECONDS = {"type": ["number", "null"], "minimum": 0}  # null: no run of the phase finished
@@ -63,9 +63,9 @@ def parse_load_table(data: bytes | str, name: str = "the load table") -> dict:
     return table
 
 
-def load_load_table(path: str | os.PathLike = SHIPPED) -> dict | None:
-    """The load table at `path` (the one shipped with specviz by default), checked; None when there is none."""
-    path = Path(path)
+def load_load_table(path: str | os.PathLike | None = None) -> dict | None:
+    """The load table at `path` (SHIPPED by default), checked; None when there is none."""
+    path = Path(path or SHIPPED)
     if not path.exists():
         return None
     try:

@@ -62,7 +62,7 @@ def machine_info(device: torch.device, dtype: torch.dtype, bandwidth: float, pac
     import transformers
 
     return {
-        "cpu": _cpu_name(),
+        "cpu": cpu_name(),
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
@@ -114,7 +114,7 @@ def target_forward(model) -> str:
     return f"transformers ({fastdecoder.unsupported_reason(model)})"
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):

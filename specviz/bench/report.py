@@ -245,7 +245,6 @@ def command_for(model: str, settings: BenchSettings, limit: int | None = None, q
     return shlex.join(words)
 
 
-
 def floor_sentence(fl: dict) -> str:
     """The floor paragraph of the Markdown report and the Benchmarks page (older reports lack the per-prompt part)."""
     if fl.get("bandwidth_gb_s_range"):
@@ -266,8 +265,6 @@ def floor_sentence(fl: dict) -> str:
     else:
         text += f"{fmt(None if fl['none_share_of_floor'] is None else 100 * fl['none_share_of_floor'], '.0f', ' %')} of the floor's tokens/s"
     return text + f"; one target forward over 1 token: {fmt(fl.get('forward_1_ms'), '.1f')} ms."
-
-
 
 
 def llama_cpp_markdown(section: dict | None, weights: str = "fp32") -> list[str]:

@@ -32,7 +32,6 @@ class Run:
         return len(self.token_ids) / self.wall_s if self.wall_s > 0 else 0.0
 
 
-
 def summary(values: list[float]) -> dict | None:
     """median / min / max of per-prompt ratios (None when there are none)."""
     if not values:

@@ -5,7 +5,6 @@ import json
 import os
 from pathlib import Path
 
-from specviz.bench import vllm
 from specviz.bench.peers import PEERS
 from specviz.bench.report import SCHEMA_VERSION
 from specviz.errors import SpecvizError
@@ -32,6 +31,26 @@ _NUMERICS_EVENT = {  # a mismatch at a floating-point near-tie (specviz/bench/nu
 }
 _SPEED = {"new_tokens": {"type": "integer"}, "wall_s": _NUMBER, "tokens_per_s": _NUMBER, "ms_per_token": _NULLABLE_NUMBER}
 _CURVE = {"type": "object", "propertyNames": {"pattern": "^[0-9]+$"}, "additionalProperties": _NUMBER}
+
+_VLLM = {  # the report's optional "vllm" section (specviz/bench/vllm.py)
+    "type": "object",
+    "required": ["lanes", "ours_over"],
+    "properties": {
+        "lanes": {"type": "object", "additionalProperties": {
+            "type": "object",
+            "required": ["url", "model", "speculative", "tokens_per_s", "ms_per_token", "tau", "acceptance_rate",
+                         "per_position_acceptance", "speedup_vs_none", "outputs_equal_none", "parted_from_none"],
+            "properties": {**_SPEED, "url": {"type": "string"}, "model": {"type": "string"},
+                           "speculative": {"type": ["boolean", "null"]}, "steps": {"type": "integer"}, "tau": _NUMBER,
+                           "drafted": {"type": "integer"}, "accepted": {"type": "integer"},
+                           "acceptance_rate": {"type": ["number", "null"], "minimum": 0, "maximum": 1},
+                           "per_position_acceptance": {"type": "array", "items": {"type": "number", "minimum": 0, "maximum": 1}},
+                           "acceptance_histogram": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+                           "speedup_vs_none": _SUMMARY, "outputs_equal_none": {"type": ["integer", "null"]},
+                           "parted_from_none": {"type": "array", "items": {"type": "object"}}}}},
+        "ours_over": {"type": "object", "additionalProperties": {"type": "object", "additionalProperties": _SUMMARY}},
+    },
+}
 
 BENCH_SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -133,7 +152,7 @@ BENCH_SCHEMA = {
                     "properties": {"llama_cpp": _SUMMARY, "llama_cpp_lookup": _SUMMARY}}},
             },
         },
-        "vllm": vllm.SCHEMA,  # optional: reports of runs without vLLM lanes lack it
+        "vllm": _VLLM,  # optional: reports of runs without vLLM lanes lack it
         "outputs_match_none": {"type": ["boolean", "null"]},
         "mismatching_prompts": {"type": "array", "items": {"type": "string"}},
         "verify_cost_ms": _CURVE,

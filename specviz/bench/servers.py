@@ -3,7 +3,7 @@
 own, with its output in a log file, and is ready when its HTTP API answers; one that exits or does not answer in
 time is a SpecvizError that quotes the end of its log.
 
-    with start_vllm("runs/vllm/target", speculative={"method": "eagle3", ...}) as server:
+    with start_vllm("runs/vllm/target", speculative={"method": "eagle3", ...}, log=Path("vllm.log")) as server:
         backend = VllmBackend.connect(server.url)
 """
 from __future__ import annotations
@@ -14,7 +14,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -57,11 +56,10 @@ def specviz_command(model: str, port: int, threads: int | None = None) -> list[s
 class Server:
     """One server process (and its children, in its own process group) and its log."""
 
-    def __init__(self, name: str, command: list[str], port: int, ready_path: str, env: dict | None = None,
-                 log: Path | None = None):
+    def __init__(self, name: str, command: list[str], port: int, ready_path: str, log: Path, env: dict | None = None):
         self.name, self.command, self.port, self.ready_path = name, command, port, ready_path
         self.url = f"http://127.0.0.1:{port}"
-        self.log = Path(log or tempfile.mkstemp(prefix=f"specviz-{name.replace(' ', '-')}-", suffix=".log")[1])
+        self.log = Path(log)
         self.env = {**os.environ, **(env or {})}
         self.process: subprocess.Popen | None = None
         self.started = 0.0  # perf_counter when it was started
@@ -75,7 +73,7 @@ class Server:
         return self
 
     def listening(self) -> bool:
-        """Whether its port accepts connections (vLLM binds it before it loads the model)."""
+        """Whether its port accepts connections (vLLM's does only once the server is ready)."""
         with socket.socket() as s:
             s.settimeout(1)
             return s.connect_ex(("127.0.0.1", self.port)) == 0
@@ -85,6 +83,7 @@ class Server:
         deadline = time.perf_counter() + timeout_s
         while time.perf_counter() < deadline:
             if self.process.poll() is not None:
+                self.stop()  # what it left in its process group (vLLM's engine core)
                 raise SpecvizError(f"{self.name} exited with status {self.process.returncode} while starting "
                                    f"(the model or its options refused?); the end of its log, {self.log}:\n{self.tail()}")
             try:
@@ -112,8 +111,15 @@ class Server:
             return []
 
     def stop(self, grace_s: float = 20) -> None:
-        """SIGTERM to its process group, SIGKILL after grace_s."""
-        if self.process is None or self.process.poll() is not None:
+        """SIGTERM to its process group, SIGKILL after grace_s; SIGKILL to what is left of the group when the
+        server itself has exited."""
+        if self.process is None:
+            return
+        if self.process.poll() is not None:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             return
         for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10)):
             try:
@@ -133,21 +139,19 @@ class Server:
         self.stop()
 
 
-def start_vllm(model: str | Path, speculative: dict | None = None, port: int | None = None, log: Path | None = None,
-               wait_s: float | None = 600, python: Path = VLLM_PYTHON, env: dict | None = None,
-               extra: tuple[str, ...] = ()) -> Server:
+def start_vllm(model: str | Path, speculative: dict | None = None, *, log: Path, wait_s: float | None = 600,
+               python: Path = VLLM_PYTHON, extra: tuple[str, ...] = ()) -> Server:
     """A `vllm serve` of `model` started in vLLM's venv (wait_s None: return before it is ready)."""
     if not Path(python).exists():
         raise SpecvizError(f"vLLM is not installed at {Path(python).parent.parent}: run `make vllm`")
-    port = port or free_port()
+    port = free_port()
     what = speculative["method"] if speculative else "plain"
     server = Server(f"vLLM ({what})", vllm_command(model, port, speculative, python, extra=extra), port, "/v1/models",
-                    {**VLLM_ENV, **(env or {})}, log).start()
+                    log, VLLM_ENV).start()
     return server if wait_s is None else server.wait_ready(wait_s)
 
 
-def start_specviz(model: str = "smollm2-135m", threads: int | None = None, port: int | None = None,
-                  log: Path | None = None, wait_s: float = 600) -> Server:
+def start_specviz(model: str = "smollm2-135m", threads: int | None = None, *, log: Path, wait_s: float = 600) -> Server:
     """A `specviz serve` of `model` (it warms up before it listens)."""
-    port = port or free_port()
-    return Server("specviz serve", specviz_command(model, port, threads), port, "/healthz", log=log).start().wait_ready(wait_s)
+    port = free_port()
+    return Server("specviz serve", specviz_command(model, port, threads), port, "/healthz", log).start().wait_ready(wait_s)

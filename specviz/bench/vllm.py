@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from specviz.bench.settings import BenchSettings
 
 PREFIX = "vllm:"  # a lane's method name in the runs: vllm:<label>
+DECODING = {True: "speculative", False: "plain", None: "not known"}  # a lane's server: whether its /metrics count drafts
 
 
 def parse_lanes(text: str) -> list[tuple[str, str]]:
@@ -46,14 +47,11 @@ def parse_lanes(text: str) -> list[tuple[str, str]]:
 class VllmLanes:
     """The lanes, connected: a server that is not there, or is still starting, fails here, before any decode."""
 
-    def __init__(self, lanes: list[tuple[str, str]], connect=None):
-        if connect is None:
-            from specviz.backends.vllm import VllmBackend  # httpx: only where vLLM lanes are asked for
+    def __init__(self, lanes: list[tuple[str, str]]):
+        from specviz.backends.vllm import VllmBackend  # httpx: only where vLLM lanes are asked for
 
-            connect = VllmBackend.connect
-        self.backends = {PREFIX + label: connect(url) for label, url in lanes}
-        for backend in self.backends.values():
-            backend.detokenize = False  # no /detokenize requests inside a timed run: the bench needs only the ids
+        # no /detokenize requests inside a timed run: the bench needs only the ids
+        self.backends = {PREFIX + label: VllmBackend.connect(url, detokenize=False) for label, url in lanes}
         self.info = {name: {"url": b.url, "model": b.model, "speculative": b.speculative}
                      for name, b in self.backends.items()}
 
@@ -98,7 +96,7 @@ def vllm_markdown(section: dict | None) -> list[str]:
     lines = ["", "## vLLM (running servers, the same prompt tokens, each with the method it was started with)", "",
              "τ counts every target forward that committed tokens; acceptance and per position are vLLM's own counts.", ""]
     lines += table(["lane", "server", "τ", "acceptance", "tokens/s", "ms/token", "over `none`", "output = none"],
-                   [[f"`{label}`", f"{lane['url']} ({'speculative' if lane['speculative'] else 'plain'})", fmt(lane["tau"]),
+                   [[f"`{label}`", f"{lane['url']} ({DECODING[lane['speculative']]})", fmt(lane["tau"]),
                      fmt(lane["acceptance_rate"]), fmt(lane["tokens_per_s"], ".1f"), fmt(lane["ms_per_token"], ".1f"),
                      spread(lane["speedup_vs_none"]),
                      "–" if lane["outputs_equal_none"] is None else f"{lane['outputs_equal_none']} of "
@@ -114,28 +112,3 @@ def vllm_markdown(section: dict | None) -> list[str]:
     lines += table(["ours"] + [f"over `{label}`" for label in lanes],
                    [[f"`{ours}`"] + [spread(s) for s in over.values()] for ours, over in section["ours_over"].items()])
     return lines
-
-
-_NUMBER = {"type": "number"}
-_SUMMARY = {"type": ["object", "null"], "required": ["median", "min", "max", "n"]}
-SCHEMA = {  # the report's optional "vllm" section
-    "type": "object",
-    "required": ["lanes", "ours_over"],
-    "properties": {
-        "lanes": {"type": "object", "additionalProperties": {
-            "type": "object",
-            "required": ["url", "model", "speculative", "tokens_per_s", "ms_per_token", "tau", "acceptance_rate",
-                         "per_position_acceptance", "speedup_vs_none", "outputs_equal_none", "parted_from_none"],
-            "properties": {"url": {"type": "string"}, "model": {"type": "string"},
-                           "speculative": {"type": ["boolean", "null"]}, "new_tokens": {"type": "integer"},
-                           "wall_s": _NUMBER, "tokens_per_s": _NUMBER, "ms_per_token": {"type": ["number", "null"]},
-                           "steps": {"type": "integer"}, "tau": _NUMBER, "drafted": {"type": "integer"},
-                           "accepted": {"type": "integer"},
-                           "acceptance_rate": {"type": ["number", "null"], "minimum": 0, "maximum": 1},
-                           "per_position_acceptance": {"type": "array", "items": {"type": "number", "minimum": 0, "maximum": 1}},
-                           "acceptance_histogram": {"type": "array", "items": {"type": "integer", "minimum": 0}},
-                           "speedup_vs_none": _SUMMARY, "outputs_equal_none": {"type": ["integer", "null"]},
-                           "parted_from_none": {"type": "array", "items": {"type": "object"}}}}},
-        "ours_over": {"type": "object", "additionalProperties": {"type": "object", "additionalProperties": _SUMMARY}},
-    },
-}
