@@ -4,7 +4,8 @@ vllm/v1/metrics/stats.py): /v1/models, /metrics, /detokenize, and a streamed /v1
 one verify step's tokens each, then a usage chunk with metrics.speculative_decoding; and /v1/completions from
 token ids, committing `continuation(prompt ids, max_tokens)` in verify steps. `die_after` closes the
 connection mid-stream, as a server that crashed would; `stall_after` keeps it open and sends nothing more, as a
-stuck one would."""
+stuck one would; `last_finish` is the finish_reason of the last step (vLLM says "abort" or "error" for a request
+its engine dropped or failed)."""
 from __future__ import annotations
 
 import asyncio
@@ -28,7 +29,8 @@ def text_of(token: int) -> str:
     return f"<{token}>"
 
 
-def app(die_after: int | None = None, stall_after: int | None = None, continuation=None) -> FastAPI:
+def app(die_after: int | None = None, stall_after: int | None = None, continuation=None,
+        last_finish: str = "length") -> FastAPI:
     continuation = continuation or (lambda prompt, budget: [10 + i % 6 for i in range(budget)])
     api = FastAPI()
     api.state.requests = []
@@ -62,7 +64,7 @@ def app(die_after: int | None = None, stall_after: int | None = None, continuati
                     raise RuntimeError("the server died")  # the response ends without [DONE] or a usage chunk
                 if stall_after is not None and n == stall_after:
                     await asyncio.sleep(30)
-                finish = "length" if n == len(STEPS) - 1 else None
+                finish = last_finish if n == len(STEPS) - 1 else None
                 yield chunk(choices=[{"index": 0, "delta": {"content": "".join(map(text_of, ids))},
                                       "token_ids": ids, "finish_reason": finish}])
                 time.sleep(0.01)
@@ -113,8 +115,9 @@ def app(die_after: int | None = None, stall_after: int | None = None, continuati
 class Served:
     """The fake server on a free loopback port, in a thread, for a `with` block."""
 
-    def __init__(self, die_after: int | None = None, stall_after: int | None = None, continuation=None):
-        self.app = app(die_after, stall_after, continuation)
+    def __init__(self, die_after: int | None = None, stall_after: int | None = None, continuation=None,
+                 last_finish: str = "length"):
+        self.app = app(die_after, stall_after, continuation, last_finish)
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]

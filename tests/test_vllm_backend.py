@@ -61,6 +61,26 @@ def test_a_server_that_dies_mid_run_is_a_clear_error():
     assert got and got[0].type == "start"  # what came before the failure was delivered, then a message
 
 
+@pytest.mark.parametrize("finish", ["abort", "error"])
+def test_a_run_the_server_aborts_is_a_clear_error_not_a_finished_run(finish):
+    """vLLM ends a request its engine dropped (a dead engine core, a shutdown) with finish_reason "abort" and a
+    failed one with "error"; neither is a run that finished."""
+    with Served(last_finish=finish) as server:
+        backend = VllmBackend.connect(server.url)
+        got = []
+        with pytest.raises(SpecvizError, match=f"vLLM server at .* ended the run with finish_reason '{finish}'"):
+            for event in backend.stream("Say hello.", max_new_tokens=6):
+                got.append(event)
+    assert [e.type for e in got] == ["start", "step", "step", "step"]
+
+
+@pytest.mark.parametrize("finish, reason", [("stop", "eos"), ("length", "max_new_tokens")])
+def test_a_finished_run_says_why_it_stopped(finish, reason):
+    with Served(last_finish=finish) as server:
+        done = list(VllmBackend.connect(server.url).stream("Say hello.", max_new_tokens=6))[-1]
+    assert done.type == "done" and done.stop_reason == reason
+
+
 def test_a_server_that_is_not_there_says_how_to_start_one():
     import time
 

@@ -178,8 +178,11 @@ class VllmBackend:
         if finish is None:  # a stream cut short by a server that stopped, not a run that finished
             raise SpecvizError(f"the vLLM server at {self.url} ended the run's stream after {len(generated)} "
                                f"token(s), before the run finished: {RESTART}")
+        if finish in ("abort", "error"):  # vLLM ends a request its engine dropped or failed with these
+            raise SpecvizError(f"the vLLM server at {self.url} ended the run with finish_reason {finish!r} after "
+                               f"{len(generated)} token(s): {RESTART}")
         wall = time.perf_counter() - started
-        yield ev.Done(text=text, token_ids=generated, stop_reason="eos" if finish == "stop" else "max_new_tokens",
+        yield ev.Done(text=text, token_ids=generated, stop_reason="max_new_tokens" if finish == "length" else "eos",
                       stats=stats_of(steps, len(generated), wall, spec))
 
     def _start(self, prompt, prompt_ids: list[int], settings) -> ev.Start:

@@ -104,11 +104,21 @@ class Server:
             return "(no log)"
 
     def children(self) -> list[int]:
-        """Ids of the server's own child processes (vLLM's engine core is one)."""
-        try:
-            return [int(p) for p in Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children").read_text().split()]
-        except OSError:
-            return []
+        """Ids of every process descended from the server (vLLM's engine core is one). Walks /proc by parent id:
+        a thread's `children` file lists only what that thread started, and vLLM starts its engine from others."""
+        parents: dict[int, list[int]] = {}
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue  # gone meanwhile
+            parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+        found, todo = [], [self.process.pid]
+        while todo:
+            kids = parents.get(todo.pop(), [])
+            found += kids
+            todo += kids
+        return found
 
     def stop(self, grace_s: float = 20) -> None:
         """SIGTERM to its process group, SIGKILL after grace_s; SIGKILL to what is left of the group when the
