@@ -2,13 +2,14 @@
 target, side by side in one process.
 
 specviz.models.draft_dtype (specviz/models/device.py) runs the shipped EAGLE head, Medusa heads and distilled draft
-in bf16 on CPUs that multiply bf16 in hardware; beside a `--weights q4` target the EAGLE head's products are 4-bit
-(specviz.models.loading.load_trained). This measures what each buys: each MT-bench question (from --offset) runs
+in bf16 on CPUs that multiply bf16 in hardware; beside a `--weights q4` or `q4q8` target the EAGLE and EAGLE-3
+heads' products are 4-bit (specviz.models.loading.load_trained; on 8-bit activations beside `q4q8`). This measures what each buys: each MT-bench question (from --offset) runs
 `none` and every drafter in every variant, order rotated per question, after a warm-up; speedups are per prompt
 over `none`, medians reported, with the drafting time per step. Greedy outputs are checked against `none`'s.
 
     .venv/bin/python experiments/draft_dtype.py [--limit 6] [--json-out experiments/results/draft-dtype.json]
     .venv/bin/python experiments/draft_dtype.py --weights q4 --drafters eagle2 --limit 16
+    .venv/bin/python experiments/draft_dtype.py --weights q4q8 --drafters eagle2,eagle3 --limit 8
 """
 import argparse
 import dataclasses
@@ -57,7 +58,7 @@ def main(argv):
     ap.add_argument("--limit", type=int, default=6)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--drafters", default="eagle2,medusa,draft")
-    ap.add_argument("--weights", default="fp32", choices=("fp32", "q4"), help="the target's weights")
+    ap.add_argument("--weights", default="fp32", choices=("fp32", "q4", "q4q8"), help="the target's weights")
     ap.add_argument("--json-out")
     args = ap.parse_args(argv)
     if args.model not in models.PRESETS:
@@ -66,8 +67,8 @@ def main(argv):
         ap.error(f"no prompt file at {args.prompts} (MT-bench sits in ../shared/data beside the clone): pass --prompts")
     loaded = models.load(args.model, device="cpu", weights=args.weights)
     variants = {"float32": shipped_in(torch.float32, loaded), "bfloat16": shipped_in(torch.bfloat16, loaded)}
-    if loaded.weights == "q4":
-        variants["4-bit"] = shipped_in(None, loaded)  # the EAGLE head's products 4-bit (the others: draft_dtype)
+    if loaded.weights in ("q4", "q4q8"):  # the EAGLE and EAGLE-3 heads' products 4-bit (the others: draft_dtype)
+        variants["4-bit"] = shipped_in(None, loaded)
     if not fastlinear.native_bf16():
         print("note: this CPU has no native bf16 products, so specviz itself would keep fp32 drafts here", file=sys.stderr)
     rows = [json.loads(line) for line in Path(args.prompts).read_text().splitlines() if line.strip()]

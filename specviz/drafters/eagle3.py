@@ -31,11 +31,13 @@ class Eagle3Drafter(EagleDrafter):
 
     def _attach(self, target) -> None:
         head = self.head
+        # a 4-bit head's projection stays in draft_dtype, as eagle2's (specviz/drafters/eagle.py says why)
+        self.project_dtype = getattr(head, "projection_dtype", self.dtype)
         if head.lm_head is not None:  # a published head's own LM head over its draft vocabulary
-            projection = rows_projection(head.lm_head.weight, None, self.dtype)
+            projection = rows_projection(head.lm_head.weight, None, self.project_dtype)
         else:  # the target's LM head rows at the draft ids (the embedded model's head stores none)
-            projection = rows_projection(target.get_output_embeddings().weight, self.vocab, self.dtype)
-        self.project = lambda hidden: projection(head.norm(hidden))
+            projection = rows_projection(target.get_output_embeddings().weight, self.vocab, self.project_dtype)
+        self.project = lambda hidden: projection(head.norm(hidden).to(self.project_dtype))
         self.fast = None  # no lean layer: _head runs the module
         self.cache = None  # (keys, values) (1, kv_heads, S, head_dim) of the head's one layer
 
