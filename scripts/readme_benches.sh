@@ -3,11 +3,14 @@
 # 2 CPU cores, by how busy the machine is): the 80 MT-bench questions at T = 0 with every drafter and the
 # transformers peers, the floor run (`none` alone), the same at T = 1, and the variants on 6 questions. Each
 # report is written only when its run ends (atomically); progress goes to runs/readme-benches/*.log.
-#   scripts/readme_benches.sh [t0 floor t1 variants eagle3-t0 eagle3-t1 default q4]   (default: the first four, in that order)
+#   scripts/readme_benches.sh [t0 floor t1 variants eagle3-t0 eagle3-t1 eagle3-stages default q4]   (default: the first four, in that order)
 #   (eagle3-t0 / eagle3-t1: EAGLE-2 beside EAGLE-3 alone, without peers, for docs/training.md; T1_LIMIT questions at T = 1;
 #    default: the default weights (the GGUF's blocks on 8-bit activations) with every drafter beside llama.cpp on the same
 #    file, for README.md, DEFAULT_LIMIT questions; q4: the same blocks on fp32 activations; both need `make peers`;
 #    the others run the fp32 copy, the model docs/performance.md's sections 1-8 measure)
+#   (eagle3-stages: the default weights, EAGLE-2 beside the shipped EAGLE-3 head and the head in runs/eagle3-before
+#    (the head its last stage started from, `train eagle3 --init`), on the 80 MT-bench questions and on 40 of the
+#    training data's held-out prompts (experiments/held_out_prompts.py), for docs/training.md)
 #   EXTRA=eagle2:head=runs/old-eagle scripts/readme_benches.sh t0    (more drafters beside the usual ones in t0 and t1,
 #                                                                   e.g. a head trained before, to compare in one run)
 # Run it from a quiet machine: anything else running shifts the absolute speeds (the ratios less so, since every
@@ -44,9 +47,20 @@ for part in ${@:-t0 floor t1 variants}; do
         default) bench default --prompts "$QUESTIONS" --limit "${DEFAULT_LIMIT:-80}" --max-new-tokens 128 --temperature 0 \
                 --drafters none,ngram,draft:adaptive=true,medusa,eagle2,eagle2:lookup=4,eagle3,eagle3:lookup=4 --no-peers --quick \
                 --json-out docs/results/bench-default-t0.json --md-out docs/results/bench-default-t0.md ;;
+        eagle3-stages)
+            STAGES="none,eagle2,eagle2:lookup=4,eagle3:head=runs/eagle3-before,eagle3,eagle3:lookup=4"
+            bench eagle3-stages-mt --prompts "$QUESTIONS" --max-new-tokens 128 --temperature 0 --drafters "$STAGES" \
+                --no-peers --no-llama-cpp --quick \
+                --json-out docs/results/bench-eagle3-stages-t0.json --md-out docs/results/bench-eagle3-stages-t0.md
+            [ -f runs/held-out-40.jsonl ] || { $PY experiments/held_out_prompts.py --limit 40 --out runs/held-out-40.part \
+                && mv runs/held-out-40.part runs/held-out-40.jsonl; } \
+                || echo "$(date -u +%FT%TZ) held-out prompts failed (exit $?)" | tee -a runs/readme-benches/runs.txt
+            bench eagle3-stages-held-out --prompts runs/held-out-40.jsonl --max-new-tokens 128 --temperature 0 \
+                --drafters "$STAGES" --no-peers --no-llama-cpp --quick --json-out docs/results/bench-eagle3-held-out-t0.json \
+                --md-out docs/results/bench-eagle3-held-out-t0.md ;;
         q4) bench q4 --weights q4 --prompts "$QUESTIONS" --max-new-tokens 128 --temperature 0 \
                 --drafters none,ngram,eagle2,eagle2:lookup=4 --no-peers --quick \
                 --json-out docs/results/bench-q4-llamacpp-t0.json --md-out docs/results/bench-q4-llamacpp-t0.md ;;
-        *) echo "unknown part '$part': choose from t0 floor t1 variants eagle3-t0 eagle3-t1 default q4" >&2; exit 2 ;;
+        *) echo "unknown part '$part': choose from t0 floor t1 variants eagle3-t0 eagle3-t1 eagle3-stages default q4" >&2; exit 2 ;;
     esac
 done

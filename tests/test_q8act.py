@@ -367,7 +367,7 @@ def test_every_drafter_greedy_equals_none_on_8_bit_activations(smol_q4q8, drafte
     assert drafted.token_ids == alone.token_ids and len(alone.token_ids) > 0
 
 
-def random_eagle3_head(target, folder=None):
+def random_eagle3_head(target, folder=None, own_lm_head=False):
     """A random EAGLE-3 head over the tiny target's two layers (every size whole Q4_1 groups and tiles of 16), over
     the full vocabulary; saved to `folder` when given."""
     from specviz.models.eagle3 import Eagle3Head
@@ -376,7 +376,7 @@ def random_eagle3_head(target, folder=None):
     hidden = target.config.hidden_size
     layer = dict(hidden_size=hidden, num_attention_heads=4, num_key_value_heads=2, intermediate_size=2 * hidden,
                  vocab_size=target.config.vocab_size, rms_norm_eps=1e-6, max_position_embeddings=256)
-    head = Eagle3Head(layer, hidden, target.config.vocab_size, (0, 1), own_lm_head=False)
+    head = Eagle3Head(layer, hidden, target.config.vocab_size, (0, 1), own_lm_head=own_lm_head)
     with torch.no_grad():
         for parameter in head.parameters():
             parameter.normal_(0, 0.3)
@@ -387,27 +387,32 @@ def random_eagle3_head(target, folder=None):
 
 
 @needs_op
-@pytest.mark.parametrize("activations", ["fp32", "q8"])
+@pytest.mark.parametrize("activations, own_lm_head", [("fp32", False), ("q8", False), ("q8", True)])
 def test_beside_a_4_bit_target_an_eagle3_head_drafts_on_4_bit_products_and_keeps_the_greedy_output(
-        activations, tmp_path, monkeypatch):
+        activations, own_lm_head, tmp_path, monkeypatch):
     """load_trained gives a 4-bit target's EAGLE-3 head Q4_1 products (fc, the layer's projections), on the
-    target's activations; drafting with it leaves the greedy output the target's alone. SPECVIZ_DRAFT_DTYPE keeps
-    it unquantized."""
+    target's activations; its projection onto the draft vocabulary (its own LM head, where it has one, or the
+    target's rows) stays in draft_dtype; drafting with it leaves the greedy output the target's alone.
+    SPECVIZ_DRAFT_DTYPE keeps it unquantized."""
     from specviz.drafters.eagle import TreeShape
     from specviz.drafters.eagle3 import Eagle3Drafter
+    from specviz.models import loading
     from specviz.models.device import DRAFT_DTYPE_ENV
     from specviz.models.loading import load_trained
 
     monkeypatch.delenv(DRAFT_DTYPE_ENV, raising=False)
+    monkeypatch.setattr(loading, "draft_dtype", lambda dtype, device: torch.bfloat16)  # as on a CPU with bf16
     target = tiny_pair(scale=3.0)[1] if activations == "fp32" else q4q8_pair(scale=3.0)[1]
-    random_eagle3_head(target, tmp_path / "head")
+    random_eagle3_head(target, tmp_path / "head", own_lm_head=own_lm_head)
     head = load_trained("eagle3", tmp_path / "head", target)
-    assert quant.is_quantized(head) and not any(type(m) is torch.nn.Linear for m in head.modules())
-    assert quant.activations(head) == activations
+    linears = [name for name, m in head.named_modules() if type(m) is torch.nn.Linear]
+    assert quant.is_quantized(head) and linears == (["lm_head"] if own_lm_head else [])
+    assert quant.activations(head) == activations and head.projection_dtype == torch.bfloat16
     prompt = [5, 6, 7, 8, 5, 6, 7, 9, 10, 5, 6]
     settings = decode_settings(max_new_tokens=30)
     alone = list(engine.decode(target, TinyTokenizer(64), NoDraft(), prompt, settings))[-1].token_ids
     drafter = Eagle3Drafter(head, target, TreeShape(depth=3, top_k=3, total_tokens=8))
+    assert drafter.dtype == torch.float32 and drafter.project_dtype == torch.bfloat16
     events = list(engine.decode(target, TinyTokenizer(64), drafter, prompt, settings))
     assert events[-1].token_ids == alone and len(alone) == 30
     assert sum(len(e.nodes) for e in events[1:-1]) > 0  # it did draft

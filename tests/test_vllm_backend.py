@@ -74,7 +74,7 @@ def test_a_run_the_server_aborts_is_a_clear_error_not_a_finished_run(finish):
     assert [e.type for e in got] == ["start", "step", "step", "step"]
 
 
-@pytest.mark.parametrize("finish, reason", [("stop", "eos"), ("length", "max_new_tokens")])
+@pytest.mark.parametrize("finish, reason", [("stop", "eos"), ("repetition", "eos"), ("length", "max_new_tokens")])
 def test_a_finished_run_says_why_it_stopped(finish, reason):
     with Served(last_finish=finish) as server:
         done = list(VllmBackend.connect(server.url).stream("Say hello.", max_new_tokens=6))[-1]

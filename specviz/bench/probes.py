@@ -81,15 +81,19 @@ def machine_info(device: torch.device, dtype: torch.dtype, bandwidth: float, pac
 
 def draft_dtypes(models) -> dict[str, str]:
     """The dtype each trained drafter runs in (specviz.models.draft_dtype; bf16 on CPUs with bf16 products), and
-    whether its products are 4-bit (an EAGLE head beside a 4-bit target; specviz.models.loading.load_trained)."""
-    from specviz.kernels.quant import is_quantized
+    whether its products are 4-bit (an EAGLE or EAGLE-3 head beside a 4-bit target; specviz.models.loading.load_trained),
+    and on which activations."""
+    from specviz.kernels.quant import activations, is_quantized
 
     out = {}
     for drafter, part in (("draft", "draft"), ("medusa", "medusa"), ("eagle2", "eagle"), ("eagle3", "eagle3")):
         module = getattr(models, part, None)
         if module is not None:
             dtype = str(next(module.parameters()).dtype).removeprefix("torch.")
-            out[drafter] = f"{block_formats(module)}, {dtype} activations" if is_quantized(module) else dtype
+            if not is_quantized(module):
+                out[drafter] = dtype
+            else:  # tiles name their 8-bit activations themselves ("Q4_1 tiles, 8-bit activations")
+                out[drafter] = block_formats(module) + ("" if activations(module) == "q8" else f", {dtype} activations")
     return out
 
 

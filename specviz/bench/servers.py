@@ -113,9 +113,10 @@ class Server:
             except (OSError, IndexError):
                 continue  # gone meanwhile
             parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-        found, todo = [], [self.process.pid]
+        found, todo, seen = [], [self.process.pid], {self.process.pid}
         while todo:
-            kids = parents.get(todo.pop(), [])
+            kids = [pid for pid in parents.get(todo.pop(), []) if pid not in seen]  # a snapshot can hold a reused pid
+            seen.update(kids)
             found += kids
             todo += kids
         return found

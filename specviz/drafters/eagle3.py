@@ -37,7 +37,7 @@ class Eagle3Drafter(EagleDrafter):
             projection = rows_projection(head.lm_head.weight, None, self.project_dtype)
         else:  # the target's LM head rows at the draft ids (the embedded model's head stores none)
             projection = rows_projection(target.get_output_embeddings().weight, self.vocab, self.project_dtype)
-        self.project = lambda hidden: projection(head.norm(hidden).to(self.project_dtype))
+        self.project = lambda hidden: projection(head.norm(hidden).to(self.project_dtype))  # the norm in the head's dtype
         self.fast = None  # no lean layer: _head runs the module
         self.cache = None  # (keys, values) (1, kv_heads, S, head_dim) of the head's one layer
 

@@ -433,12 +433,12 @@ def is_quantized(model: nn.Module) -> bool:
     return any(isinstance(m, BLOCK_LINEARS) for m in model.modules())
 
 
-def quantize_linears(module: nn.Module, activations: str = "fp32") -> int:
+def quantize_linears(module: nn.Module, activations: str = "fp32", keep: tuple[str, ...] = ()) -> int:
     """Swap every `nn.Linear` under `module` whose input size is whole Q4_1 groups for a Q4Linear of its weight
-    rounded to 4 bits (Q4Linear.quantized), in tiles for 8-bit activations where `activations` is "q8", in place;
-    returns how many were swapped."""
+    rounded to 4 bits (Q4Linear.quantized), in tiles for 8-bit activations where `activations` is "q8", in place,
+    except children named in `keep`; returns how many were swapped."""
     swaps = [(parent, name, child) for parent in module.modules() for name, child in parent.named_children()
-             if type(child) is nn.Linear and child.in_features % GROUP == 0]
+             if type(child) is nn.Linear and child.in_features % GROUP == 0 and name not in keep]
     for parent, name, child in swaps:
         linear = Q4Linear.quantized(child)
         setattr(parent, name, with_8_bit_activations(linear) if activations == "q8" else linear)

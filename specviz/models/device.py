@@ -47,7 +47,8 @@ def draft_dtype(target_dtype: torch.dtype, device: str | torch.device) -> torch.
     A draft only proposes: the target verifies every token, so the draft's precision can change how many drafts
     are accepted, never the output. Drafting streams the draft's weights once per depth, so on a CPU that
     multiplies bf16 in hardware an fp32 target's heads run in bf16 (half the bytes); elsewhere in the target's
-    dtype. (Beside a 4-bit target an EAGLE head gets 4-bit products instead: specviz.models.loading.load_trained.)"""
+    dtype. (Beside a 4-bit target the EAGLE and EAGLE-3 heads get 4-bit products instead:
+    specviz.models.loading.load_trained.)"""
     forced = os.environ.get(DRAFT_DTYPE_ENV)
     if forced:
         return as_dtype(forced)
