@@ -3,9 +3,10 @@ target, side by side in one process.
 
 specviz.models.draft_dtype (specviz/models/device.py) runs the shipped EAGLE head, Medusa heads and distilled draft
 in bf16 on CPUs that multiply bf16 in hardware; beside a `--weights q4` or `q4q8` target the EAGLE and EAGLE-3
-heads' products are 4-bit (specviz.models.loading.load_trained; on 8-bit activations beside `q4q8`). This measures what each buys: each MT-bench question (from --offset) runs
-`none` and every drafter in every variant, order rotated per question, after a warm-up; speedups are per prompt
-over `none`, medians reported, with the drafting time per step. Greedy outputs are checked against `none`'s.
+heads' products are 4-bit (specviz.models.loading.load_trained; on 8-bit activations beside `q4q8`). This
+measures what each buys: each MT-bench question (from --offset) runs `none` and every drafter in every variant,
+order rotated per question, after a warm-up; speedups are per prompt over `none`, medians reported, with the
+drafting time per step. Greedy outputs are checked against `none`'s.
 
     .venv/bin/python experiments/draft_dtype.py [--limit 6] [--json-out experiments/results/draft-dtype.json]
     .venv/bin/python experiments/draft_dtype.py --weights q4 --drafters eagle2 --limit 16
