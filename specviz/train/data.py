@@ -103,18 +103,25 @@ def chat_prompt_ids(tokenizer, instruction: str) -> list[int]:
     return list(ids)
 
 
-def select_prompts(cfg: DataConfig, tokenizer) -> tuple[list[list[int]], list[list[int]]]:
-    """(val, train) prompt token lists: seeded shuffle, skip over-long prompts, val first."""
+def chosen_prompts(cfg: DataConfig, tokenizer) -> list[tuple[int, list[int]]]:
+    """(row of the prompts file, prompt token ids) of the n_val + n_prompts prompts the data uses, in order:
+    seeded shuffle, over-long prompts skipped, the held-out ones first."""
     instructions = read_instructions(cfg.prompts_path)
     order = np.random.default_rng(cfg.seed).permutation(len(instructions))
     wanted = cfg.n_val + cfg.n_prompts
-    chosen: list[list[int]] = []
+    chosen: list[tuple[int, list[int]]] = []
     for i in order:
         ids = chat_prompt_ids(tokenizer, instructions[i])
         if len(ids) <= cfg.max_prompt_tokens:
-            chosen.append(ids)
+            chosen.append((int(i), ids))
         if len(chosen) == wanted:
             break
+    return chosen
+
+
+def select_prompts(cfg: DataConfig, tokenizer) -> tuple[list[list[int]], list[list[int]]]:
+    """(val, train) prompt token lists (chosen_prompts')."""
+    chosen = [ids for _, ids in chosen_prompts(cfg, tokenizer)]
     return chosen[: cfg.n_val], chosen[cfg.n_val :]
 
 
