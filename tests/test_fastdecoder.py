@@ -165,6 +165,64 @@ def test_eagle_head_fast_path_equals_the_module_in_chunks_and_under_a_tree_mask(
     assert ours.get_seq_length() == theirs.get_seq_length() == 7
 
 
+EAGLE3_VARIANTS = {  # what the head runs on: (head_dim, dtype, 4-bit products on these activations or None, biases)
+    "torch-ops": (8, torch.float32, None, False),  # head_dim 8: the attention in torch's ops
+    "bf16": (16, torch.bfloat16, None, True),  # torch's ops too (the C++ op is fp32), q/k/v/o and MLP biases
+    "cpp-op": (16, torch.float32, None, True),  # the C++ attention op up to 16 new tokens, torch's beyond
+    "q4": (16, torch.float32, "fp32", False),  # as beside a 4-bit target: fc and the layer Q4_1, the q4 norm
+    "q4q8": (16, torch.float32, "q8", False),  # as beside the default q4q8 target: 8-bit activations
+}
+
+
+@pytest.mark.parametrize("variant", EAGLE3_VARIANTS)
+@pytest.mark.parametrize("norm_before_residual", [False, True])
+@torch.inference_mode()
+def test_eagle3_head_fast_path_equals_the_module_in_chunks_fed_back_and_under_a_tree_mask(variant, norm_before_residual):
+    """The fused target features (3·H) over a 20-token prefix and one more token, then the head's own output (H)
+    fed back under a tree mask: the lean layer gives the module's h each time, and its cache holds what the
+    module's does."""
+    from specviz.kernels import extension, quant
+    from specviz.models.eagle3 import Eagle3Head
+    from specviz.models.heads import causal_mask
+
+    head_dim, dtype, activations, bias = EAGLE3_VARIANTS[variant]
+    if (variant == "cpp-op" or activations) and not (extension.available() and quant.available()):
+        pytest.skip("specviz's C++ ops are not built here")
+    torch.manual_seed(3)
+    H = 4 * head_dim
+    layer = dict(hidden_size=H, num_attention_heads=4, num_key_value_heads=2, intermediate_size=2 * H, vocab_size=64,
+                 rms_norm_eps=1e-6, max_position_embeddings=256, rope_theta=10000.0, attention_bias=bias,
+                 mlp_bias=bias)
+    head = Eagle3Head(layer, H, 64, (0, 1, 2), norm_before_residual=norm_before_residual, own_lm_head=False)
+    with torch.no_grad():
+        for parameter in head.parameters():
+            parameter.normal_(0, 0.3)
+    head = head.to(dtype).eval()
+    if activations:
+        assert quant.quantize_linears(head, activations) == 8  # fc, q, k, v, o, gate, up, down (no LM head)
+    fast = fastdecoder.for_eagle3(head)
+    assert fast is not None and fastdecoder.for_eagle3(head) is fast
+    assert fast.stack.one_op == (dtype == torch.float32 and head_dim == 16)  # which attention is under test
+    assert (fast.rms_norm is fastdecoder._q4_rms_norm) == bool(activations)
+    tol = dict(atol=2e-2, rtol=2e-2) if dtype == torch.bfloat16 else dict(atol=2e-5, rtol=2e-5)
+    f, e, pos = torch.randn(23, 3 * H, dtype=dtype), torch.randn(23, H, dtype=dtype), torch.arange(23)[None]
+    ours, theirs = fast.new_cache(), None
+    for chunk in (slice(0, 20), slice(20, 21)):  # a prefix past the C++ op's 16 tokens, then one more token
+        h, theirs = head(f[None, chunk], e[None, chunk], pos[:, chunk], theirs)
+        torch.testing.assert_close(fast(f[chunk], e[chunk], pos[:, chunk], ours), h[0], **tol)
+    mask = causal_mask(1, 2, 21, dtype, "cpu").clone()  # two siblings after the 21 committed entries
+    mask[:, :, 1, 21] = torch.finfo(dtype).min
+    tree_pos, fed_back = torch.tensor([[21, 21]]), torch.cat([h[0], h[0]])  # the head's own output, not 3·H
+    h2, theirs = head(fed_back[None], e[None, 21:23], tree_pos, theirs, mask)
+    torch.testing.assert_close(fast(fed_back, e[21:23], tree_pos, ours, mask), h2[0], **tol)
+    assert ours.length == theirs[0].shape[2] == 23
+    torch.testing.assert_close(ours.keys[0][:, :, :23], theirs[0], **tol)
+    torch.testing.assert_close(ours.values[0][:, :, :23], theirs[1], **tol)
+    ours.crop(21)  # the siblings rejected; the next step's one token sees the committed 21 only
+    h3, _ = head(h[:, -1:], e[None, 22:23], torch.tensor([[21]]), tuple(t[:, :, :21] for t in theirs))
+    torch.testing.assert_close(fast(h[0, -1:], e[22:23], torch.tensor([[21]]), ours), h3[0], **tol)
+
+
 def test_long_prompt_tree_decode_grows_the_cache_and_stays_lossless():
     """Past the first 512 slots the cache regrows mid-run, and accepted tree paths that are not prefixes move
     entries in the regrown buffers (outside inference_mode, as the engine does it)."""

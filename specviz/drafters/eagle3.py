@@ -15,6 +15,7 @@ from __future__ import annotations
 from specviz.drafters.eagle import HEAD, TREE_OPTIONS, EagleDrafter, TreeShape, tree_options
 from specviz.drafters.spec import DrafterSpec, head_of
 from specviz.errors import SpecvizError
+from specviz.kernels import fastdecoder
 from specviz.kernels.fastlinear import rows_projection
 
 
@@ -38,16 +39,20 @@ class Eagle3Drafter(EagleDrafter):
         else:  # the target's LM head rows at the draft ids (the embedded model's head stores none)
             projection = rows_projection(target.get_output_embeddings().weight, self.vocab, self.project_dtype)
         self.project = lambda hidden: projection(head.norm(hidden).to(self.project_dtype))  # the norm in the head's dtype
-        self.fast = None  # no lean layer: _head runs the module
-        self.cache = None  # (keys, values) (1, kv_heads, S, head_dim) of the head's one layer
+        self.fast = fastdecoder.for_eagle3(head)  # None: the module runs, its cache a (keys, values) pair
+        self.cache = self.fast.new_cache() if self.fast is not None else None
 
     def _crop(self, length: int) -> None:
-        if self.cache is not None:
+        if self.fast is not None:
+            super()._crop(length)
+        elif self.cache is not None:
             self.cache = tuple(t[:, :, :length] for t in self.cache)
 
     def _head(self, features, embeds, positions, mask=None):
         """features (T, 3·H) fused target features or (T, H) the head's own outputs fed back; embeds (T, H) →
         h (T, H) before the final norm; extends the cache."""
+        if self.fast is not None:
+            return super()._head(features, embeds, positions, mask)
         out, self.cache = self.head(features[None], embeds[None], positions, self.cache, mask)
         return out[0]
 

@@ -19,7 +19,8 @@ transformers, so outputs agree with `model.model(...)` to rounding (bit for bit 
 fp32 where the attention runs in torch's ops).
 Where a model is not covered (another architecture, a rotary scaling that depends on the length, sliding-window
 layers, a device other than the CPU), `for_model` returns None and the engine uses transformers' forward.
-`FastEagleHead` runs an EAGLE draft head (specviz.models.heads.EagleHead) the same way.
+`FastEagleHead` runs an EAGLE draft head (specviz.models.heads.EagleHead) the same way, `FastEagle3Head` an EAGLE-3
+one (specviz.models.eagle3.Eagle3Head).
 
 The fused weights are one more copy of q, k, v, gate and up (for SmolLM2-135M about 280 MB in fp32); where that
 would take more than a quarter of the free memory, the layers run the model's own products one by one. The model
@@ -156,7 +157,7 @@ class _Layer:
 class _Layers:
     """A stack of Llama-family decoder layers reading and extending a KVCache (no embedding, no final norm)."""
 
-    def __init__(self, layers, config, rotary, fuse: bool, dtype: torch.dtype, device):
+    def __init__(self, layers, config, rotary, fuse: bool, dtype: torch.dtype, device, layer_op: bool = True):
         self.layers = [_Layer(layer, fuse) for layer in layers[: config.num_hidden_layers]]  # as transformers runs them
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
@@ -169,8 +170,9 @@ class _Layers:
         # The attention block as one C++ op where it is built and applies (fp32 on the CPU); torch's ops otherwise.
         self.one_op = (dtype == torch.float32 and torch.device(device).type == "cpu" and self.head_dim % 16 == 0
                        and extension.available())
-        # Where it also applies, each 4-bit layer as one C++ call (specviz::q4_layer: the same ops, the same bits).
-        self.layer_op = self.one_op and hasattr(torch.ops.specviz, "q4_layer") and all(l.blocks for l in self.layers)
+        # Where it also applies, each 4-bit layer as one C++ call (specviz::q4_layer: the same ops, the same bits);
+        # layer_op False where the layers are not the Llama layer that op computes (an EAGLE-3 head's).
+        self.layer_op = layer_op and self.one_op and hasattr(torch.ops.specviz, "q4_layer") and all(l.blocks for l in self.layers)
         # The layer op normalises with its own RMSNorm; run op by op, 4-bit layers use that one too (same bits).
         self.q4_norm = self.one_op and hasattr(torch.ops.specviz, "rms_norm")
         self._lock = threading.Lock()
@@ -197,21 +199,8 @@ class _Layers:
         """x (T, H) → (T, H). position_ids (1, T) or None (the next T positions); mask: None (causal) or an
         additive (1, 1, T, past + T) tree mask. capture: numbers of layers whose inputs are returned too, in that
         order: then → ((T, H), [(T, H), ...])."""
-        T, past = x.shape[0], cache.length
-        end = past + T
-        positions = position_ids.reshape(-1) if position_ids is not None else torch.arange(past, end, device=x.device)
-        cos, sin = self._rotary(positions)
-        if mask is not None and mask.is_floating_point() and mask.dtype != x.dtype:
-            mask = mask.to(x.dtype)
-        # 4-bit layers run as one call at any length: their products outweigh the attention even over a prompt
-        # (a 128-token prefill 1.08x faster than with scaled_dot_product_attention, experiments/q4_layer_op_ab.py)
-        one_op = self.one_op and (T <= ONE_OP_MAX_TOKENS or self.layer_op)
-        attend = self._attend_in_one_op if one_op else self._attend
-        if not one_op:
-            cos, sin = cos.unsqueeze(0), sin.unsqueeze(0)  # broadcast over heads
-            if mask is None and T > 1:
-                mask = torch.ones(T, end, dtype=torch.bool, device=x.device).tril(past)  # row i sees up to past + i
-        cache.reserve(T)
+        past, end = cache.length, cache.length + x.shape[0]
+        cos, sin, mask, attend, one_op = self.prepare(x, cache, position_ids, mask)
         inputs = {}
         for number, (layer, keys, values) in enumerate(zip(self.layers, cache.keys, cache.values)):
             if number in capture:
@@ -227,6 +216,27 @@ class _Layers:
             x = x + layer.down_proj(F.silu(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate :])
         cache.length = end
         return (x, [inputs[number] for number in capture]) if capture else x
+
+    def prepare(self, x: torch.Tensor, cache: KVCache, position_ids: torch.Tensor | None, mask: torch.Tensor | None):
+        """What every layer of a forward over x (T, H) shares: (cos, sin, mask, attend, one_op), the attention
+        block chosen for this length (the C++ op or torch's) and the rotary tables and mask in its shapes; makes
+        room in the cache for the T new entries."""
+        T, past = x.shape[0], cache.length
+        end = past + T
+        positions = position_ids.reshape(-1) if position_ids is not None else torch.arange(past, end, device=x.device)
+        cos, sin = self._rotary(positions)
+        if mask is not None and mask.is_floating_point() and mask.dtype != x.dtype:
+            mask = mask.to(x.dtype)
+        # 4-bit layers run as one call at any length: their products outweigh the attention even over a prompt
+        # (a 128-token prefill 1.08x faster than with scaled_dot_product_attention, experiments/q4_layer_op_ab.py)
+        one_op = self.one_op and (T <= ONE_OP_MAX_TOKENS or self.layer_op)
+        attend = self._attend_in_one_op if one_op else self._attend
+        if not one_op:
+            cos, sin = cos.unsqueeze(0), sin.unsqueeze(0)  # broadcast over heads
+            if mask is None and T > 1:
+                mask = torch.ones(T, end, dtype=torch.bool, device=x.device).tril(past)  # row i sees up to past + i
+        cache.reserve(T)
+        return cos, sin, mask, attend, one_op
 
     def _attend(self, layer: _Layer, qkv, cos, sin, keys, values, past: int, mask) -> torch.Tensor:
         """The attention block in torch's ops: rotary, the cache writes, scaled_dot_product_attention.
@@ -300,7 +310,7 @@ def _available_memory() -> int | None:
 
 
 def unsupported_reason(model) -> str | None:
-    """Why `for_model` / `for_eagle` return None for this model or head (None when it is covered)."""
+    """Why `for_model` / `for_eagle` / `for_eagle3` return None for this model or head (None when it is covered)."""
     config = model.config
     device = next(model.parameters()).device
     if os.environ.get(ENV_SWITCH, "1") == "0":
@@ -309,7 +319,8 @@ def unsupported_reason(model) -> str | None:
         return f"architecture {config.model_type!r} (covered: {', '.join(ARCHITECTURES)})"
     if device.type != "cpu":
         return f"device {device.type} (only the CPU path is tested; transformers' forward runs there)"
-    rotary = getattr(model, "rotary_emb", None) or getattr(model.get_decoder(), "rotary_emb", None)
+    rotary = (getattr(model, "rotary_emb", None) or getattr(model, "rotary", None)  # an Eagle3Head's
+              or getattr(model.get_decoder(), "rotary_emb", None))
     if rotary is None or not hasattr(rotary, "inv_freq"):
         return "no rotary embedding module with static frequencies"
     if getattr(rotary, "rope_type", "default") not in STATIC_ROPE:
@@ -370,6 +381,44 @@ class FastEagleHead:
         return self.stack(x, cache, position_ids, mask)
 
 
+class FastEagle3Head:
+    """An Eagle3Head (specviz.models.eagle3) on the same path: fc over the fused target features (skipped for the
+    head's own output fed back), then its one layer, whose q/k/v (fused) read [input_norm(embedding) ;
+    hidden_norm(x)] and whose residual is x (or hidden_norm(x)); gate/up fused, an in-place KVCache. Not the one-call
+    layer op: that one computes a Llama layer, q/k/v over the residual stream itself."""
+
+    def __init__(self, head):
+        fc = head.fc
+        self.fc = fc.projection() if isinstance(fc, quant.Q4Linear) else fastlinear.PackedProjection(fc.weight, fc.bias)
+        layer = head.layer
+        self.stack = _Layers([layer], head.config, head.rotary, True, head.norm.weight.dtype, head.norm.weight.device,
+                             layer_op=False)
+        self.layer = self.stack.layers[0]
+        self.hidden_norm, self.embed_norm = layer.hidden_norm, layer.input_layernorm
+        self.norm_before_residual = layer.norm_before_residual
+        self.rms_norm = _q4_rms_norm if self.stack.q4_norm and self.layer.blocks else _rms_norm
+
+    def new_cache(self) -> KVCache:
+        return self.stack.new_cache()
+
+    @torch.inference_mode()
+    def __call__(self, features: torch.Tensor, embeds: torch.Tensor, position_ids: torch.Tensor, cache: KVCache,
+                 mask: torch.Tensor | None = None) -> torch.Tensor:
+        """features (T, 3·H) from the target or (T, H) the head's own outputs, embeds (T, H), position_ids (1, T) →
+        h (T, H) before the final norm."""
+        x = self.fc(features) if features.shape[-1] != embeds.shape[-1] else features
+        stack, layer, norm = self.stack, self.layer, self.rms_norm
+        past, end = cache.length, cache.length + x.shape[0]
+        cos, sin, mask, attend, _ = stack.prepare(x, cache, position_ids, mask)
+        normed = norm(self.hidden_norm, x)
+        qkv = layer.qkv(torch.cat([norm(self.embed_norm, embeds), normed], dim=-1))
+        y = (normed if self.norm_before_residual else x) + layer.o_proj(
+            attend(layer, qkv, cos, sin, cache.keys[0], cache.values[0], past, mask))
+        gate_up = layer.gate_up(norm(layer.post_attention_norm, y))
+        cache.length = end
+        return y + layer.down_proj(F.silu(gate_up[:, : stack.intermediate]) * gate_up[:, stack.intermediate :])
+
+
 _built: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # module -> (weights signature, fast path)
 _built_lock = threading.Lock()
 
@@ -403,3 +452,8 @@ def for_model(model) -> FastDecoder | None:
 def for_eagle(head) -> FastEagleHead | None:
     """The FastEagleHead of this EagleHead (built once, like for_model), or None where not covered."""
     return _cached(head, head, FastEagleHead)
+
+
+def for_eagle3(head) -> FastEagle3Head | None:
+    """The FastEagle3Head of this Eagle3Head (built once, like for_model), or None where not covered."""
+    return _cached(head, head, FastEagle3Head)

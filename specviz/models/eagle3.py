@@ -49,6 +49,7 @@ class Attention(nn.Module):
         hidden = cfg.hidden_size
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or hidden // self.heads
+        self.scaling = 1 / math.sqrt(self.head_dim)
         bias = bool(getattr(cfg, "attention_bias", False))
         self.q_proj = nn.Linear(2 * hidden, self.heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(2 * hidden, self.kv_heads * self.head_dim, bias=bias)
@@ -71,7 +72,7 @@ class Attention(nn.Module):
             mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(S - T)  # row i sees up to S - T + i
         elif mask is not None and mask.is_floating_point():
             mask = mask.to(q.dtype)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1 / math.sqrt(self.head_dim),
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling,
                                              enable_gqa=self.kv_heads != self.heads)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1)), (k, v)
 
