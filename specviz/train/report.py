@@ -68,8 +68,10 @@ def write_provenance(cfg: TrainConfig, title: str, history: History, metrics: di
         f"{data['generation_seconds']} s on {platform.machine()} CPU"
         + (f" ({data['rebuilt_shards']} shards' features rebuilt from their stored answers, which took "
            f"{data['answers_seconds']} s to generate)." if data["rebuilt_shards"] else "."),
-        "- Features: the target's final hidden state (normed, the LM head's input) for every position, fp16, taken "
-        "from the generation pass itself (a clean forward over the finished sequence agrees to fp16 rounding; "
+        "- Features: the target's final hidden state (normed, the LM head's input) for every position, fp16, "
+        + (f"and the inputs of target layers {list(dc['aux_layers'])} side by side (what an EAGLE-3 head fuses), "
+           if dc.get("aux_layers") else "")
+        + "taken from the generation pass itself (a clean forward over the finished sequence agrees to fp16 rounding; "
         "tests/test_train.py checks it).",
         f"- Data command (time-boxed and resumed; it always stops after whole shards): `python -m specviz.train data "
         f"--n-prompts {dc.get('n_prompts')} --n-val {dc.get('n_val')} --batch-size {dc.get('batch_size')} "
