@@ -1,8 +1,9 @@
 """The EAGLE-3 head's layer on the lean path (specviz.kernels.fastdecoder.FastEagle3Head: q/k/v and gate/up fused,
-the C++ attention op, an in-place cache) against the head's own torch modules, on the same target and head in one
-process, with `eagle2` (whose head has had the lean path all along) beside them.
+an in-place cache; a 4-bit layer as one C++ call, q4_eagle3_layer) against the same lean path op by op (the C++
+attention op, torch's dispatcher between the products) and against the head's own torch modules, on the same target
+and head in one process, with `eagle2` (whose 4-bit head runs as one q4_layer call) beside them.
 
-Each MT-bench question (from --offset) runs `none`, `eagle2` and `eagle3` both ways, order rotated per question,
+Each MT-bench question (from --offset) runs `none`, `eagle2` and `eagle3` the three ways, order rotated per question,
 after a warm-up; speedups are per prompt over `none`, medians reported, with the drafting time per step. Greedy
 outputs are checked against `none`'s. With the default tree budget ("auto", cut by the verify-cost curve) and early
 stop, faster drafting can also change a tree's size, so τ may move too: the speedup includes that.
@@ -39,12 +40,18 @@ def main(argv):
     prompts = [r["turns"][0] for r in rows][args.offset : args.offset + args.limit]
     if not prompts:
         ap.error(f"no prompts from --offset {args.offset} with --limit {args.limit}")
-    methods = ["none", "eagle2", "eagle3 lean", "eagle3 modules"]
+    methods = ["none", "eagle2", "eagle3 lean", "eagle3 op-by-op", "eagle3 modules"]
+
+    def op_by_op(head):
+        fast = fastdecoder.FastEagle3Head(head)  # a copy of its own: the shared one keeps its layer op
+        fast.layer_op = False
+        return fast
 
     def run(method, prompt, tokens):
         drafter = method.split()[0]
-        if method.endswith("modules"):  # the drafter finds no lean path and runs the head's modules
-            with mock.patch.object(fastdecoder, "for_eagle3", lambda head: None):
+        if method.endswith(("op-by-op", "modules")):  # the drafter gets that path, or none and runs the modules
+            lean = op_by_op if method.endswith("op-by-op") else (lambda head: None)
+            with mock.patch.object(fastdecoder, "for_eagle3", lean):
                 return specviz.generate(prompt, models=loaded, drafter=drafter, max_new_tokens=tokens)
         return specviz.generate(prompt, models=loaded, drafter=drafter, max_new_tokens=tokens)
 

@@ -179,8 +179,8 @@ EAGLE3_VARIANTS = {  # what the head runs on: (head_dim, dtype, 4-bit products o
 @torch.inference_mode()
 def test_eagle3_head_fast_path_equals_the_module_in_chunks_fed_back_and_under_a_tree_mask(variant, norm_before_residual):
     """The fused target features (3·H) over a 20-token prefix and one more token, then the head's own output (H)
-    fed back under a tree mask: the lean layer gives the module's h each time, and its cache holds what the
-    module's does."""
+    fed back under a tree mask, then one token after a crop: the lean layer gives the module's h each time, and its
+    cache holds what the module's does. A 4-bit layer's one-call op gives the bits of the same layer op by op."""
     from specviz.kernels import extension, quant
     from specviz.models.eagle3 import Eagle3Head
     from specviz.models.heads import causal_mask
@@ -204,23 +204,42 @@ def test_eagle3_head_fast_path_equals_the_module_in_chunks_fed_back_and_under_a_
     assert fast is not None and fastdecoder.for_eagle3(head) is fast
     assert fast.stack.one_op == (dtype == torch.float32 and head_dim == 16)  # which attention is under test
     assert (fast.rms_norm is fastdecoder._q4_rms_norm) == bool(activations)
+    assert fast.layer_op == bool(activations)  # a 4-bit layer as one call (q4_eagle3_layer) up to 16 new tokens
     tol = dict(atol=2e-2, rtol=2e-2) if dtype == torch.bfloat16 else dict(atol=2e-5, rtol=2e-5)
     f, e, pos = torch.randn(23, 3 * H, dtype=dtype), torch.randn(23, H, dtype=dtype), torch.arange(23)[None]
-    ours, theirs = fast.new_cache(), None
-    for chunk in (slice(0, 20), slice(20, 21)):  # a prefix past the C++ op's 16 tokens, then one more token
-        h, theirs = head(f[None, chunk], e[None, chunk], pos[:, chunk], theirs)
-        torch.testing.assert_close(fast(f[chunk], e[chunk], pos[:, chunk], ours), h[0], **tol)
     mask = causal_mask(1, 2, 21, dtype, "cpu").clone()  # two siblings after the 21 committed entries
     mask[:, :, 1, 21] = torch.finfo(dtype).min
-    tree_pos, fed_back = torch.tensor([[21, 21]]), torch.cat([h[0], h[0]])  # the head's own output, not 3·H
-    h2, theirs = head(fed_back[None], e[None, 21:23], tree_pos, theirs, mask)
-    torch.testing.assert_close(fast(fed_back, e[21:23], tree_pos, ours, mask), h2[0], **tol)
-    assert ours.length == theirs[0].shape[2] == 23
-    torch.testing.assert_close(ours.keys[0][:, :, :23], theirs[0], **tol)
-    torch.testing.assert_close(ours.values[0][:, :, :23], theirs[1], **tol)
-    ours.crop(21)  # the siblings rejected; the next step's one token sees the committed 21 only
-    h3, _ = head(h[:, -1:], e[None, 22:23], torch.tensor([[21]]), tuple(t[:, :, :21] for t in theirs))
-    torch.testing.assert_close(fast(h[0, -1:], e[22:23], torch.tensor([[21]]), ours), h3[0], **tol)
+
+    def calls(layer_op: bool):
+        """The lean path's outputs and cache over: a prefix past the C++ op's 16 tokens, one more token, the head's
+        own output fed back to two siblings under the tree mask, and, after they are cropped, one token."""
+        fast.layer_op = layer_op
+        cache, out = fast.new_cache(), []
+        out.append(fast(f[:20], e[:20], pos[:, :20], cache))
+        out.append(fast(f[20:21], e[20:21], pos[:, 20:21], cache))
+        out.append(fast(torch.cat([out[-1], out[-1]]), e[21:23], torch.tensor([[21, 21]]), cache, mask))
+        out += [cache.keys[0][:, :, :23].clone(), cache.values[0][:, :, :23].clone()]
+        cache.crop(21)
+        out.append(fast(out[1], e[22:23], torch.tensor([[21]]), cache))
+        return out
+
+    try:
+        ours = calls(fast.layer_op)
+        if activations:  # the one-call op gives the bits of the layer run op by op
+            assert all(torch.equal(a, b) for a, b in zip(ours, calls(False)))
+    finally:
+        fast.layer_op = bool(activations)
+    h, past = head(f[None, :20], e[None, :20], pos[:, :20])
+    torch.testing.assert_close(ours[0], h[0], **tol)
+    h, past = head(f[None, 20:21], e[None, 20:21], pos[:, 20:21], past)
+    torch.testing.assert_close(ours[1], h[0], **tol)
+    fed_back = torch.cat([h[0], h[0]])  # the head's own output, not 3·H
+    h2, past = head(fed_back[None], e[None, 21:23], torch.tensor([[21, 21]]), past, mask)
+    torch.testing.assert_close(ours[2], h2[0], **tol)
+    torch.testing.assert_close(ours[3], past[0], **tol)
+    torch.testing.assert_close(ours[4], past[1], **tol)
+    h3, _ = head(h[0][None], e[None, 22:23], torch.tensor([[21]]), tuple(t[:, :, :21] for t in past))
+    torch.testing.assert_close(ours[5], h3[0], **tol)
 
 
 def test_long_prompt_tree_decode_grows_the_cache_and_stays_lossless():

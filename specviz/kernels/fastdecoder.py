@@ -384,8 +384,9 @@ class FastEagleHead:
 class FastEagle3Head:
     """An Eagle3Head (specviz.models.eagle3) on the same path: fc over the fused target features (skipped for the
     head's own output fed back), then its one layer, whose q/k/v (fused) read [input_norm(embedding) ;
-    hidden_norm(x)] and whose residual is x (or hidden_norm(x)); gate/up fused, an in-place KVCache. Not the one-call
-    layer op: that one computes a Llama layer, q/k/v over the residual stream itself."""
+    hidden_norm(x)] and whose residual is x (or hidden_norm(x)); gate/up fused, an in-place KVCache. A 4-bit head's
+    layer runs as one call of its own op (q4_eagle3_layer: q4_layer computes a Llama layer, q/k/v over the residual
+    stream itself)."""
 
     def __init__(self, head):
         fc = head.fc
@@ -397,6 +398,11 @@ class FastEagle3Head:
         self.hidden_norm, self.embed_norm = layer.hidden_norm, layer.input_layernorm
         self.norm_before_residual = layer.norm_before_residual
         self.rms_norm = _q4_rms_norm if self.stack.q4_norm and self.layer.blocks else _rms_norm
+        # Where every product is 4-bit and the norms share one epsilon, the layer as one C++ call
+        # (specviz::q4_eagle3_layer: the same ops as below, the same bits) for the few tokens of a drafting step.
+        blocks = self.layer.blocks
+        self.layer_op = (self.stack.one_op and hasattr(torch.ops.specviz, "q4_eagle3_layer") and blocks is not None
+                         and self.hidden_norm.variance_epsilon == blocks[2])
 
     def new_cache(self) -> KVCache:
         return self.stack.new_cache()
@@ -409,7 +415,15 @@ class FastEagle3Head:
         x = self.fc(features) if features.shape[-1] != embeds.shape[-1] else features
         stack, layer, norm = self.stack, self.layer, self.rms_norm
         past, end = cache.length, cache.length + x.shape[0]
-        cos, sin, mask, attend, _ = stack.prepare(x, cache, position_ids, mask)
+        cos, sin, mask, attend, one_op = stack.prepare(x, cache, position_ids, mask)
+        if self.layer_op and one_op:
+            _, post_norm, eps, qkv, qkv_bias, o, gate_up, down = layer.blocks
+            y = torch.ops.specviz.q4_eagle3_layer(
+                x.contiguous(), embeds.contiguous(), self.hidden_norm.weight, self.embed_norm.weight, post_norm, eps,
+                self.norm_before_residual, qkv, qkv_bias, o, gate_up, down, cos, sin, cache.keys[0], cache.values[0],
+                past, mask, layer.scaling, stack.heads, stack.kv_heads)
+            cache.length = end
+            return y
         normed = norm(self.hidden_norm, x)
         qkv = layer.qkv(torch.cat([norm(self.embed_norm, embeds), normed], dim=-1))
         y = (normed if self.norm_before_residual else x) + layer.o_proj(

@@ -12,6 +12,12 @@
 // returns the layer's output (T, H).
 //
 // In order: rms_norm, q4_linear, attend, q4_linear, + x, rms_norm, q4_linear, silu(gate) * up, q4_linear, + h.
+//
+// q4_eagle3_layer(x, embeds, hidden_norm, input_norm, post_norm, eps, norm_before_residual, qkv, qkv_bias, o,
+//                 gate_up, down, cos, sin, keys, values, past, mask, scaling, heads, kv_heads): an EAGLE-3 head's
+//   one layer (specviz.models.eagle3.Layer), whose q/k/v read [input_norm(embeds) ; hidden_norm(x)] (qkv's rows
+//   are 2 H wide) and whose residual is x, or hidden_norm(x) with norm_before_residual; the rest as q4_layer's.
+//   embeds (T, H) fp32, the embeddings of the tokens the features are paired with.
 // The norm is this file's rms_norm (also an op, which the Python loop calls for 4-bit layers, so that both give the
 // same bits), since torch's, with its small elementwise ops, took about 1 ms of a 10 ms one-token step
 // (experiments/profile_step.py --weights q4; 61 norms a step).
@@ -80,25 +86,50 @@ at::Tensor silu_mul(const at::Tensor& gate_up, int64_t intermediate) {
   return act;
 }
 
-at::Tensor q4_layer(const at::Tensor& x, const c10::optional<at::Tensor>& input_norm, const at::Tensor& post_norm, double eps,
-                    at::TensorList qkv, const c10::optional<at::Tensor>& qkv_bias, at::TensorList o,
-                    at::TensorList gate_up, at::TensorList down, const at::Tensor& cos, const at::Tensor& sin,
-                    at::Tensor keys, at::Tensor values, int64_t past, const c10::optional<at::Tensor>& mask,
-                    double scaling, int64_t heads, int64_t kv_heads) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "q4_layer: x (T, H) fp32");
+// The layer from q/k/v's input on: q/k/v, attend, o, + residual, then the MLP and its residual.
+at::Tensor from_qkv_input(const at::Tensor& qkv_input, const at::Tensor& residual, const at::Tensor& post_norm,
+                          double eps, at::TensorList qkv, const c10::optional<at::Tensor>& qkv_bias, at::TensorList o,
+                          at::TensorList gate_up, at::TensorList down, const at::Tensor& cos, const at::Tensor& sin,
+                          at::Tensor keys, at::Tensor values, int64_t past, const c10::optional<at::Tensor>& mask,
+                          double scaling, int64_t heads, int64_t kv_heads) {
   check_blocks("qkv", qkv);
   check_blocks("o", o);
   check_blocks("gate_up", gate_up);
   check_blocks("down", down);
   const int64_t intermediate = gate_up[0].size(0) / 2;
   const c10::optional<at::Tensor> none;
-  const at::Tensor fused = product(input_norm.has_value() ? rms_norm(x, *input_norm, eps) : x, qkv, qkv_bias);
+  const at::Tensor fused = product(qkv_input, qkv, qkv_bias);
   const at::Tensor attended = specviz::attend(fused, cos, sin, keys, values, past, mask, scaling, heads, kv_heads);
   at::Tensor h = product(attended, o, none);
-  add_into(h, x);
+  add_into(h, residual);
   at::Tensor out = product(silu_mul(product(rms_norm(h, post_norm, eps), gate_up, none), intermediate), down, none);
   add_into(out, h);
   return out;
+}
+
+at::Tensor q4_layer(const at::Tensor& x, const c10::optional<at::Tensor>& input_norm, const at::Tensor& post_norm, double eps,
+                    at::TensorList qkv, const c10::optional<at::Tensor>& qkv_bias, at::TensorList o,
+                    at::TensorList gate_up, at::TensorList down, const at::Tensor& cos, const at::Tensor& sin,
+                    at::Tensor keys, at::Tensor values, int64_t past, const c10::optional<at::Tensor>& mask,
+                    double scaling, int64_t heads, int64_t kv_heads) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "q4_layer: x (T, H) fp32");
+  return from_qkv_input(input_norm.has_value() ? rms_norm(x, *input_norm, eps) : x, x, post_norm, eps, qkv, qkv_bias,
+                        o, gate_up, down, cos, sin, keys, values, past, mask, scaling, heads, kv_heads);
+}
+
+at::Tensor q4_eagle3_layer(const at::Tensor& x, const at::Tensor& embeds, const at::Tensor& hidden_norm,
+                           const at::Tensor& input_norm, const at::Tensor& post_norm, double eps,
+                           bool norm_before_residual, at::TensorList qkv, const c10::optional<at::Tensor>& qkv_bias,
+                           at::TensorList o, at::TensorList gate_up, at::TensorList down, const at::Tensor& cos,
+                           const at::Tensor& sin, at::Tensor keys, at::Tensor values, int64_t past,
+                           const c10::optional<at::Tensor>& mask, double scaling, int64_t heads, int64_t kv_heads) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "q4_eagle3_layer: x (T, H) fp32");
+  TORCH_CHECK(embeds.sizes() == x.sizes() && embeds.scalar_type() == at::kFloat && embeds.is_contiguous(),
+              "q4_eagle3_layer: embeds (T, H) fp32, as x");
+  const at::Tensor normed = rms_norm(x, hidden_norm, eps);
+  const at::Tensor both = at::cat({rms_norm(embeds, input_norm, eps), normed}, 1);
+  return from_qkv_input(both, norm_before_residual ? normed : x, post_norm, eps, qkv, qkv_bias, o, gate_up, down, cos,
+                        sin, keys, values, past, mask, scaling, heads, kv_heads);
 }
 
 }  // namespace
@@ -107,10 +138,15 @@ TORCH_LIBRARY_FRAGMENT(specviz, m) {
   m.def("q4_layer(Tensor x, Tensor? input_norm, Tensor post_norm, float eps, Tensor[] qkv, Tensor? qkv_bias, "
         "Tensor[] o, Tensor[] gate_up, Tensor[] down, Tensor cos, Tensor sin, Tensor(a!) keys, Tensor(b!) values, "
         "int past, Tensor? mask, float scaling, int heads, int kv_heads) -> Tensor");
+  m.def("q4_eagle3_layer(Tensor x, Tensor embeds, Tensor hidden_norm, Tensor input_norm, Tensor post_norm, float eps, "
+        "bool norm_before_residual, Tensor[] qkv, Tensor? qkv_bias, Tensor[] o, Tensor[] gate_up, Tensor[] down, "
+        "Tensor cos, Tensor sin, Tensor(a!) keys, Tensor(b!) values, int past, Tensor? mask, float scaling, "
+        "int heads, int kv_heads) -> Tensor");
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(specviz, CPU, m) {
   m.impl("q4_layer", q4_layer);
+  m.impl("q4_eagle3_layer", q4_eagle3_layer);
   m.impl("rms_norm", rms_norm);
 }
