@@ -3,7 +3,8 @@
 The ops: `attend`, the attention block of a decoding step in one call (csrc/attend.cpp); `q4_linear` and
 `q8_linear`, products with weights kept as GGUF blocks (csrc/blocklinear.cpp), which run on 8-bit activations in
 integers where the blocks come in tiles (csrc/intdot.cpp, csrc/intdot.h); `q4_layer`, a whole 4-bit decoder layer in
-one call, and its `rms_norm` (csrc/q4layer.cpp); see specviz.kernels.fastdecoder and specviz.kernels.quant.
+one call, `q4_eagle3_layer` an EAGLE-3 head's, and their `rms_norm` (csrc/q4layer.cpp); see
+specviz.kernels.fastdecoder and specviz.kernels.quant.
 Everything works without them: where it cannot be built (no C++ compiler, no ninja, an unexpected torch), or with
 `SPECVIZ_EXTENSION=0`, `available()` is False, the decoder runs the same arithmetic through torch's own ops, and one
 warning says why.
