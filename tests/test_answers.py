@@ -123,6 +123,10 @@ def test_answers_to_other_prompt_tokens_are_refused_and_a_grown_shard_is_made_ag
     index = build_dataset(grown, target, ByteTokenizer())
     assert [s["name"] for s in index["shards"] if not s.get("rebuilt")] == ["train-00003"]
     assert len(answers.read(answers.folder(grown), "train-00003").positions) == 8
+    # grown in its own cache: the partial shard there is made again with all its prompts, not kept as it was
+    index = build_dataset(replace(fewer, n_prompts=32), target, ByteTokenizer())
+    assert {s["name"]: s["n_seqs"] for s in index["shards"]}["train-00003"] == 8
+    assert len(load_split(fewer.out_dir, "train")) == 32
 
 
 MODEL = Path(os.environ.get("SPECVIZ_CACHE") or Path.home() / ".cache" / "specviz") / "smollm2-135m"

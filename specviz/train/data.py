@@ -305,7 +305,8 @@ def build_dataset(cfg: DataConfig, target=None, tokenizer=None) -> dict:
              len(plan), len(done), where)
     start = time.time()
     for name, prompts, first in plan:
-        if name in done and (out / f"{name}.safetensors").exists():
+        # a shard on disk is done unless it is a last, partial one that a larger n_prompts has grown since
+        if name in done and done[name]["n_seqs"] == len(prompts) and (out / f"{name}.safetensors").exists():
             if where is not None and not answers.path_of(where, name).exists():
                 keep_answers_of_cached_shard(out, where, name, prompts, first, cfg, done[name]["seconds"])
             continue
