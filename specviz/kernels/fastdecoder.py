@@ -385,8 +385,8 @@ class FastEagle3Head:
     """An Eagle3Head (specviz.models.eagle3) on the same path: fc over the fused target features (skipped for the
     head's own output fed back), then its one layer, whose q/k/v (fused) read [input_norm(embedding) ;
     hidden_norm(x)] and whose residual is x (or hidden_norm(x)); gate/up fused, an in-place KVCache. A 4-bit head's
-    layer runs as one call of its own op (q4_eagle3_layer: q4_layer computes a Llama layer, q/k/v over the residual
-    stream itself)."""
+    layer runs as one call of its own op over up to ONE_OP_MAX_TOKENS new tokens (a drafting step; q4_eagle3_layer:
+    q4_layer computes a Llama layer, q/k/v over the residual stream itself), op by op over a prompt."""
 
     def __init__(self, head):
         fc = head.fc
@@ -398,7 +398,7 @@ class FastEagle3Head:
         self.hidden_norm, self.embed_norm = layer.hidden_norm, layer.input_layernorm
         self.norm_before_residual = layer.norm_before_residual
         self.rms_norm = _q4_rms_norm if self.stack.q4_norm and self.layer.blocks else _rms_norm
-        # Where every product is 4-bit and the norms share one epsilon, the layer as one C++ call
+        # Where every product is 4-bit, only q/k/v has a bias and the norms share one epsilon, the layer as one C++ call
         # (specviz::q4_eagle3_layer: the same ops as below, the same bits) for the few tokens of a drafting step.
         blocks = self.layer.blocks
         self.layer_op = (self.stack.one_op and hasattr(torch.ops.specviz, "q4_eagle3_layer") and blocks is not None
