@@ -157,9 +157,10 @@ def load_shipped(preset: Preset, target: torch.nn.Module, assets: Path = ASSETS)
 def load_trained(kind: str, folder: Path, target: torch.nn.Module) -> torch.nn.Module:
     """A trained drafter ("eagle" | "medusa" | "eagle3" | "draft") from its folder, frozen, on the target's device, in
     draft_dtype. Beside a 4-bit target (`weights="q4"`) an EAGLE or EAGLE-3 head's products are 4-bit too (Q4_1
-    groups of its weights, fp32 activations; specviz.kernels.quant.quantize_linears): the EAGLE head's layer then
-    runs as one call of the same layer op, and drafting reads 0.75 bytes a weight instead of bf16's 2. A draft only proposes, so this can
-    change how many tokens are accepted, never the output (experiments/draft_dtype.py --weights q4 measures both).
+    groups of its weights, fp32 activations; specviz.kernels.quant.quantize_linears): the head's layer then runs as
+    one C++ call (the EAGLE head's as the target's layer op, the EAGLE-3 head's as q4_eagle3_layer), and drafting
+    reads 0.75 bytes a weight instead of bf16's 2. A draft only proposes, so this can change how many tokens are
+    accepted, never the output (experiments/draft_dtype.py --weights q4 measures both).
     Beside a target on 8-bit activations (`weights="q4q8"`) the head's products take 8-bit activations too.
     The projection onto the draft vocabulary stays in draft_dtype (`projection_dtype`).
     SPECVIZ_DRAFT_DTYPE, where set, keeps the head unquantized in that dtype."""
