@@ -11,6 +11,7 @@ stop, faster drafting can also change a tree's size, so τ may move too: the spe
     .venv/bin/python experiments/eagle3_lean_ab.py [--limit 8] [--weights fp32] | tee experiments/results/eagle3-lean-ab.txt
 """
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -47,13 +48,12 @@ def main(argv):
         fast.layer_op = False
         return fast
 
+    paths = {"eagle3 op-by-op": op_by_op, "eagle3 modules": lambda head: None}  # None: the head's modules run
+
     def run(method, prompt, tokens):
-        drafter = method.split()[0]
-        if method.endswith(("op-by-op", "modules")):  # the drafter gets that path, or none and runs the modules
-            lean = op_by_op if method.endswith("op-by-op") else (lambda head: None)
-            with mock.patch.object(fastdecoder, "for_eagle3", lean):
-                return specviz.generate(prompt, models=loaded, drafter=drafter, max_new_tokens=tokens)
-        return specviz.generate(prompt, models=loaded, drafter=drafter, max_new_tokens=tokens)
+        path = paths.get(method)
+        with mock.patch.object(fastdecoder, "for_eagle3", path) if path else contextlib.nullcontext():
+            return specviz.generate(prompt, models=loaded, drafter=method.split()[0], max_new_tokens=tokens)
 
     for method in methods:  # warm-up
         run(method, prompts[0], 16)
