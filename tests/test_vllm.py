@@ -237,16 +237,24 @@ def test_a_vllm_server_killed_mid_run_is_a_clear_error_at_once(served):
 
     backend = VllmBackend.connect(served.url, silence_s=SILENCE_S)
     victims = served.children() or [served.process.pid]  # vLLM's engine core decodes in a child process
-    got, killed = [], None
-    with pytest.raises(SpecvizError) as failure:
+    # Killed as the first step arrives, the earliest point mid-run: the 1000 tokens took vLLM 56 s on the 2-core
+    # Xeon here, so its engine dies long before the run could end; a run that ends anyway is failed with what it sent.
+    got, killed, delivered = [], None, 0
+    try:
         for event in backend.stream(first_question(), max_new_tokens=1000, temperature=0.0):
             got.append(event)
-            if len(got) == 4:
+            delivered += len(getattr(event, "committed", ()))
+            if killed is None and event.type == "step":
                 for pid in victims:
                     os.kill(pid, signal.SIGKILL)
                 killed = time.perf_counter()
-    assert killed is not None, "the run ended before the kill"
+    except SpecvizError as err:
+        failure = err
+    else:
+        pytest.fail(f"the run ended without an error: {len(got)} events, {delivered} tokens, the last a "
+                    f"{got[-1].type if got else None}; killed {'after' if killed else 'never, the run had no step'}")
+    assert killed is not None, f"the run failed before its first step: {failure}"
     assert time.perf_counter() - killed < SILENCE_S
-    message = str(failure.value)
+    message = str(failure)
     assert served.url in message and "start it again" in message, message
-    assert got[0].type == "start" and len(got) >= 4
+    assert [e.type for e in got[:2]] == ["start", "step"]
