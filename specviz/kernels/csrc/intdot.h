@@ -276,6 +276,21 @@ SPECVIZ_TARGET_AVX2 inline void half_tile_avx2(const Acts& x, int64_t r0, const 
 
 // ------------------------------------------------------------------------------------------------ AVX-512 VNNI
 
+// The cache lines of the group `block` (the tile's groups, then the next tile's, lie in this order in memory): its
+// codes, scale and minimum, fetched ahead of use, since the weights of a decoding step come from the last-level
+// cache or memory, and a product over several rows would otherwise wait on each line.
+constexpr int64_t kAheadGroups = 8;
+
+template <int Bits>
+SPECVIZ_TARGET_AVX2 inline void prefetch_group(const Tiles& w, int64_t block) {
+  constexpr int kWords = Bits == 4 ? 4 : 8;
+  const char* codes = reinterpret_cast<const char*>(w.codes + block * kWords * 64);
+  for (int k = 0; k < kWords; ++k) _mm_prefetch(codes + k * 64, _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(w.scales + block * w.per * kTile), _MM_HINT_T0);
+  if (Bits == 8 && w.per == 2) _mm_prefetch(reinterpret_cast<const char*>(w.scales + (block * 2 + 1) * kTile), _MM_HINT_T0);
+  if constexpr (Bits == 4) _mm_prefetch(reinterpret_cast<const char*>(w.mins + block * kTile), _MM_HINT_T0);
+}
+
 SPECVIZ_TARGET_VNNI inline __m512i broadcast4_vnni(const int8_t* p) {
   int32_t word;
   std::memcpy(&word, p, 4);
@@ -286,24 +301,27 @@ SPECVIZ_TARGET_VNNI inline __m512i broadcast4_vnni(const int8_t* p) {
 // activations into each column's int32. 8-bit weights are made unsigned by adding 128 (w ^ 0x80), and 128 times
 // the activations' sum over the same weights is taken off again, so the integer is the same.
 template <int Bits, int R>
-SPECVIZ_TARGET_VNNI inline void tile_vnni(const Acts& x, int64_t r0, const Tiles& w, int64_t t, float* y, int64_t out) {
+SPECVIZ_TARGET_VNNI inline void tile_vnni(const Acts& x, int64_t r0, const Tiles& w, int64_t t, float* y, int64_t out,
+                                          bool ahead) {
   constexpr int kWords = Bits == 4 ? 4 : 8;
   const __m512i low = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8(static_cast<char>(0x80));
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < w.groups; ++g) {
     const uint8_t* codes = w.codes + w.block(t, g) * kWords * 64;
+    if (ahead) prefetch_group<Bits>(w, w.block(t, g) + kAheadGroups);
     const int8_t* xq[R];
     for (int r = 0; r < R; ++r) xq[r] = x.at(r0 + r, g);
-    __m512i sum[R][2];
-    for (int r = 0; r < R; ++r) sum[r][0] = sum[r][1] = _mm512_setzero_si512();
+    __m512i sum[R][Bits == 4 ? 1 : 2];  // 4-bit: both halves into one sum (integer sums: the same i either way)
+    for (int r = 0; r < R; ++r)
+      for (auto& part : sum[r]) part = _mm512_setzero_si512();
     for (int k = 0; k < kWords; ++k) {
       const __m512i v = _mm512_loadu_si512(codes + k * 64);
       if constexpr (Bits == 4) {
         const __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
         for (int r = 0; r < R; ++r) {
           sum[r][0] = _mm512_dpbusd_epi32(sum[r][0], lo, broadcast4_vnni(xq[r] + 4 * k));
-          sum[r][1] = _mm512_dpbusd_epi32(sum[r][1], hi, broadcast4_vnni(xq[r] + 16 + 4 * k));
+          sum[r][0] = _mm512_dpbusd_epi32(sum[r][0], hi, broadcast4_vnni(xq[r] + 16 + 4 * k));
         }
       } else {
         const __m512i biased = _mm512_xor_si512(v, flip);
@@ -316,8 +334,7 @@ SPECVIZ_TARGET_VNNI inline void tile_vnni(const Acts& x, int64_t r0, const Tiles
       const __m512 dx = _mm512_set1_ps(x.d[at]);
       if constexpr (Bits == 4) {
         const __m512 dw = _mm512_loadu_ps(w.scales + block * kTile);
-        const __m512i i = _mm512_add_epi32(sum[r][0], sum[r][1]);
-        acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(i), acc[r]);
+        acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(sum[r][0]), acc[r]);
         acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(w.mins + block * kTile), _mm512_set1_ps(x.s[at]), acc[r]);
       } else {
         const int32_t* xs = x.sums + 2 * at;
@@ -352,11 +369,13 @@ inline void tiles(int64_t path, const Acts& x, int64_t rows, const Tiles& w, flo
     for (int64_t t = begin; t < end; ++t) {
 #ifdef SPECVIZ_INTDOT_X86
       if (path == kAvx512) {
-        int64_t r = first;
-        for (; r + 4 <= last; r += 4) tile_vnni<Bits, 4>(x, r, w, t, y, out);
-        if (last - r == 3) tile_vnni<Bits, 3>(x, r, w, t, y, out);
-        if (last - r == 2) tile_vnni<Bits, 2>(x, r, w, t, y, out);
-        if (last - r == 1) tile_vnni<Bits, 1>(x, r, w, t, y, out);
+        int64_t r = first;  // the first row block over a tile fetches ahead; the others find its lines in L1
+        if constexpr (Bits == 4)  // eight rows a pass where their sums fit in registers beside the accumulators
+          for (; r + 8 <= last; r += 8) tile_vnni<Bits, 8>(x, r, w, t, y, out, r == first);
+        for (; r + 4 <= last; r += 4) tile_vnni<Bits, 4>(x, r, w, t, y, out, r == first);
+        if (last - r == 3) tile_vnni<Bits, 3>(x, r, w, t, y, out, r == first);
+        if (last - r == 2) tile_vnni<Bits, 2>(x, r, w, t, y, out, r == first);
+        if (last - r == 1) tile_vnni<Bits, 1>(x, r, w, t, y, out, r == first);
         continue;
       }
       if (path == kAvx2) {
