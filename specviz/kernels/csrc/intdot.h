@@ -299,20 +299,24 @@ SPECVIZ_TARGET_VNNI inline __m512i broadcast4_vnni(const int8_t* p) {
 
 // R rows times tile t, all 16 columns in one register: vpdpbusd sums four products of unsigned weights and signed
 // activations into each column's int32. 8-bit weights are made unsigned by adding 128 (w ^ 0x80), and 128 times
-// the activations' sum over the same weights is taken off again, so the integer is the same.
-template <int Bits, int R>
+// the activations' sum over the same weights is taken off again, so the integer is the same. Halves: integer sums
+// per row and group, 2 where the group's halves have scales of their own (8-bit weights with per = 2), else 1
+// (both halves in one sum: integer sums, so the same i either way).
+template <int Bits, int R, int Halves>
 SPECVIZ_TARGET_VNNI inline void tile_vnni(const Acts& x, int64_t r0, const Tiles& w, int64_t t, float* y, int64_t out,
                                           bool ahead) {
   constexpr int kWords = Bits == 4 ? 4 : 8;
+  static_assert(Halves == 1 || Bits == 8, "4-bit groups have one scale");
   const __m512i low = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8(static_cast<char>(0x80));
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < w.groups; ++g) {
-    const uint8_t* codes = w.codes + w.block(t, g) * kWords * 64;
-    if (ahead) prefetch_group<Bits>(w, w.block(t, g) + kAheadGroups);
+    const int64_t block = w.block(t, g);
+    const uint8_t* codes = w.codes + block * kWords * 64;
+    if (ahead) prefetch_group<Bits>(w, block + kAheadGroups);
     const int8_t* xq[R];
     for (int r = 0; r < R; ++r) xq[r] = x.at(r0 + r, g);
-    __m512i sum[R][Bits == 4 ? 1 : 2];  // 4-bit: both halves into one sum (integer sums: the same i either way)
+    __m512i sum[R][Halves];
     for (int r = 0; r < R; ++r)
       for (auto& part : sum[r]) part = _mm512_setzero_si512();
     for (int k = 0; k < kWords; ++k) {
@@ -325,10 +329,12 @@ SPECVIZ_TARGET_VNNI inline void tile_vnni(const Acts& x, int64_t r0, const Tiles
         }
       } else {
         const __m512i biased = _mm512_xor_si512(v, flip);
-        for (int r = 0; r < R; ++r) sum[r][k / 4] = _mm512_dpbusd_epi32(sum[r][k / 4], biased, broadcast4_vnni(xq[r] + 4 * k));
+        for (int r = 0; r < R; ++r) {
+          __m512i& part = sum[r][Halves == 2 ? k / 4 : 0];
+          part = _mm512_dpbusd_epi32(part, biased, broadcast4_vnni(xq[r] + 4 * k));
+        }
       }
     }
-    const int64_t block = w.block(t, g);
     for (int r = 0; r < R; ++r) {
       const int64_t at = x.index(r0 + r, g);
       const __m512 dx = _mm512_set1_ps(x.d[at]);
@@ -336,23 +342,36 @@ SPECVIZ_TARGET_VNNI inline void tile_vnni(const Acts& x, int64_t r0, const Tiles
         const __m512 dw = _mm512_loadu_ps(w.scales + block * kTile);
         acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(sum[r][0]), acc[r]);
         acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(w.mins + block * kTile), _mm512_set1_ps(x.s[at]), acc[r]);
+      } else if constexpr (Halves == 2) {
+        const int32_t* xs = x.sums + 2 * at;
+        for (int h = 0; h < 2; ++h) {
+          const __m512i i = _mm512_sub_epi32(sum[r][h], _mm512_set1_epi32(128 * xs[h]));
+          const __m512 dw = _mm512_loadu_ps(w.scales + (block * 2 + h) * kTile);
+          acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(i), acc[r]);
+        }
       } else {
         const int32_t* xs = x.sums + 2 * at;
-        const __m512i lo = _mm512_sub_epi32(sum[r][0], _mm512_set1_epi32(128 * xs[0]));
-        const __m512i hi = _mm512_sub_epi32(sum[r][1], _mm512_set1_epi32(128 * xs[1]));
-        if (w.per == 2) {
-          const __m512 d0 = _mm512_loadu_ps(w.scales + (block * 2) * kTile);
-          const __m512 d1 = _mm512_loadu_ps(w.scales + (block * 2 + 1) * kTile);
-          acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(d0, dx), _mm512_cvtepi32_ps(lo), acc[r]);
-          acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(d1, dx), _mm512_cvtepi32_ps(hi), acc[r]);
-        } else {
-          const __m512 dw = _mm512_loadu_ps(w.scales + block * kTile);
-          acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(_mm512_add_epi32(lo, hi)), acc[r]);
-        }
+        const __m512i i = _mm512_sub_epi32(sum[r][0], _mm512_set1_epi32(128 * (xs[0] + xs[1])));
+        const __m512 dw = _mm512_loadu_ps(w.scales + block * kTile);
+        acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(i), acc[r]);
       }
     }
   }
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + (r0 + r) * out + t * kTile, acc[r]);
+}
+
+// Rows [first, last) times tile t, eight rows a pass where their sums fit in registers beside the accumulators, then
+// four, then the rest; the first pass over the tile fetches ahead, the others find its lines in L1.
+template <int Bits, int Halves>
+SPECVIZ_TARGET_VNNI inline void rows_vnni(const Acts& x, int64_t first, int64_t last, const Tiles& w, int64_t t,
+                                          float* y, int64_t out) {
+  int64_t r = first;
+  if constexpr (Halves == 1)
+    for (; r + 8 <= last; r += 8) tile_vnni<Bits, 8, Halves>(x, r, w, t, y, out, r == first);
+  for (; r + 4 <= last; r += 4) tile_vnni<Bits, 4, Halves>(x, r, w, t, y, out, r == first);
+  if (last - r == 3) tile_vnni<Bits, 3, Halves>(x, r, w, t, y, out, r == first);
+  if (last - r == 2) tile_vnni<Bits, 2, Halves>(x, r, w, t, y, out, r == first);
+  if (last - r == 1) tile_vnni<Bits, 1, Halves>(x, r, w, t, y, out, r == first);
 }
 #endif
 
@@ -369,13 +388,13 @@ inline void tiles(int64_t path, const Acts& x, int64_t rows, const Tiles& w, flo
     for (int64_t t = begin; t < end; ++t) {
 #ifdef SPECVIZ_INTDOT_X86
       if (path == kAvx512) {
-        int64_t r = first;  // the first row block over a tile fetches ahead; the others find its lines in L1
-        if constexpr (Bits == 4)  // eight rows a pass where their sums fit in registers beside the accumulators
-          for (; r + 8 <= last; r += 8) tile_vnni<Bits, 8>(x, r, w, t, y, out, r == first);
-        for (; r + 4 <= last; r += 4) tile_vnni<Bits, 4>(x, r, w, t, y, out, r == first);
-        if (last - r == 3) tile_vnni<Bits, 3>(x, r, w, t, y, out, r == first);
-        if (last - r == 2) tile_vnni<Bits, 2>(x, r, w, t, y, out, r == first);
-        if (last - r == 1) tile_vnni<Bits, 1>(x, r, w, t, y, out, r == first);
+        if constexpr (Bits == 8) {
+          if (w.per == 2) {
+            rows_vnni<Bits, 2>(x, first, last, w, t, y, out);
+            continue;
+          }
+        }
+        rows_vnni<Bits, 1>(x, first, last, w, t, y, out);
         continue;
       }
       if (path == kAvx2) {
