@@ -40,7 +40,7 @@ class Layer:
 
 
 @needs_op
-@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 2, 16), (9, 3, 64), (2, 2, 32), (4, 1, 128), (2, 1, 48)])  # 48: portable
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 2, 16), (9, 3, 64), (14, 2, 64), (2, 2, 32), (4, 1, 128), (2, 1, 48)])  # 48: portable
 @pytest.mark.parametrize("T,past,mask_kind", [(1, 0, None), (1, 40, None), (5, 17, "causal"), (10, 33, "tree"),
                                                (10, 33, "tree-bool")])
 @torch.inference_mode()
@@ -81,6 +81,27 @@ def test_a_tree_row_gives_the_bits_of_its_path_alone(heads, kv_heads, head_dim, 
         alone = layers._attend_in_one_op(Layer, qkv[path].contiguous(), cos[path].contiguous(), sin[path].contiguous(),
                                          keys.clone(), values.clone(), past, None)
         assert torch.equal(alone[-1], together[row]), f"row {row} differs from its path alone"
+
+
+@needs_op
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(14, 2, 64), (4, 1, 128), (9, 3, 48)])  # 48: the portable path
+@pytest.mark.parametrize("tree", [False, True])
+@torch.inference_mode()
+def test_a_head_gives_the_same_bits_whatever_else_shares_its_kv_head(heads, kv_heads, head_dim, tree):
+    """The heads of one kv head are computed together (their value sums side by side); each one's output is, bit for
+    bit, what it gives as the only head of its kv head."""
+    layers, group = stack(heads, kv_heads, head_dim), heads // kv_heads
+    T, past = 9, 29
+    qkv, cos, sin, keys, values = inputs(layers, T, past, seed=7)
+    mask = random_tree(n=T - 1, seed=4).attention_mask(past) if tree else None
+    together = layers._attend_in_one_op(Layer, qkv, cos, sin, keys.clone(), values.clone(), past, mask)
+    alone_stack = stack(kv_heads, kv_heads, head_dim)
+    q, kv = qkv[:, : heads * head_dim].reshape(T, heads, head_dim), qkv[:, heads * head_dim :]
+    for i in range(group):  # head i of every kv head, alone with it
+        picked = q[:, [g * group + i for g in range(kv_heads)]].reshape(T, -1)
+        alone = alone_stack._attend_in_one_op(Layer, torch.cat([picked, kv], 1).contiguous(), cos, sin, keys.clone(),
+                                              values.clone(), past, mask).reshape(T, kv_heads, head_dim)
+        assert torch.equal(alone, together.reshape(T, heads, head_dim)[:, i::group]), f"head {i} of its group differs"
 
 
 @needs_op

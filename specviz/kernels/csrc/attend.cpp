@@ -145,12 +145,28 @@ inline __m512 lane_sums(__m512* v) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(w0, w1, 0x88), _mm512_shuffle_f32x4(w0, w1, 0xDD));
 }
 
-// One (token, head): out = softmax(scale q·k_j + mask_j over j < seen) · v, for D = 16 C. `scores` has room for
-// seen floats; allowed_row / additive_row: the token's row of a bool / additive mask, or null; index: where the
-// j-th key and value sit in the cache (a row's gathered keys), or null for the j-th.
+// scores[j] = scale scores[j] for j < seen (no mask row: the keys are the ones the row sees); returns their maximum.
+// Sixteen at a time: the same products, and the maximum is exact, so mask_and_top's numbers.
+inline float scale_and_top(float* scores, int64_t seen, float scale) {
+  const __m512 factor = _mm512_set1_ps(scale);
+  __m512 top16 = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  int64_t j = 0;
+  for (; j + kLanes <= seen; j += kLanes) {
+    const __m512 s = _mm512_mul_ps(_mm512_loadu_ps(scores + j), factor);
+    _mm512_storeu_ps(scores + j, s);
+    top16 = _mm512_max_ps(s, top16);  // top16 where s is NaN, as std::max(top, s) keeps top
+  }
+  float top = _mm512_reduce_max_ps(top16);
+  for (; j < seen; ++j) {
+    scores[j] *= scale;
+    top = std::max(top, scores[j]);
+  }
+  return top;
+}
+
+// q · k_j for j < seen, into scores: per key 16 partial sums (D / 16 products each, in order), then lane_sums.
 template <int C>
-void head_attention(const float* q, const float* keys, const float* values, const int64_t* index, int64_t seen,
-                    float scale, const bool* allowed_row, const float* additive_row, float* scores, float* out) {
+void key_scores(const float* q, const float* keys, const int64_t* index, int64_t seen, float* scores) {
   constexpr int64_t D = C * kLanes;
   __m512 qv[C];
   for (int c = 0; c < C; ++c) qv[c] = _mm512_loadu_ps(q + c * kLanes);
@@ -170,20 +186,72 @@ void head_attention(const float* q, const float* keys, const float* values, cons
     for (int c = 1; c < C; ++c) v = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(k + c * kLanes), v);
     scores[j] = _mm512_reduce_add_ps(v);
   }
-  const float top = mask_and_top(scores, seen, scale, allowed_row, additive_row);
-  __m512 acc[C];
-  for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
-  float total = 0.f;
-  if (top > -std::numeric_limits<float>::infinity()) {
-    total = exp_shifted(scores, seen, top);
-    for (j = 0; j < seen; ++j) {
-      const __m512 p = _mm512_set1_ps(scores[j]);
-      const float* v = values + key_at(index, j) * D;
-      for (int c = 0; c < C; ++c) acc[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(v + c * kLanes), acc[c]);
+}
+
+// out[n] = Σ_j p[n][j] v_j / totals[n] for N queries at once over the same keys: each query's sum in the order
+// j = 0, 1, ..., as one query alone sums it, with N · C independent chains of fmas instead of C.
+template <int C, int N>
+void weighted_values(const float* const* p, const float* values, const int64_t* index, int64_t seen,
+                     const float* totals, float* const* out) {
+  constexpr int64_t D = C * kLanes;
+  __m512 acc[N][C];
+  for (int n = 0; n < N; ++n)
+    for (int c = 0; c < C; ++c) acc[n][c] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < seen; ++j) {
+    const float* v = values + key_at(index, j) * D;
+    __m512 vv[C];
+    for (int c = 0; c < C; ++c) vv[c] = _mm512_loadu_ps(v + c * kLanes);
+    for (int n = 0; n < N; ++n) {
+      const __m512 weight = _mm512_set1_ps(p[n][j]);
+      for (int c = 0; c < C; ++c) acc[n][c] = _mm512_fmadd_ps(weight, vv[c], acc[n][c]);
     }
   }
-  const __m512 inverse = _mm512_set1_ps(total > 0.f ? 1.f / total : 0.f);
-  for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + c * kLanes, _mm512_mul_ps(acc[c], inverse));
+  for (int n = 0; n < N; ++n) {
+    const __m512 inverse = _mm512_set1_ps(totals[n] > 0.f ? 1.f / totals[n] : 0.f);
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(out[n] + c * kLanes, _mm512_mul_ps(acc[n][c], inverse));
+  }
+}
+
+// The heads of one kv head for one token, `count` queries (q: count × D, out: the same), which see the same keys:
+// each out = softmax(scale q·k_j + mask_j over j < seen) · v, for D = 16 C. scores has room for count × seen
+// floats; allowed_row / additive_row: the token's row of a bool / additive mask, or null; index: where the j-th key
+// and value sit in the cache (a row's gathered keys), or null for the j-th. Per query the same operations in the
+// same order as it alone would take, so the same bits whatever the group holds.
+template <int C>
+void group_attention(const float* q, int64_t count, const float* keys, const float* values, const int64_t* index,
+                     int64_t seen, float scale, const bool* allowed_row, const float* additive_row, float* scores,
+                     float* out) {
+  constexpr int64_t D = C * kLanes;
+  constexpr int kMost = C <= 4 ? 4 : 2;  // queries whose value sums run together (N C accumulators, at most 16)
+  const float* live[kMost];
+  float* where[kMost];
+  float totals[kMost];
+  int n = 0;
+  auto flush = [&]() {
+    switch (n) {
+      case 4: weighted_values<C, 4>(live, values, index, seen, totals, where); break;
+      case 3: weighted_values<C, 3>(live, values, index, seen, totals, where); break;
+      case 2: weighted_values<C, 2>(live, values, index, seen, totals, where); break;
+      case 1: weighted_values<C, 1>(live, values, index, seen, totals, where); break;
+      default: break;
+    }
+    n = 0;
+  };
+  for (int64_t h = 0; h < count; ++h) {
+    float* row = scores + h * seen;
+    key_scores<C>(q + h * D, keys, index, seen, row);
+    const float top = allowed_row || additive_row ? mask_and_top(row, seen, scale, allowed_row, additive_row)
+                                                  : scale_and_top(row, seen, scale);
+    if (!(top > -std::numeric_limits<float>::infinity())) {  // every key shut out: zeros
+      std::fill(out + h * D, out + (h + 1) * D, 0.f);
+      continue;
+    }
+    totals[n] = exp_shifted(row, seen, top);
+    live[n] = row;
+    where[n] = out + h * D;
+    if (++n == kMost) flush();
+  }
+  flush();
 }
 #endif
 
@@ -265,11 +333,12 @@ at::Tensor attend(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor
   std::vector<char> gathered(rows_keys.size(), 0);
   for (int64_t t = 0; t < static_cast<int64_t>(rows_keys.size()); ++t)
     gathered[t] = gather(allowed ? allowed + t * end : nullptr, additive ? additive + t * end : nullptr, end, rows_keys[t]);
-  at::parallel_for(0, T * heads, grain, [&](int64_t begin, int64_t stop) {
-    std::vector<float> q(D), scores(end), acc(D);
+  at::parallel_for(0, T * kv_heads, std::max<int64_t>(1, grain / group), [&](int64_t begin, int64_t stop) {
+    std::vector<float> q(group * D), scores(group * end), acc(D);
     for (int64_t task = begin; task < stop; ++task) {
-      const int64_t t = task / heads, h = task % heads, g = h / group;
-      rotate(QKV + t * width + h * D, COS + t * D, SIN + t * D, q.data(), D);
+      const int64_t t = task / kv_heads, g = task % kv_heads;
+      for (int64_t i = 0; i < group; ++i)
+        rotate(QKV + t * width + (g * group + i) * D, COS + t * D, SIN + t * D, q.data() + i * D, D);
       const float* keys_g = K + g * capacity * D;
       const float* values_g = V + g * capacity * D;
       const int64_t* index = nullptr;
@@ -284,17 +353,18 @@ at::Tensor attend(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor
         allowed_row = allowed ? allowed + t * end : nullptr;
         additive_row = additive ? additive + t * end : nullptr;
       }
-      float* o = OUT + t * heads * D + h * D;
+      float* o = OUT + t * heads * D + g * group * D;  // the group's heads, side by side
       switch (D) {  // AVX-512 registers for the common head sizes
 #ifdef __AVX512F__
-        case 16: head_attention<1>(q.data(), keys_g, values_g, index, seen, scale, allowed_row, additive_row, scores.data(), o); break;
-        case 32: head_attention<2>(q.data(), keys_g, values_g, index, seen, scale, allowed_row, additive_row, scores.data(), o); break;
-        case 64: head_attention<4>(q.data(), keys_g, values_g, index, seen, scale, allowed_row, additive_row, scores.data(), o); break;
-        case 128: head_attention<8>(q.data(), keys_g, values_g, index, seen, scale, allowed_row, additive_row, scores.data(), o); break;
+        case 16: group_attention<1>(q.data(), group, keys_g, values_g, index, seen, scale, allowed_row, additive_row, scores.data(), o); break;
+        case 32: group_attention<2>(q.data(), group, keys_g, values_g, index, seen, scale, allowed_row, additive_row, scores.data(), o); break;
+        case 64: group_attention<4>(q.data(), group, keys_g, values_g, index, seen, scale, allowed_row, additive_row, scores.data(), o); break;
+        case 128: group_attention<8>(q.data(), group, keys_g, values_g, index, seen, scale, allowed_row, additive_row, scores.data(), o); break;
 #endif
         default:
-          head_attention_generic(q.data(), keys_g, values_g, index, D, seen, scale, allowed_row, additive_row,
-                                 scores.data(), acc.data(), o);
+          for (int64_t i = 0; i < group; ++i)
+            head_attention_generic(q.data() + i * D, keys_g, values_g, index, D, seen, scale, allowed_row,
+                                   additive_row, scores.data(), acc.data(), o + i * D);
       }
     }
   });
