@@ -2,7 +2,7 @@
 (prefill, target forward, acceptance test, step event, KV-cache surgery, detokenising), summed over the first N
 MT-bench questions at 128 tokens and divided by the steps. The draft is what the step's time leaves over.
 
-    .venv/bin/python experiments/step_split.py eagle2:lookup=4 [--questions 8] [--prompts FILE] [--weights q4]
+    .venv/bin/python experiments/step_split.py eagle2:lookup=4 [--questions 8] [--prompts FILE] [--weights auto|fp32|q4|q4q8]
 """
 import argparse
 import collections
@@ -41,7 +41,7 @@ def main(argv) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("drafter")
     ap.add_argument("--questions", type=int, default=8)
-    ap.add_argument("--weights", default="fp32", choices=("fp32", "q4"))
+    ap.add_argument("--weights", default="auto", choices=("auto", "fp32", "q4", "q4q8"))
     ap.add_argument("--prompts", default=str(Path(__file__).resolve().parent.parent.parent / "shared/data/mt_bench.jsonl"))
     args = ap.parse_args(argv)
     loaded = models.load("smollm2-135m", weights=args.weights)
