@@ -1,0 +1,117 @@
+"""Where a target forward's time goes on the default weights (`q4q8`), over 1 and over several new tokens.
+
+1. the forward over n = 1 .. 10 new tokens after 256 cached, back to back with one model loaded (as decoding runs
+   it), each n's median over 30 calls after 5 warm-up ones, the lower of two rounds; and n tokens over 1;
+2. the 30 decoder layers as one C++ call each (`q4_layer`), in turn as a forward runs them (their weights come from
+   the last-level cache or memory), against one layer's call 30 times (its weights stay in L2), over 1 and 8 rows;
+3. one layer's parts over 1 and 8 rows, the layer's weights in L2: its RMSNorm, the fused q/k/v product, the
+   attention op, o, gate/up, silu(gate) · up, down; and the LM head (576 → 49,152, Q8_0 tiles).
+
+    .venv/bin/python experiments/forward_split.py [--threads 2] [--context-len 256]
+"""
+import argparse
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a file from anywhere: find specviz
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from specviz import models  # noqa: E402
+from specviz.decoding.target import Target  # noqa: E402
+from specviz.kernels.kvcache import crop_cache  # noqa: E402
+
+
+def median_ms(call, calls: int = 30, warm: int = 5) -> float:
+    times = []
+    for i in range(warm + calls):
+        started = time.perf_counter()
+        call()
+        if i >= warm:
+            times.append(time.perf_counter() - started)
+    return 1e3 * statistics.median(times)
+
+
+def forward_curve(target: Target, cache, context_len: int) -> list[str]:
+    best: dict[int, float] = {}
+    for _ in range(2):
+        for n in range(1, 11):
+            ids = list(range(500, 500 + n))
+
+            def call(ids=ids):
+                target.forward(ids, cache)
+                crop_cache(cache, context_len)
+
+            best[n] = min(best.get(n, float("inf")), median_ms(call))
+    lines = [f"| new tokens (after {context_len} cached) | forward (ms) | over 1 token |", "|---|---|---|"]
+    lines += [f"| {n} | {ms:.2f} | {ms / best[1]:.2f}× |" for n, ms in best.items()]
+    return lines
+
+
+def layer_parts(target: Target, cache, context_len: int, T: int) -> dict[str, float]:
+    """ms of each part over T rows (see the top)."""
+    ops, stack = torch.ops.specviz, target.fast.stack
+    layer = stack.layers[0]
+    norm, _post, eps, qkv, _bias, o, gate_up, down = layer.blocks
+    intermediate = stack.intermediate
+    x = torch.randn(T, target.model.config.hidden_size, generator=torch.Generator().manual_seed(T))
+    cos, sin, _mask, _attend, _one_op = stack.prepare(x, cache, None, None)
+    keys, values = cache.keys[0], cache.values[0]
+    normed = ops.rms_norm(x, norm, eps)
+    fused = ops.q4_linear(normed, *qkv, None)
+    attended = ops.attend(fused, cos, sin, keys, values, context_len, None, layer.scaling, stack.heads, stack.kv_heads)
+    both = ops.q4_linear(normed, *gate_up, None)
+    act = (F.silu(both[:, :intermediate]) * both[:, intermediate:]).contiguous()
+
+    def one_layer(number):
+        spec = stack.layers[number]
+        return ops.q4_layer(x, *spec.blocks, cos, sin, cache.keys[number], cache.values[number], context_len, None,
+                            spec.scaling, stack.heads, stack.kv_heads)
+
+    parts = {
+        "30 layers in turn (weights from the last-level cache)": lambda: [one_layer(n) for n in range(len(stack.layers))],
+        "one layer 30 times (weights in L2)": lambda: [one_layer(0) for _ in range(len(stack.layers))],
+        "one layer": lambda: one_layer(0),
+        "  RMSNorm": lambda: ops.rms_norm(x, norm, eps),
+        "  q/k/v product (576 → 960)": lambda: ops.q4_linear(normed, *qkv, None),
+        "  attention op": lambda: ops.attend(fused, cos, sin, keys, values, context_len, None, layer.scaling,
+                                             stack.heads, stack.kv_heads),
+        "  o product (576 → 576)": lambda: ops.q4_linear(attended, *o, None),
+        "  gate/up product (576 → 3072)": lambda: ops.q4_linear(normed, *gate_up, None),
+        "  silu(gate) · up": lambda: F.silu(both[:, :intermediate]) * both[:, intermediate:],
+        "  down product (1536 → 576)": lambda: ops.q4_linear(act, *down, None),
+        "LM head (576 → 49,152)": lambda: target.head(x),
+    }
+    return {name: median_ms(call) for name, call in parts.items()}
+
+
+def layer_split(target: Target, cache, context_len: int) -> list[str]:
+    one, eight = (layer_parts(target, cache, context_len, T) for T in (1, 8))
+    lines = ["| part | 1 row (ms) | 8 rows (ms) | 8 over 1 |", "|---|---|---|---|"]
+    lines += [f"| {name} | {one[name]:.3f} | {eight[name]:.3f} | {eight[name] / one[name]:.2f}× |" for name in one]
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--context-len", type=int, default=256)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    loaded = models.load("smollm2-135m", weights="q4q8")
+    target = Target(loaded.target)
+    cache = target.new_cache()
+    target.forward(list(range(100, 100 + args.context_len)), cache, logits=False)
+    print(f"smollm2-135m, weights {loaded.weights}, torch {torch.__version__}, {args.threads} threads, "
+          f"{platform.processor() or platform.machine()}\n")
+    with torch.inference_mode():
+        print("\n".join(forward_curve(target, cache, args.context_len)) + "\n")
+        print("\n".join(layer_split(target, cache, args.context_len)))
+
+
+if __name__ == "__main__":
+    main()
