@@ -186,6 +186,7 @@ def test_eagle_goes_on_from_a_trained_head(dataset, tmp_path):
     provenance = (tmp_path / "eagle-2" / "PROVENANCE.md").read_text()
     assert "## How the initial head was made" in provenance and provenance.count("## Validation") == 2
     assert "soft CE(p, q) over the 16 most frequent tokens of the 64-token draft vocabulary" in provenance
+    assert "inputs of target layers" not in provenance and "--aux-layers" not in provenance  # final states only
     with pytest.raises(ValueError, match="no draft vocabulary"):
         from specviz.models.heads import write_weights
 
@@ -222,6 +223,8 @@ def test_eagle3_trains_with_training_time_test_and_ships_if_better(aux_dataset, 
     train_eagle3(worse, target)
     assert (tmp_path / "eagle3" / "model.safetensors").read_bytes() == shipped
     assert (tmp_path / "r2" / "eagle3" / "not-shipped" / "model.safetensors").is_file()
+    written = (tmp_path / "eagle3" / "PROVENANCE.md").read_text()  # the data's layer inputs, and how to make them
+    assert "and the inputs of target layers [0, 1, 1] side by side" in written and " --aux-layers 0,1,1 " in written
     again = run_config("eagle3", aux_dataset, tmp_path, unroll=3, steps=25, init=str(tmp_path / "eagle3"), bf16=True,
                        loss_vocab=32, out=str(tmp_path / "eagle3-b"), work_dir=str(tmp_path / "r3"))
     second = train_eagle3(again, target)  # --init (under bf16 autocast): it goes on from the trained head
