@@ -85,15 +85,24 @@ def test_a_tree_row_gives_the_bits_of_its_path_alone(heads, kv_heads, head_dim, 
 
 @needs_op
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(14, 2, 64), (4, 1, 128), (9, 3, 48)])  # 48: the portable path
-@pytest.mark.parametrize("tree", [False, True])
+@pytest.mark.parametrize("mask_kind", [None, "tree", "bias"])
+@pytest.mark.parametrize("past", [29, 700])  # 700: a context long enough that a task takes only some of a group's heads
 @torch.inference_mode()
-def test_a_head_gives_the_same_bits_whatever_else_shares_its_kv_head(heads, kv_heads, head_dim, tree):
+def test_a_head_gives_the_same_bits_whatever_else_shares_its_kv_head(heads, kv_heads, head_dim, mask_kind, past):
     """The heads of one kv head are computed together (their value sums side by side); each one's output is, bit for
-    bit, what it gives as the only head of its kv head."""
+    bit, what it gives as the only head of its kv head: causal, under a tree mask, and under a mask that adds a bias
+    to some keys; also where one head of a group has a NaN query (its output is 0, the others keep their places)."""
     layers, group = stack(heads, kv_heads, head_dim), heads // kv_heads
-    T, past = 9, 29
+    T = 9
     qkv, cos, sin, keys, values = inputs(layers, T, past, seed=7)
-    mask = random_tree(n=T - 1, seed=4).attention_mask(past) if tree else None
+    qkv[2, 1 * head_dim] = float("nan")  # token 2, head 1
+    mask = None
+    if mask_kind == "tree":
+        mask = random_tree(n=T - 1, seed=4).attention_mask(past)
+    elif mask_kind == "bias":
+        mask = torch.zeros(T, past + T)
+        mask[:, ::3] = -2.0
+        mask[:, past:] = torch.full((T, T), torch.finfo(torch.float32).min).triu(1)
     together = layers._attend_in_one_op(Layer, qkv, cos, sin, keys.clone(), values.clone(), past, mask)
     alone_stack = stack(kv_heads, kv_heads, head_dim)
     q, kv = qkv[:, : heads * head_dim].reshape(T, heads, head_dim), qkv[:, heads * head_dim :]
@@ -102,6 +111,7 @@ def test_a_head_gives_the_same_bits_whatever_else_shares_its_kv_head(heads, kv_h
         alone = alone_stack._attend_in_one_op(Layer, torch.cat([picked, kv], 1).contiguous(), cos, sin, keys.clone(),
                                               values.clone(), past, mask).reshape(T, kv_heads, head_dim)
         assert torch.equal(alone, together.reshape(T, heads, head_dim)[:, i::group]), f"head {i} of its group differs"
+    assert not together[2, head_dim : 2 * head_dim].any() and together[2, 2 * head_dim :].isfinite().all()
 
 
 @needs_op

@@ -134,8 +134,8 @@ def test_a_planted_bug_is_caught(mutation):
 
 @needs_op
 def test_every_path_gives_the_same_bits_whatever_the_rows_and_threads():
-    """The fixed order: one row alone, the same row among 16 or among 100 (more than one block of rows), on 1 or 2
-    threads, on every path this CPU runs: the same fp32 bits."""
+    """The fixed order: each of 100 rows alone, among 16 or among all 100 (more than one block of rows, passes of 8,
+    4 and fewer rows), in uneven splits, on 1 or 2 threads, on every path this CPU runs: the same fp32 bits."""
     layers = {kind: tiled(kind, 1536, 576, seed=5)[1] for kind in ("Q4_1", "Q8_0", "Q6_K widened")}
     x = torch.randn(100, 576, generator=torch.Generator().manual_seed(2))
     paths = [path for path in ("portable", "avx2", "avx512") if quant.path_runs(path, "q8")]
@@ -148,10 +148,10 @@ def test_every_path_gives_the_same_bits_whatever_the_rows_and_threads():
             for count in (1, 2):
                 torch.set_num_threads(count)
                 for path in paths:
-                    results.append(product(x[:16], path))
-                    results.append(torch.cat([product(x[r : r + 1], path) for r in range(16)]))
-                    results.append(torch.cat([product(x[:5], path), product(x[5:7], path), product(x[7:16], path)]))
-                    results.append(product(x, path)[:16])
+                    results.append(product(x, path))
+                    results.append(torch.cat([product(x[r : r + 1], path) for r in range(len(x))]))
+                    results.append(torch.cat([product(x[a:b], path) for a, b in ((0, 5), (5, 7), (7, 16), (16, 100))]))
+                    results.append(torch.cat([product(x[:16], path), product(x[16:83], path), product(x[83:], path)]))
         finally:
             torch.set_num_threads(threads)
         assert all(torch.equal(result, results[0]) for result in results), kind
@@ -213,7 +213,8 @@ def simde_harness(folder) -> tuple[str | None, str | None]:
 @needs_op
 def test_the_avx512_path_gives_the_portable_bits_through_simde(tmp_path):
     """The AVX-512 VNNI path (and the AVX2 one) compiled against SIMDe's portable intrinsics, run on this CPU:
-    the portable op's bits, for 4-bit and 8-bit tiles and every row count up to 9."""
+    the portable op's bits, for 4-bit and 8-bit tiles, every row count up to 9 and 12, 17 and 65 (passes of 8, 4
+    and fewer rows; past one block of 64)."""
     binary, why = simde_harness(tmp_path)
     if binary is None:
         pytest.skip(why)
@@ -222,12 +223,12 @@ def test_the_avx512_path_gives_the_portable_bits_through_simde(tmp_path):
              (8, 2, tiled("Q6_K widened", 32, 96, seed=3)[1])]
     for bits, per, layer in cases:
         out, inp = layer.out_features, layer.in_features
-        x = torch.randn(9, inp, generator=generator)
+        x = torch.randn(65, inp, generator=generator)
         x[0, :32] = 0
         for name, tensor in zip(("codes", "scales", "mins"), layer.blocks()):
             tensor.numpy().tofile(tmp_path / name)
         x.numpy().tofile(tmp_path / "x")
-        for rows in range(1, 10):
+        for rows in (*range(1, 10), 12, 17, 65):
             expected = type(layer).PROJECTION.PRODUCT(x[:rows], *layer.blocks(), None, path="portable")
             for path in (1, 2):
                 subprocess.run([binary, str(bits), str(per), str(rows), str(inp), str(out), str(path), str(tmp_path)],

@@ -228,13 +228,12 @@ void group_attention(const float* q, int64_t count, const float* keys, const flo
   float totals[kMost];
   int n = 0;
   auto flush = [&]() {
-    switch (n) {
-      case 4: weighted_values<C, 4>(live, values, index, seen, totals, where); break;
-      case 3: weighted_values<C, 3>(live, values, index, seen, totals, where); break;
-      case 2: weighted_values<C, 2>(live, values, index, seen, totals, where); break;
-      case 1: weighted_values<C, 1>(live, values, index, seen, totals, where); break;
-      default: break;
+    if constexpr (kMost == 4) {
+      if (n == 4) weighted_values<C, 4>(live, values, index, seen, totals, where);
+      if (n == 3) weighted_values<C, 3>(live, values, index, seen, totals, where);
     }
+    if (n == 2) weighted_values<C, 2>(live, values, index, seen, totals, where);
+    if (n == 1) weighted_values<C, 1>(live, values, index, seen, totals, where);
     n = 0;
   };
   for (int64_t h = 0; h < count; ++h) {
@@ -255,7 +254,8 @@ void group_attention(const float* q, int64_t count, const float* keys, const flo
 }
 #endif
 
-// The same as head_attention for any D (a multiple of 16), in portable C++; acc has room for D floats.
+// One (token, head) as group_attention computes each of its heads, for any D (a multiple of 16), in portable C++;
+// acc has room for D floats.
 inline void head_attention_generic(const float* q, const float* keys, const float* values, const int64_t* index,
                                    int64_t D, int64_t seen, float scale, const bool* allowed_row,
                                    const float* additive_row, float* scores, float* acc, float* out) {
@@ -333,12 +333,16 @@ at::Tensor attend(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor
   std::vector<char> gathered(rows_keys.size(), 0);
   for (int64_t t = 0; t < static_cast<int64_t>(rows_keys.size()); ++t)
     gathered[t] = gather(allowed ? allowed + t * end : nullptr, additive ? additive + t * end : nullptr, end, rows_keys[t]);
-  at::parallel_for(0, T * kv_heads, std::max<int64_t>(1, grain / group), [&](int64_t begin, int64_t stop) {
-    std::vector<float> q(group * D), scores(group * end), acc(D);
+  // A task: one token's heads of one kv head, `chunk` of them (all, unless a long context makes a head's work worth
+  // a thread's share: then as few as the grain asks, so that every thread gets some).
+  const int64_t chunk = std::min(group, grain), chunks = (group + chunk - 1) / chunk;
+  at::parallel_for(0, T * kv_heads * chunks, std::max<int64_t>(1, grain / chunk), [&](int64_t begin, int64_t stop) {
+    std::vector<float> q(chunk * D), scores(chunk * end), acc(D);
     for (int64_t task = begin; task < stop; ++task) {
-      const int64_t t = task / kv_heads, g = task % kv_heads;
-      for (int64_t i = 0; i < group; ++i)
-        rotate(QKV + t * width + (g * group + i) * D, COS + t * D, SIN + t * D, q.data() + i * D, D);
+      const int64_t t = task / (kv_heads * chunks), g = task / chunks % kv_heads, first = task % chunks * chunk;
+      const int64_t count = std::min(chunk, group - first);
+      for (int64_t i = 0; i < count; ++i)
+        rotate(QKV + t * width + (g * group + first + i) * D, COS + t * D, SIN + t * D, q.data() + i * D, D);
       const float* keys_g = K + g * capacity * D;
       const float* values_g = V + g * capacity * D;
       const int64_t* index = nullptr;
@@ -353,16 +357,16 @@ at::Tensor attend(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor
         allowed_row = allowed ? allowed + t * end : nullptr;
         additive_row = additive ? additive + t * end : nullptr;
       }
-      float* o = OUT + t * heads * D + g * group * D;  // the group's heads, side by side
+      float* o = OUT + t * heads * D + (g * group + first) * D;  // the task's heads, side by side
       switch (D) {  // AVX-512 registers for the common head sizes
 #ifdef __AVX512F__
-        case 16: group_attention<1>(q.data(), group, keys_g, values_g, index, seen, scale, allowed_row, additive_row, scores.data(), o); break;
-        case 32: group_attention<2>(q.data(), group, keys_g, values_g, index, seen, scale, allowed_row, additive_row, scores.data(), o); break;
-        case 64: group_attention<4>(q.data(), group, keys_g, values_g, index, seen, scale, allowed_row, additive_row, scores.data(), o); break;
-        case 128: group_attention<8>(q.data(), group, keys_g, values_g, index, seen, scale, allowed_row, additive_row, scores.data(), o); break;
+        case 16: group_attention<1>(q.data(), count, keys_g, values_g, index, seen, scale, allowed_row, additive_row, scores.data(), o); break;
+        case 32: group_attention<2>(q.data(), count, keys_g, values_g, index, seen, scale, allowed_row, additive_row, scores.data(), o); break;
+        case 64: group_attention<4>(q.data(), count, keys_g, values_g, index, seen, scale, allowed_row, additive_row, scores.data(), o); break;
+        case 128: group_attention<8>(q.data(), count, keys_g, values_g, index, seen, scale, allowed_row, additive_row, scores.data(), o); break;
 #endif
         default:
-          for (int64_t i = 0; i < group; ++i)
+          for (int64_t i = 0; i < count; ++i)
             head_attention_generic(q.data() + i * D, keys_g, values_g, index, D, seen, scale, allowed_row,
                                    additive_row, scores.data(), acc.data(), o + i * D);
       }

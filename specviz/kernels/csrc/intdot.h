@@ -213,6 +213,29 @@ inline void tile_portable(const Acts& x, int64_t r0, int64_t rows, const Tiles& 
 #ifdef SPECVIZ_INTDOT_X86
 // ------------------------------------------------------------------------------------------------ AVX2
 
+// The cache lines of the group `block` (the tile's groups, then the next tile's, lie in this order in memory): its
+// codes, scale and minimum, fetched ahead of use, since the weights of a decoding step come from the last-level
+// cache or memory, and a product over several rows would otherwise wait on each line.
+constexpr int64_t kAheadGroups = 8;
+
+template <int Bits>
+SPECVIZ_TARGET_AVX2 inline void prefetch_group(const Tiles& w, int64_t block) {
+  constexpr int kWords = Bits == 4 ? 4 : 8;
+  // Addresses as integers: past the last tile they point beyond the arrays, where a prefetch does nothing.
+  auto at = [](const void* base, int64_t bytes) {
+    return reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(base) + static_cast<uintptr_t>(bytes));
+  };
+  for (int k = 0; k < kWords; ++k) _mm_prefetch(at(w.codes, (block * kWords + k) * 64), _MM_HINT_T0);
+  for (int h = 0; h < w.per; ++h) _mm_prefetch(at(w.scales, (block * w.per + h) * kTile * 4), _MM_HINT_T0);
+  if constexpr (Bits == 4) _mm_prefetch(at(w.mins, block * kTile * 4), _MM_HINT_T0);
+}
+
+SPECVIZ_TARGET_VNNI inline __m512i broadcast4_vnni(const int8_t* p) {
+  int32_t word;
+  std::memcpy(&word, p, 4);
+  return _mm512_set1_epi32(word);
+}
+
 SPECVIZ_TARGET_AVX2 inline __m256i broadcast4_avx2(const int8_t* p) {
   int32_t word;
   std::memcpy(&word, p, 4);
@@ -223,13 +246,14 @@ SPECVIZ_TARGET_AVX2 inline __m256i broadcast4_avx2(const int8_t* p) {
 // 4-bit: the eight products of a column's group summed in int16 (at most 8 · 2 · 15 · 127 = 30480) before vpmaddwd.
 template <int Bits, int R>
 SPECVIZ_TARGET_AVX2 inline void half_tile_avx2(const Acts& x, int64_t r0, const Tiles& w, int64_t t, int h, float* y,
-                                               int64_t out) {
+                                               int64_t out, bool ahead) {
   constexpr int kWords = Bits == 4 ? 4 : 8;
   const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t g = 0; g < w.groups; ++g) {
     const uint8_t* codes = w.codes + w.block(t, g) * kWords * 64 + h * 32;
+    if (ahead) prefetch_group<Bits>(w, w.block(t, g) + kAheadGroups);
     const int8_t* xq[R];
     for (int r = 0; r < R; ++r) xq[r] = x.at(r0 + r, g);
     __m256i sum[R][2];
@@ -275,27 +299,6 @@ SPECVIZ_TARGET_AVX2 inline void half_tile_avx2(const Acts& x, int64_t r0, const 
 }
 
 // ------------------------------------------------------------------------------------------------ AVX-512 VNNI
-
-// The cache lines of the group `block` (the tile's groups, then the next tile's, lie in this order in memory): its
-// codes, scale and minimum, fetched ahead of use, since the weights of a decoding step come from the last-level
-// cache or memory, and a product over several rows would otherwise wait on each line.
-constexpr int64_t kAheadGroups = 8;
-
-template <int Bits>
-SPECVIZ_TARGET_AVX2 inline void prefetch_group(const Tiles& w, int64_t block) {
-  constexpr int kWords = Bits == 4 ? 4 : 8;
-  const char* codes = reinterpret_cast<const char*>(w.codes + block * kWords * 64);
-  for (int k = 0; k < kWords; ++k) _mm_prefetch(codes + k * 64, _MM_HINT_T0);
-  _mm_prefetch(reinterpret_cast<const char*>(w.scales + block * w.per * kTile), _MM_HINT_T0);
-  if (Bits == 8 && w.per == 2) _mm_prefetch(reinterpret_cast<const char*>(w.scales + (block * 2 + 1) * kTile), _MM_HINT_T0);
-  if constexpr (Bits == 4) _mm_prefetch(reinterpret_cast<const char*>(w.mins + block * kTile), _MM_HINT_T0);
-}
-
-SPECVIZ_TARGET_VNNI inline __m512i broadcast4_vnni(const int8_t* p) {
-  int32_t word;
-  std::memcpy(&word, p, 4);
-  return _mm512_set1_epi32(word);
-}
 
 // R rows times tile t, all 16 columns in one register: vpdpbusd sums four products of unsigned weights and signed
 // activations into each column's int32. 8-bit weights are made unsigned by adding 128 (w ^ 0x80), and 128 times
@@ -377,8 +380,9 @@ SPECVIZ_TARGET_VNNI inline void rows_vnni(const Acts& x, int64_t first, int64_t 
 
 // ------------------------------------------------------------------------------------------------ dispatch
 
-// Tiles [begin, end) for every row, on `path`: rows four at a time over each tile, so each tile's codes are
-// read from memory once and from L1 for the other row blocks; over many rows (a prompt), kRowBlock rows at a time
+// Tiles [begin, end) for every row, on `path`: a few rows at a time over each tile (AVX-512: eight, then four and
+// the rest; AVX2: four per half tile), so each tile's codes are read from memory once and from L1 for the other
+// row blocks; over many rows (a prompt), kRowBlock rows at a time
 // over all the tiles, so those rows' activations stay in cache while the weights pass.
 template <int Bits>
 inline void tiles(int64_t path, const Acts& x, int64_t rows, const Tiles& w, float* y, int64_t out, int64_t begin,
@@ -398,12 +402,12 @@ inline void tiles(int64_t path, const Acts& x, int64_t rows, const Tiles& w, flo
         continue;
       }
       if (path == kAvx2) {
-        for (int h = 0; h < 2; ++h) {
+        for (int h = 0; h < 2; ++h) {  // the first pass over the tile fetches ahead (both halves share its lines)
           int64_t r = first;
-          for (; r + 4 <= last; r += 4) half_tile_avx2<Bits, 4>(x, r, w, t, h, y, out);
-          if (last - r == 3) half_tile_avx2<Bits, 3>(x, r, w, t, h, y, out);
-          if (last - r == 2) half_tile_avx2<Bits, 2>(x, r, w, t, h, y, out);
-          if (last - r == 1) half_tile_avx2<Bits, 1>(x, r, w, t, h, y, out);
+          for (; r + 4 <= last; r += 4) half_tile_avx2<Bits, 4>(x, r, w, t, h, y, out, h == 0 && r == first);
+          if (last - r == 3) half_tile_avx2<Bits, 3>(x, r, w, t, h, y, out, h == 0 && r == first);
+          if (last - r == 2) half_tile_avx2<Bits, 2>(x, r, w, t, h, y, out, h == 0 && r == first);
+          if (last - r == 1) half_tile_avx2<Bits, 1>(x, r, w, t, h, y, out, h == 0 && r == first);
         }
         continue;
       }
