@@ -230,12 +230,6 @@ SPECVIZ_TARGET_AVX2 inline void prefetch_group(const Tiles& w, int64_t block) {
   if constexpr (Bits == 4) _mm_prefetch(at(w.mins, block * kTile * 4), _MM_HINT_T0);
 }
 
-SPECVIZ_TARGET_VNNI inline __m512i broadcast4_vnni(const int8_t* p) {
-  int32_t word;
-  std::memcpy(&word, p, 4);
-  return _mm512_set1_epi32(word);
-}
-
 SPECVIZ_TARGET_AVX2 inline __m256i broadcast4_avx2(const int8_t* p) {
   int32_t word;
   std::memcpy(&word, p, 4);
@@ -299,6 +293,12 @@ SPECVIZ_TARGET_AVX2 inline void half_tile_avx2(const Acts& x, int64_t r0, const 
 }
 
 // ------------------------------------------------------------------------------------------------ AVX-512 VNNI
+
+SPECVIZ_TARGET_VNNI inline __m512i broadcast4_vnni(const int8_t* p) {
+  int32_t word;
+  std::memcpy(&word, p, 4);
+  return _mm512_set1_epi32(word);
+}
 
 // R rows times tile t, all 16 columns in one register: vpdpbusd sums four products of unsigned weights and signed
 // activations into each column's int32. 8-bit weights are made unsigned by adding 128 (w ^ 0x80), and 128 times
@@ -382,8 +382,8 @@ SPECVIZ_TARGET_VNNI inline void rows_vnni(const Acts& x, int64_t first, int64_t 
 
 // Tiles [begin, end) for every row, on `path`: a few rows at a time over each tile (AVX-512: eight, then four and
 // the rest; AVX2: four per half tile), so each tile's codes are read from memory once and from L1 for the other
-// row blocks; over many rows (a prompt), kRowBlock rows at a time
-// over all the tiles, so those rows' activations stay in cache while the weights pass.
+// row blocks; over many rows (a prompt), kRowBlock rows at a time over all the tiles, so those rows' activations
+// stay in cache while the weights pass.
 template <int Bits>
 inline void tiles(int64_t path, const Acts& x, int64_t rows, const Tiles& w, float* y, int64_t out, int64_t begin,
                   int64_t end) {
