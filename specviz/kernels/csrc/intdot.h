@@ -292,6 +292,18 @@ SPECVIZ_TARGET_AVX2 inline void half_tile_avx2(const Acts& x, int64_t r0, const 
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + (r0 + r) * out + t * kTile + h * 8, acc[r]);
 }
 
+// Rows [first, last) times half h of tile t, four rows a pass, then the rest; the first pass over the tile fetches
+// ahead (both halves share its lines), the others find them in L1.
+template <int Bits>
+SPECVIZ_TARGET_AVX2 inline void rows_avx2(const Acts& x, int64_t first, int64_t last, const Tiles& w, int64_t t, int h,
+                                          float* y, int64_t out) {
+  int64_t r = first;
+  for (; r + 4 <= last; r += 4) half_tile_avx2<Bits, 4>(x, r, w, t, h, y, out, h == 0 && r == first);
+  if (last - r == 3) half_tile_avx2<Bits, 3>(x, r, w, t, h, y, out, h == 0 && r == first);
+  if (last - r == 2) half_tile_avx2<Bits, 2>(x, r, w, t, h, y, out, h == 0 && r == first);
+  if (last - r == 1) half_tile_avx2<Bits, 1>(x, r, w, t, h, y, out, h == 0 && r == first);
+}
+
 // ------------------------------------------------------------------------------------------------ AVX-512 VNNI
 
 SPECVIZ_TARGET_VNNI inline __m512i broadcast4_vnni(const int8_t* p) {
@@ -402,13 +414,7 @@ inline void tiles(int64_t path, const Acts& x, int64_t rows, const Tiles& w, flo
         continue;
       }
       if (path == kAvx2) {
-        for (int h = 0; h < 2; ++h) {  // the first pass over the tile fetches ahead (both halves share its lines)
-          int64_t r = first;
-          for (; r + 4 <= last; r += 4) half_tile_avx2<Bits, 4>(x, r, w, t, h, y, out, h == 0 && r == first);
-          if (last - r == 3) half_tile_avx2<Bits, 3>(x, r, w, t, h, y, out, h == 0 && r == first);
-          if (last - r == 2) half_tile_avx2<Bits, 2>(x, r, w, t, h, y, out, h == 0 && r == first);
-          if (last - r == 1) half_tile_avx2<Bits, 1>(x, r, w, t, h, y, out, h == 0 && r == first);
-        }
+        for (int h = 0; h < 2; ++h) rows_avx2<Bits>(x, first, last, w, t, h, y, out);
         continue;
       }
 #endif
