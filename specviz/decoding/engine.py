@@ -218,7 +218,9 @@ class _Run:
                                              layers=self.drafter.feature_layers)
         p = sampling.display_probs(logits, self.settings.sampling).cpu()  # (n + 1, V)
         sampling.check_probs(p, "target")
-        verdict = self.drafter.acceptance(tree, p, self.settings.sampling.greedy, self.generator, self.settings.n_top)
+        rule_settings = self.settings.sampling
+        verdict = self.drafter.acceptance(tree, p, rule_settings.greedy, self.generator, self.settings.n_top,
+                                          logits=logits, temperature=rule_settings.temperature)
         return hidden, p, verdict
 
     def _truncate(self, new: list[int], kinds: list[str], budget: int):
@@ -255,7 +257,8 @@ class _Run:
             for i in range(len(tree))
         ]
         tests = [
-            ev.Test(t.node, t.token, text(t.token), t.p, t.q, t.alpha, t.u, t.accepted, text.top(t.residual_top))
+            ev.Test(t.node, t.token, text(t.token), t.p, t.q, t.alpha, t.u, t.accepted, text.top(t.residual_top),
+                    rule=t.rule, threshold=t.threshold)
             for t in verdict.tests
         ]
         rows = [-1] + verdict.path

@@ -13,7 +13,11 @@ from typing import Iterable, Union
 from specviz.atomic import replacing
 
 SCHEMA_VERSION = 1  # traces of the same major version load; a minor one adds fields with defaults
-SCHEMA_MINOR = 1  # 1: Start.detail, Step.drafted and Step.accepted; Step's detail fields optional
+SCHEMA_MINOR = 2  # 1: Start.detail, Step.drafted and Step.accepted; Step's detail fields optional. 2: Test.rule, .threshold
+# the rule that decided a test: x drawn from q (α = min(1, p/q)); x picked, q = δx (α = p′(x)); p's argmax
+# (temperature 0); Medusa's lossy threshold (specviz.decoding.verify.Typical)
+CHAIN, POINT_MASS, GREEDY, TYPICAL = "chain", "point mass", "greedy", "typical"
+RULES = (CHAIN, POINT_MASS, GREEDY, TYPICAL)
 FULL, COUNTS = "full", "counts"  # the levels of detail a Start announces for its run's steps
 
 # A top-N list: [[token_id, text, prob], ...], most likely first.
@@ -67,9 +71,11 @@ class Test:
     p: float
     q: float | None
     alpha: float
-    u: float | None  # None when greedy (the decision is p's argmax)
-    accepted: bool
+    u: float | None  # None when greedy (the decision is p's argmax) or typical (a threshold decides)
+    accepted: bool  # typical: passed the threshold (the step keeps the longest passing prefix: accepted_path)
     residual_top: TopN | None  # normalised residual after this rejection
+    rule: str | None = None  # one of RULES; None in traces written before the field existed
+    threshold: float | None = None  # typical: the threshold p(x) had to exceed
 
 
 @dataclass
@@ -253,7 +259,10 @@ SCHEMA = {
                             "u": _num_or_null,
                             "accepted": {"type": "boolean"},
                             "residual_top": _top_or_null,
-                        }
+                            "rule": {"enum": [*RULES, None]},
+                            "threshold": _num_or_null,
+                        },
+                        required=("node", "token", "text", "p", "q", "alpha", "u", "accepted", "residual_top"),
                     ),
                 },
                 "accepted_path": {"type": "array", "items": _int},

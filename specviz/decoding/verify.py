@@ -11,6 +11,9 @@ For a point-mass proposal (n-gram tokens, top-k tree children) q = δx, so α = 
 x removed and renormalised. With one child per node this is the standard speculative sampling rule; with
 several children each drawn from q it is the multi-draft rule of SpecInfer. Greedy decoding uses the target's
 argmax instead: accept the child equal to it, else the argmax is the replacement (or bonus).
+
+Each test names the rule that decided it (`events.RULES`): "chain" (x drawn from q, α = min(1, p/q)), "point mass" (x picked,
+q = δx, α = p′(x)), "greedy" (accept iff x is p's argmax) or "typical" (Medusa's lossy threshold test, below).
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specviz.decoding import sampling
+from specviz.decoding.events import CHAIN, GREEDY, POINT_MASS, TYPICAL
 from specviz.decoding.tree import ROOT, DraftTree
 
 
@@ -30,9 +34,11 @@ class NodeTest:
     p: float  # p(token) that the test used (after earlier rejections at the same node, the residual's)
     q: float | None  # q(token); None for a point mass
     alpha: float
-    u: float | None  # None when greedy
-    accepted: bool
+    u: float | None  # None when greedy or typical (no random draw decides the test)
+    accepted: bool  # typical: passed the threshold (the step keeps the longest passing prefix, see verify_typical)
     residual_top: list | None = None  # top-N of the residual after a rejection: [[token, prob], ...]
+    rule: str = CHAIN  # one of events.RULES
+    threshold: float | None = None  # typical: the threshold p(x) had to exceed
 
 
 @dataclass
@@ -84,11 +90,14 @@ def verify(
 
 class Lossless:
     """The acceptance rule every drafter brings unless it asks for another: `verify` (greedy argmax at
-    temperature 0, the speculative sampling rule above it)."""
+    temperature 0, the speculative sampling rule above it). A rule is called with the tree, p (n + 1, V), greedy,
+    the generator and n_top, and with the target's raw logits (n + 1, V) and the temperature, which this rule has
+    no use for (Medusa's typical rule thresholds softmax(logits / T))."""
 
     lossy = False
 
-    def __call__(self, tree: DraftTree, p: torch.Tensor, greedy: bool, generator: torch.Generator, n_top: int) -> Verdict:
+    def __call__(self, tree: DraftTree, p: torch.Tensor, greedy: bool, generator: torch.Generator, n_top: int,
+                 logits: torch.Tensor | None = None, temperature: float = 1.0) -> Verdict:
         return verify(tree, p, greedy, generator, n_top)
 
 
@@ -97,60 +106,93 @@ LOSSLESS = Lossless()
 
 @dataclass(frozen=True)
 class Typical:
-    """Medusa's typical acceptance: accept x when p(x) > min(hard_cap, entropy_factor · exp(−H(p))). NOT lossless:
-    the output no longer follows p exactly; events of such a run are marked lossy. At temperature 0 it is the
-    greedy rule.
+    """Medusa's typical acceptance, as its code runs it (FasterDecoding/Medusa `evaluate_posterior`, the `fast` path
+    of `medusa_generate`). NOT lossless: the output no longer follows p; events of such a run are marked lossy. At
+    temperature 0 it is the greedy rule (Medusa's `temperature == 0` branch keeps the longest prefix of argmax
+    tokens, which is what the greedy walk finds: a Medusa node's children are distinct tokens).
 
-    The constants are Medusa's (Cai et al., 2024; FasterDecoding/Medusa `medusa_generate` and
-    `evaluate_posterior`): the paper writes min(ε, δ · exp(−H)) with ε the hard threshold and δ the
-    entropy-dependent one; its code calls them `posterior_threshold=0.09` and `posterior_alpha=0.3` (recommended
-    there as about √posterior_threshold). The hard cap binds on confident distributions (low H), the entropy term on
-    flat ones. Two differences from Medusa's code, both kept on purpose: H here is the entropy of p itself (Medusa
-    adds 1e-5 inside the log), and the walk takes, at each node, the first child that passes (Medusa keeps the
-    longest passing candidate path, ties broken by likelihood)."""
+    At temperature T > 0, with P = softmax(logits / T) at each position (temperature only: top-k and top-p play no
+    part in it) and H its entropy:
+      - a node x passes when P(x) > min(hard_cap, entropy_factor · exp(−H)) at its parent;
+      - every root-to-leaf path of the tree is a candidate; its accepted length is the number of passing nodes
+        before its first failure; the step keeps the candidate with the longest accepted prefix, ties broken by the
+        larger Σ log P over that prefix;
+      - the token that closes the step is P's argmax after the last accepted node (Medusa's first candidate token,
+        taken unconditionally: the argmax under `fast`), not a sample.
+
+    The constants are Medusa's (Cai et al., 2024): the paper writes min(ε, δ · exp(−H)) with ε the hard threshold
+    and δ the entropy-dependent one; its code calls them `posterior_threshold=0.09` and `posterior_alpha=0.3`
+    (recommended there as about √posterior_threshold). The hard cap binds on confident distributions (low H), the
+    entropy term on flat ones. H is computed as Medusa's code computes it, with 1e-5 added inside the log."""
 
     hard_cap: float = 0.09  # ε in the paper, posterior_threshold in Medusa's code: the largest threshold ever used
-    entropy_factor: float = 0.3  # δ in the paper, posterior_alpha in Medusa's code: multiplies exp(−H(p))
+    entropy_factor: float = 0.3  # δ in the paper, posterior_alpha in Medusa's code: multiplies exp(−H(P))
     lossy = True  # a class attribute, not a field
 
-    def threshold(self, p_here: torch.Tensor) -> float:
-        """min(hard_cap, entropy_factor · exp(−H(p))) for one (V,) distribution p."""
-        entropy = float(-(p_here * torch.log(p_here.clamp_min(1e-12))).sum())
-        return min(self.hard_cap, self.entropy_factor * math.exp(-entropy))
+    def thresholds(self, probs: torch.Tensor) -> torch.Tensor:
+        """(..., V) distributions → (...) thresholds min(hard_cap, entropy_factor · exp(−H))."""
+        entropy = -(probs * torch.log(probs + 1e-5)).sum(-1)  # Medusa's entropy, 1e-5 inside the log
+        return torch.clamp(self.entropy_factor * torch.exp(-entropy), max=self.hard_cap)
 
-    def __call__(self, tree: DraftTree, p: torch.Tensor, greedy: bool, generator: torch.Generator, n_top: int) -> Verdict:
+    def threshold(self, p_here: torch.Tensor) -> float:
+        """The threshold for one (V,) distribution."""
+        return float(self.thresholds(p_here))
+
+    def __call__(self, tree: DraftTree, p: torch.Tensor, greedy: bool, generator: torch.Generator, n_top: int,
+                 logits: torch.Tensor | None = None, temperature: float = 1.0) -> Verdict:
         if greedy:
             return verify(tree, p, True, generator, n_top)
-        return verify_typical(tree, p, self, generator, n_top)
+        tempered = p if logits is None else torch.softmax(logits.float() / temperature, dim=-1).cpu()
+        return verify_typical(tree, tempered, self, n_top)
 
 
 MEDUSA_TYPICAL = Typical()  # Medusa's published constants
 
 
-def verify_typical(tree: DraftTree, p: torch.Tensor, rule: Typical, generator: torch.Generator, n_top: int = 5) -> Verdict:
-    """Walk the tree taking the first child that passes the typical test; then sample the next token from p."""
-    kids = tree.children()
+def verify_typical(tree: DraftTree, probs: torch.Tensor, rule: Typical, n_top: int = 5) -> Verdict:
+    """Medusa's selection (see `Typical`) over a tree.
+
+    probs: (n + 1, V), row 0 is softmax(logits / T) after the root, row i + 1 after node i.
+    The verdict's tests are every node whose ancestors all passed (the nodes the selection can reach), parents
+    first; `accepted` on a test says it passed the threshold. The path is the longest passing prefix over all
+    root-to-leaf candidates, so a passing node can be off it (a sibling's branch reached deeper)."""
     verdict = Verdict()
-    node = ROOT
-    while True:
-        p_here = p[node + 1]
-        threshold = rule.threshold(p_here)
-        moved_to = None
-        for c in kids[node]:
-            p_x = float(p_here[tree.tokens[c]])
-            accepted = p_x > threshold
-            verdict.tests.append(NodeTest(c, tree.tokens[c], p_x, tree.q[c], float(accepted), None, accepted))
-            if accepted:
-                moved_to = c
-                break
-        if moved_to is None:
-            break
-        verdict.path.append(moved_to)
-        node = moved_to
-    verdict.kind = "replacement" if kids[node] else "bonus"
-    verdict.token = sampling.sample(p[node + 1], generator)
-    verdict.final_dist_top = top_n(p[node + 1], n_top)
+    if len(tree):
+        thresholds = rule.thresholds(probs)  # (n + 1,)
+        parents = [parent + 1 for parent in tree.parents]  # the row each node is tested on
+        p_x = probs[torch.tensor(parents), torch.tensor(tree.tokens)]  # (n,)
+        passed = (p_x > thresholds[parents]).tolist()
+        p_x, thresholds = p_x.tolist(), thresholds.tolist()
+        reached = []  # nodes whose ancestors all passed
+        for i, parent in enumerate(tree.parents):
+            if parent == ROOT or (passed[parent] and reached[parent]):
+                verdict.tests.append(NodeTest(i, tree.tokens[i], p_x[i], tree.q[i], float(passed[i]), None, passed[i],
+                                              rule=TYPICAL, threshold=thresholds[parents[i]]))
+            reached.append(parent == ROOT or (passed[parent] and reached[parent]))
+        verdict.path = _longest_passing_prefix(tree, passed, p_x)
+    last = verdict.path[-1] if verdict.path else ROOT
+    verdict.kind = "replacement" if tree.children()[last] else "bonus"
+    verdict.token = int(probs[last + 1].argmax())
+    verdict.final_dist_top = top_n(probs[last + 1], n_top)
     return verdict
+
+
+def _longest_passing_prefix(tree: DraftTree, passed: list[bool], p_x: list[float]) -> list[int]:
+    """Medusa's choice among the root-to-leaf candidates: the most passing nodes before the first failure, ties
+    by the larger Σ log P over them, then the first candidate in Medusa's order (deepest paths first, and among
+    paths of one depth the later node first, as its `retrieve_indices` lists them)."""
+    best, best_key = [], (0, 0.0)
+    leaves = sorted(tree.leaf_paths(), key=lambda path: (-len(path), -path[-1]))
+    for path in leaves:
+        n = 0
+        while n < len(path) and passed[path[n]]:
+            n += 1
+        if n == 0:
+            continue
+        key = (n, sum(math.log(p_x[i]) for i in path[:n]))
+        if key > best_key:  # strict: the first of equal candidates stays, as Medusa's argmax keeps it
+            best, best_key = path[:n], key
+    return best
 
 
 def _greedy_pick(tree, children, p_here, verdict) -> int | None:
@@ -160,7 +202,8 @@ def _greedy_pick(tree, children, p_here, verdict) -> int | None:
     for c in children:
         accepted = tree.tokens[c] == best
         verdict.tests.append(
-            NodeTest(c, tree.tokens[c], float(p_here[tree.tokens[c]]), tree.q[c], float(accepted), None, accepted)
+            NodeTest(c, tree.tokens[c], float(p_here[tree.tokens[c]]), tree.q[c], float(accepted), None, accepted,
+                     rule=GREEDY)
         )
         if accepted:
             return c
@@ -177,7 +220,8 @@ def _sampled_pick(tree, children, p_here, verdict, generator, n_top) -> int | No
         alpha = min(1.0, p_x / q_x) if q_x > 0 else 0.0
         u = sampling.uniform(generator)
         accepted = u < alpha
-        test = NodeTest(c, x, p_x, None if q_dist is None else q_x, alpha, u, accepted)
+        test = NodeTest(c, x, p_x, None if q_dist is None else q_x, alpha, u, accepted,
+                        rule=POINT_MASS if q_dist is None else CHAIN)
         verdict.tests.append(test)
         if accepted:
             return c
