@@ -27,8 +27,10 @@ from tiny import TinyTokenizer, decode_settings
 
 needs_op = pytest.mark.skipif(not quant.available(), reason="specviz's C++ ops are not built here")
 PATHS = [pytest.param(path, marks=pytest.mark.skipif(
-    not quant.path_runs(path, "q8"), reason=f"this CPU cannot run the {path} path on 8-bit activations"))
-    for path in ("portable", "avx2", "avx512")]
+    not quant.path_runs(path, "q8"), reason=f"this CPU cannot run the {path} path on 8-bit activations"
+    + (" (it needs AMX-INT8 and Linux's grant of the tile state; its emulation is tested on any CPU)"
+       if path == "amx" else "")))
+    for path in ("portable", "avx2", "avx512", "amx")]
 ROWS = (1, 2, 3, 4, 5, 7, 8, 11, 16)
 SHAPES = [(576, 576), (1536, 576), (576, 1536), (4096, 576), (16, 64), (48, 96)]  # (out, in); out whole tiles of 16
 
@@ -138,7 +140,7 @@ def test_every_path_gives_the_same_bits_whatever_the_rows_and_threads():
     4 and fewer rows), in uneven splits, on 1 or 2 threads, on every path this CPU runs: the same fp32 bits."""
     layers = {kind: tiled(kind, 1536, 576, seed=5)[1] for kind in ("Q4_1", "Q8_0", "Q6_K widened")}
     x = torch.randn(100, 576, generator=torch.Generator().manual_seed(2))
-    paths = [path for path in ("portable", "avx2", "avx512") if quant.path_runs(path, "q8")]
+    paths = [path for path in ("portable", "avx2", "avx512", "amx") if quant.path_runs(path, "q8")]
     threads = torch.get_num_threads()
     for kind, layer in layers.items():
         def product(rows, path, layer=layer):
@@ -155,6 +157,28 @@ def test_every_path_gives_the_same_bits_whatever_the_rows_and_threads():
         finally:
             torch.set_num_threads(threads)
         assert all(torch.equal(result, results[0]) for result in results), kind
+
+
+@needs_op
+@pytest.mark.skipif(not quant.path_runs("amx", "q8"), reason="this CPU cannot run the amx path (it needs AMX-INT8 and "
+                    "Linux's grant of the tile state; its emulation is tested on any CPU)")
+def test_amx_tiles_give_the_one_row_bits_for_every_row_count_and_thread_count():
+    """On the CPU's own tiles: every row count 1-64 (and past a block), on 1 and 2 threads, each row the bits of
+    that row alone on the VNNI path, for 4-bit codes, Q8_0 and Q6_K's halves."""
+    layers = {kind: tiled(kind, 1536, 576, seed=7)[1] for kind in ("Q4_1", "Q8_0", "Q6_K widened")}
+    x = torch.randn(80, 576, generator=torch.Generator().manual_seed(3))
+    threads = torch.get_num_threads()
+    try:
+        for kind, layer in layers.items():
+            alone = torch.cat([type(layer).PROJECTION.PRODUCT(x[r : r + 1], *layer.blocks(), None, path="avx512")
+                               for r in range(len(x))])
+            for count in (1, 2):
+                torch.set_num_threads(count)
+                for rows in (*range(1, 65), 80):
+                    got = type(layer).PROJECTION.PRODUCT(x[:rows], *layer.blocks(), None, path="amx")
+                    assert torch.equal(got, alone[:rows]), (kind, rows, count)
+    finally:
+        torch.set_num_threads(threads)
 
 
 HARNESS = r"""
@@ -195,8 +219,12 @@ int main(int argc, char** argv) {  // bits per rows in out path folder
 """
 
 
-def simde_harness(folder) -> tuple[str | None, str | None]:
-    """The kernels built against SIMDe's intrinsics (every path runs on any CPU), or why they cannot be."""
+EMULATION = os.path.join(os.path.dirname(__file__), "csrc")  # amx_emulation.h: the AMX tile instructions in C++
+
+
+def simde_harness(folder, *defines: str) -> tuple[str | None, str | None]:
+    """The kernels built against SIMDe's intrinsics and the AMX emulation (every path runs on any CPU), or why
+    they cannot be."""
     compiler = shutil.which("g++")
     if compiler is None or not os.path.isfile("/usr/include/simde/x86/avx512.h"):
         return None, "needs g++ and SIMDe's headers (Debian: apt-get install libsimde-dev)"
@@ -206,8 +234,33 @@ def simde_harness(folder) -> tuple[str | None, str | None]:
     source.write_text(HARNESS)
     csrc = os.path.join(os.path.dirname(quant.__file__), "csrc")
     subprocess.run([compiler, "-O1", "-std=c++17", "-mavx2", "-mfma", "-ffp-contract=off", "-DSPECVIZ_INTDOT_SIMDE",
-                    f"-I{csrc}", str(source), "-o", str(binary)], check=True, capture_output=True)
+                    *defines, f"-I{csrc}", f"-I{EMULATION}", str(source), "-o", str(binary)],
+                   check=True, capture_output=True)
     return str(binary), None
+
+
+def emulated_products(binary, folder, paths, row_counts) -> list[tuple]:
+    """The cases (bits, per, rows, path) where the harness's product differs from the portable op's bits."""
+    generator = torch.Generator().manual_seed(11)
+    cases = [(4, 1, tiled("Q4_1", 48, 96, seed=1)[1]), (8, 1, tiled("Q8_0", 32, 128, seed=2)[1]),
+             (8, 2, tiled("Q6_K widened", 32, 96, seed=3)[1])]
+    differ = []
+    for bits, per, layer in cases:
+        out, inp = layer.out_features, layer.in_features
+        x = torch.randn(max(row_counts), inp, generator=generator)
+        x[0, :32] = 0
+        for name, tensor in zip(("codes", "scales", "mins"), layer.blocks()):
+            tensor.numpy().tofile(folder / name)
+        x.numpy().tofile(folder / "x")
+        for rows in row_counts:
+            expected = type(layer).PROJECTION.PRODUCT(x[:rows], *layer.blocks(), None, path="portable")
+            for path in paths:
+                subprocess.run([binary, str(bits), str(per), str(rows), str(inp), str(out), str(path), str(folder)],
+                               check=True)
+                got = torch.from_numpy(np.fromfile(folder / "y", dtype=np.float32).reshape(rows, out))
+                if not torch.equal(got, expected):
+                    differ.append((bits, per, rows, path))
+    return differ
 
 
 @needs_op
@@ -218,23 +271,33 @@ def test_the_avx512_path_gives_the_portable_bits_through_simde(tmp_path):
     binary, why = simde_harness(tmp_path)
     if binary is None:
         pytest.skip(why)
-    generator = torch.Generator().manual_seed(11)
-    cases = [(4, 1, tiled("Q4_1", 48, 96, seed=1)[1]), (8, 1, tiled("Q8_0", 32, 128, seed=2)[1]),
-             (8, 2, tiled("Q6_K widened", 32, 96, seed=3)[1])]
-    for bits, per, layer in cases:
-        out, inp = layer.out_features, layer.in_features
-        x = torch.randn(65, inp, generator=generator)
-        x[0, :32] = 0
-        for name, tensor in zip(("codes", "scales", "mins"), layer.blocks()):
-            tensor.numpy().tofile(tmp_path / name)
-        x.numpy().tofile(tmp_path / "x")
-        for rows in (*range(1, 10), 12, 17, 65):
-            expected = type(layer).PROJECTION.PRODUCT(x[:rows], *layer.blocks(), None, path="portable")
-            for path in (1, 2):
-                subprocess.run([binary, str(bits), str(per), str(rows), str(inp), str(out), str(path), str(tmp_path)],
-                               check=True)
-                got = torch.from_numpy(np.fromfile(tmp_path / "y", dtype=np.float32).reshape(rows, out))
-                assert torch.equal(got, expected), (bits, per, rows, path)
+    assert emulated_products(binary, tmp_path, (1, 2), (*range(1, 10), 12, 17, 65)) == []
+
+
+AMX_ROWS = (*range(1, 18), 31, 32, 33, 48, 63, 64, 65, 100, 128)  # one chunk of 16, padded ones, blocks of 64
+
+
+@needs_op
+def test_the_amx_path_gives_the_portable_bits_through_its_emulation(tmp_path):
+    """The AMX path (tiles of 16 rows, zero-padded last chunks, two register sets taking turns, 4-bit codes
+    unpacked into B, 8-bit ones read as they lie, halves with scales of their own) with the tile instructions
+    emulated as the SDM defines them: the portable op's bits for every row count 1-17 and across chunks and
+    blocks of rows, on any CPU. The same source runs natively where the CPU has AMX (the next test)."""
+    binary, why = simde_harness(tmp_path)
+    if binary is None:
+        pytest.skip(why)
+    assert emulated_products(binary, tmp_path, (3,), AMX_ROWS) == []
+
+
+@needs_op
+def test_a_planted_layout_bug_in_the_amx_path_is_caught(tmp_path):
+    """With B's four bytes of each column read in the wrong order, the comparison above fails on every case with
+    more than one row (one row takes the VNNI path)."""
+    binary, why = simde_harness(tmp_path, "-DSPECVIZ_AMX_EMULATION_MISREAD")
+    if binary is None:
+        pytest.skip(why)
+    differ = emulated_products(binary, tmp_path, (3,), (1, 2, 16, 17))
+    assert {rows for _, _, rows, _ in differ} == {2, 16, 17} and len(differ) == 9
 
 
 def q4q8_pair(**options):
@@ -362,7 +425,7 @@ def test_every_drafter_greedy_equals_none_on_8_bit_activations(smol_q4q8, drafte
     assert len(linears) == 210 and all(m.activations == "q8" for m in linears)
     assert quant.q8_head(smol_q4q8.target).linear.activations == "q8"
     if drafter not in drafters.available(smol_q4q8):
-        pytest.skip(f"no shipped {drafter} weights in assets/")
+        pytest.skip(f"no shipped {drafter} weights in specviz/assets/")
     alone = specviz.generate(REAL_PROMPT, models=smol_q4q8, drafter="none", max_new_tokens=48)
     drafted = specviz.generate(REAL_PROMPT, models=smol_q4q8, drafter=drafter, max_new_tokens=48)
     assert drafted.token_ids == alone.token_ids and len(alone.token_ids) > 0

@@ -53,7 +53,9 @@ from specviz.kernels.blocks import (
     widen_q6_k,
 )
 
-PATHS = {"auto": -1, "portable": 0, "avx2": 1, "avx512": 2}  # the op's `path` argument (SPECVIZ_Q4_PATH for auto)
+# the op's `path` argument (SPECVIZ_Q4_PATH for auto); amx: AMX tiles for products of two rows or more on 8-bit
+# activations (their other products, and fp32 activations, on AVX-512)
+PATHS = {"auto": -1, "portable": 0, "avx2": 1, "avx512": 2, "amx": 3}
 TILE = 16  # output columns per tile of the 8-bit-activation layout (csrc/intdot.h)
 
 
@@ -63,8 +65,8 @@ def available() -> bool:
 
 
 def path_runs(path: str, activations: str = "fp32") -> bool:
-    """Whether this CPU (and build) can run the op's `path` ("portable", "avx2", "avx512") with fp32 or 8-bit
-    ("q8") activations (whose AVX-512 path needs VNNI)."""
+    """Whether this CPU (and build) can run the op's `path` ("portable", "avx2", "avx512", "amx") with fp32 or
+    8-bit ("q8") activations (whose AVX-512 path needs VNNI; amx is for 8-bit activations only)."""
     if not available():
         return False
     try:

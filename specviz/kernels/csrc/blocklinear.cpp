@@ -375,7 +375,8 @@ int64_t resolve(int64_t path) {
       if (std::strcmp(forced, "portable") == 0) path = kPortable;
       else if (std::strcmp(forced, "avx2") == 0) path = kAvx2;
       else if (std::strcmp(forced, "avx512") == 0) path = kAvx512;
-      else TORCH_CHECK(false, "SPECVIZ_Q4_PATH must be portable, avx2 or avx512, not ", forced);
+      else if (std::strcmp(forced, "amx") == 0) path = kAvx512;  // AMX tiles are for 8-bit activations (intdot.h)
+      else TORCH_CHECK(false, "SPECVIZ_Q4_PATH must be portable, avx2, avx512 or amx, not ", forced);
     } else {
       return cpu_has(kAvx512) ? kAvx512 : cpu_has(kAvx2) ? kAvx2 : kPortable;
     }

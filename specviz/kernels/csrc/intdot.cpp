@@ -3,7 +3,8 @@
 // the layer op, whose products call q4_linear.
 //
 // q8act_path(path): the path the products run (as q4_path; AVX-512 here needs its VNNI and BW extensions, and
-//   `auto` takes AVX2 where they are missing).
+//   `auto` takes AVX2 where they are missing; 3, amx, takes AMX tiles for two rows or more where the CPU has
+//   AMX-INT8 and Linux grants the tile state, and `auto` takes it there).
 // q8_activations(x, path): x (rows, in) fp32 quantized as the products quantize it: q (rows, in) int8, d and s
 //   (rows, in / 32) fp32 (for tests and tools: x̂ = d q is the activation the products multiply).
 #include <ATen/ATen.h>
@@ -15,21 +16,52 @@
 
 #include <cstdlib>
 #include <cstring>
+#ifdef SPECVIZ_INTDOT_AMX
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace {
 
+using specviz_intdot::kAmx;
 using specviz_intdot::kAvx2;
 using specviz_intdot::kAvx512;
 using specviz_intdot::kGroup;
 using specviz_intdot::kPortable;
 using specviz_intdot::kTile;
 
+#ifdef SPECVIZ_INTDOT_AMX
+// AMX-TILE and AMX-INT8 (CPUID leaf 7: EDX bits 24 and 25), and the tile state granted to this process: Linux
+// hands it out only on request (arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA), once per process and for
+// all its threads, and a tile instruction without it faults as an illegal instruction. Asked once; a kernel too
+// old to know the request, or one that refuses it (a hypervisor that hides the state), leaves the VNNI path.
+bool amx_granted() {
+  static const bool granted = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+    if (!((edx >> 24) & 1) || !((edx >> 25) & 1)) return false;
+    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return granted;
+}
+#endif
+
 bool cpu_has(int64_t path) {
 #ifdef SPECVIZ_INTDOT_X86
   if (path == kAvx2) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (path == kAvx512)
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (path == kAvx512 || path == kAmx) {
+    const bool vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx2") &&
+                      __builtin_cpu_supports("fma");
+#ifdef SPECVIZ_INTDOT_AMX
+    if (path == kAmx) return vnni && amx_granted();  // its sums are scaled, and single rows run, as on VNNI
+#else
+    if (path == kAmx) return false;
+#endif
+    return vnni;
+  }
 #endif
   return path == kPortable;
 }
@@ -43,14 +75,18 @@ int64_t resolve(int64_t path) {
       if (std::strcmp(forced, "portable") == 0) path = kPortable;
       else if (std::strcmp(forced, "avx2") == 0) path = kAvx2;
       else if (std::strcmp(forced, "avx512") == 0) path = kAvx512;
-      else TORCH_CHECK(false, "SPECVIZ_Q4_PATH must be portable, avx2 or avx512, not ", forced);
+      else if (std::strcmp(forced, "amx") == 0) path = kAmx;
+      else TORCH_CHECK(false, "SPECVIZ_Q4_PATH must be portable, avx2, avx512 or amx, not ", forced);
     } else {
-      return cpu_has(kAvx512) ? kAvx512 : cpu_has(kAvx2) ? kAvx2 : kPortable;
+      return cpu_has(kAmx) ? kAmx : cpu_has(kAvx512) ? kAvx512 : cpu_has(kAvx2) ? kAvx2 : kPortable;
     }
   }
-  TORCH_CHECK(path <= kAvx512, "8-bit activations: path must be -1 (auto), 0 (portable), 1 (avx2) or 2 (avx512)");
+  TORCH_CHECK(path <= kAmx,
+              "8-bit activations: path must be -1 (auto), 0 (portable), 1 (avx2), 2 (avx512) or 3 (amx)");
   TORCH_CHECK(cpu_has(path), "8-bit activations: this CPU cannot run path ", path,
-              path == kAvx512 ? " (it needs AVX-512 F, BW and VNNI)" : "");
+              path == kAvx512 ? " (it needs AVX-512 F, BW and VNNI)"
+              : path == kAmx  ? " (it needs AVX-512 VNNI, AMX-TILE and AMX-INT8, and Linux's grant of the tile state)"
+                              : "");
   return path;
 }
 

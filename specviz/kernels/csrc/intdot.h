@@ -31,6 +31,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #if defined(SPECVIZ_INTDOT_SIMDE)  // tests: SIMDe's portable versions of the same intrinsics, any CPU
 #define SIMDE_ENABLE_NATIVE_ALIASES
@@ -51,11 +52,38 @@ inline __m512 specviz_cvtepi32_ps(__m512i v) {
 #define SPECVIZ_INTDOT_X86 1
 #define SPECVIZ_TARGET_AVX2
 #define SPECVIZ_TARGET_VNNI
+// ... and the AMX tile instructions emulated as the Intel SDM defines them (tests/csrc/amx_emulation.h)
+#include "amx_emulation.h"
+#define SPECVIZ_INTDOT_AMX 1
+#define SPECVIZ_TARGET_AMX
+#define SPECVIZ_TILE_CONFIG(config) specviz_amx_config(config)
+#define SPECVIZ_TILE_RELEASE() specviz_amx_release()
+#define SPECVIZ_TILE_ZERO(t) specviz_amx_zero(t)
+#define SPECVIZ_TILE_LOAD(t, base, stride) specviz_amx_load(t, base, stride)
+#define SPECVIZ_TILE_STORE(t, base, stride) specviz_amx_store(t, base, stride)
+#define SPECVIZ_TILE_DPBSSD(c, a, b) specviz_amx_dp<true, true>(c, a, b)
+#define SPECVIZ_TILE_DPBSUD(c, a, b) specviz_amx_dp<true, false>(c, a, b)
 #elif defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define SPECVIZ_INTDOT_X86 1
 #define SPECVIZ_TARGET_AVX2 __attribute__((target("avx2,fma")))
 #define SPECVIZ_TARGET_VNNI __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vnni")))
+#if defined(__x86_64__) && defined(__GNUC__)
+// AMX tiles, written as instructions (any GCC or Clang whose assembler knows them; the compiler needs no -mamx):
+// tile numbers are part of the instruction, so these take them as literals. "memory": a tile load reads and a
+// tile store writes memory the compiler does not see in the operands.
+#define SPECVIZ_INTDOT_AMX 1
+#define SPECVIZ_TARGET_AMX SPECVIZ_TARGET_VNNI
+#define SPECVIZ_TILE_CONFIG(config) __asm__ volatile("ldtilecfg %0" ::"m"(*(const uint8_t(*)[64])(config)))
+#define SPECVIZ_TILE_RELEASE() __asm__ volatile("tilerelease" ::: "memory")
+#define SPECVIZ_TILE_ZERO(t) __asm__ volatile("tilezero %%tmm" #t ::)
+#define SPECVIZ_TILE_LOAD(t, base, stride) \
+  __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #t ::"r"(base), "r"(static_cast<int64_t>(stride)) : "memory")
+#define SPECVIZ_TILE_STORE(t, base, stride) \
+  __asm__ volatile("tilestored %%tmm" #t ", (%0,%1,1)" ::"r"(base), "r"(static_cast<int64_t>(stride)) : "memory")
+#define SPECVIZ_TILE_DPBSSD(c, a, b) __asm__ volatile("tdpbssd %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::)
+#define SPECVIZ_TILE_DPBSUD(c, a, b) __asm__ volatile("tdpbsud %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::)
+#endif
 #endif
 
 namespace specviz_intdot {
@@ -64,7 +92,7 @@ constexpr int64_t kGroup = 32;  // activations and weights per scale
 constexpr int64_t kTile = 16;   // output columns per tile
 constexpr int64_t kRowBlock = 64;  // rows whose activations stay in cache while all the tiles pass (a prompt's)
 
-enum Path : int64_t { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
+enum Path : int64_t { kPortable = 0, kAvx2 = 1, kAvx512 = 2, kAmx = 3 };
 
 // Quantized activations: q (rows, in) int8; d, s (rows, groups) fp32; sums (rows, groups, 2) int32.
 struct Acts {
@@ -390,6 +418,136 @@ SPECVIZ_TARGET_VNNI inline void rows_vnni(const Acts& x, int64_t first, int64_t 
 }
 #endif
 
+#ifdef SPECVIZ_INTDOT_AMX
+// ------------------------------------------------------------------------------------------------ AMX tiles
+
+// One tdpbssd (8-bit weights) or tdpbsud (4-bit codes, unsigned) multiplies a tile A of 16 rows' activations,
+// K bytes each, by a tile B of K / 4 rows of 64 bytes, the weights' own tile order (4 consecutive inputs of each of
+// 16 columns: the layout above is already the one B takes), into C, 16 rows × 16 columns of int32: the integer sums
+// of 16 rows at once, exact as on the other paths. K = 32 / Halves: one sum per row, column, group and half, which
+// C hands back through memory to be scaled in fp32 in the fixed order. Two sets of registers (C, A, B in tiles
+// 0/2/4 and 1/3/5) alternate between consecutive groups, so one group's products run while the last one's sums
+// are scaled. A CPU must have AMX-TILE and AMX-INT8 and the process must have asked Linux for the tile state
+// (csrc/intdot.cpp does both before it picks this path).
+constexpr int64_t kAmxRows = 16;     // rows of an A tile; a block's last, partial chunk is padded with zero rows
+constexpr int64_t kAmxMinRows = 2;   // fewer rows take the VNNI path: a tile's fixed costs buy nothing for one row
+
+struct alignas(64) TileConfig {  // ldtilecfg's 64 bytes, palette 1
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+inline TileConfig amx_config(int halves) {
+  const int k = static_cast<int>(kGroup) / halves;
+  TileConfig config;
+  for (int p = 0; p < 2; ++p) {
+    config.rows[p] = kAmxRows, config.colsb[p] = 64;          // C
+    config.rows[2 + p] = kAmxRows, config.colsb[2 + p] = k;   // A
+    config.rows[4 + p] = k / 4, config.colsb[4 + p] = 64;     // B
+  }
+  return config;
+}
+
+template <int P>
+SPECVIZ_TARGET_AMX inline void amx_load_b(const void* b) {
+  if constexpr (P == 0) SPECVIZ_TILE_LOAD(4, b, 64);
+  else SPECVIZ_TILE_LOAD(5, b, 64);
+}
+
+// C = A · B for the 16 rows at `a` (`stride` bytes apart) and the B loaded last into set P; C stored to `c`.
+template <int P, bool UnsignedB>
+SPECVIZ_TARGET_AMX inline void amx_product(const int8_t* a, int64_t stride, int32_t* c) {
+  if constexpr (P == 0) {
+    SPECVIZ_TILE_ZERO(0);
+    SPECVIZ_TILE_LOAD(2, a, stride);
+    if constexpr (UnsignedB) SPECVIZ_TILE_DPBSUD(0, 2, 4);
+    else SPECVIZ_TILE_DPBSSD(0, 2, 4);
+    SPECVIZ_TILE_STORE(0, c, 64);
+  } else {
+    SPECVIZ_TILE_ZERO(1);
+    SPECVIZ_TILE_LOAD(3, a, stride);
+    if constexpr (UnsignedB) SPECVIZ_TILE_DPBSUD(1, 3, 5);
+    else SPECVIZ_TILE_DPBSSD(1, 3, 5);
+    SPECVIZ_TILE_STORE(1, c, 64);
+  }
+}
+
+// A block of at most kRowBlock rows in chunks of 16: chunk c's activations at `chunk(c)` (rows `in` bytes apart);
+// the last chunk, when partial, is a zero-padded copy of its rows.
+struct AmxRows {
+  const Acts& x;
+  int64_t first, rows;
+  const int8_t* padded;  // kAmxRows rows of the last chunk, or nullptr when every chunk is whole
+  int64_t chunks() const { return (rows + kAmxRows - 1) / kAmxRows; }
+  int64_t count(int64_t c) const { return std::min(kAmxRows, rows - c * kAmxRows); }
+  const int8_t* chunk(int64_t c) const {
+    return padded != nullptr && c == chunks() - 1 ? padded : x.q + (first + c * kAmxRows) * x.in;
+  }
+};
+
+// Unit (group g, half h) of tile t for every row of the block, on register set P: its integer sums in tiles, then
+// acc[r] (16 fp32 a row) advanced as tile_vnni advances it, in the same order.
+template <int Bits, int Halves, int P>
+SPECVIZ_TARGET_AMX inline void unit_amx(const AmxRows& b, const Tiles& w, int64_t t, int64_t g, int h, float* acc) {
+  constexpr int64_t K = kGroup / Halves;
+  const int64_t block = w.block(t, g);
+  alignas(64) uint8_t unpacked[8 * 64];
+  if constexpr (Bits == 4) {  // B rows 0..3: the low nibbles of words 0..3 (weights 0..15), 4..7: the high ones
+    const uint8_t* codes = w.codes + block * 4 * 64;
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    for (int k = 0; k < 4; ++k) {
+      const __m512i v = _mm512_loadu_si512(codes + k * 64);
+      _mm512_store_si512(unpacked + k * 64, _mm512_and_si512(v, low));
+      _mm512_store_si512(unpacked + (4 + k) * 64, _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
+    }
+    amx_load_b<P>(unpacked);
+  } else {  // chunks 4h .. 4h + K / 4 - 1 of the group, as they lie
+    amx_load_b<P>(w.codes + block * 8 * 64 + h * (K / 4) * 64);
+  }
+  const __m512 dw = _mm512_loadu_ps(w.scales + (Halves == 2 ? block * 2 + h : block) * kTile);
+  alignas(64) int32_t sums[kAmxRows * kTile];
+  for (int64_t c = 0; c < b.chunks(); ++c) {
+    amx_product<P, Bits == 4>(b.chunk(c) + g * kGroup + h * K, b.x.in, sums);
+    for (int64_t r = 0; r < b.count(c); ++r) {
+      const int64_t at = b.x.index(b.first + c * kAmxRows + r, g);
+      float* a = acc + (c * kAmxRows + r) * kTile;
+      const __m512 i = _mm512_cvtepi32_ps(_mm512_load_si512(sums + r * kTile));
+      __m512 v = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(b.x.d[at])), i, _mm512_load_ps(a));
+      if constexpr (Bits == 4)
+        v = _mm512_fmadd_ps(_mm512_loadu_ps(w.mins + block * kTile), _mm512_set1_ps(b.x.s[at]), v);
+      _mm512_store_ps(a, v);
+    }
+  }
+}
+
+// Rows [first, last) (at most kRowBlock, at least kAmxMinRows) times tiles [begin, end) on AMX tiles: one tile
+// configuration for the call, released at its end (another library on the same thread, oneDNN, configures the
+// tiles its own way between calls).
+template <int Bits, int Halves>
+SPECVIZ_TARGET_AMX inline void block_amx(const Acts& x, int64_t first, int64_t last, const Tiles& w, float* y,
+                                         int64_t out, int64_t begin, int64_t end) {
+  const int64_t rows = last - first, whole = rows / kAmxRows * kAmxRows;
+  std::vector<int8_t> padded(whole < rows ? kAmxRows * x.in : 0, 0);
+  if (whole < rows) std::memcpy(padded.data(), x.q + (first + whole) * x.in, (rows - whole) * x.in);
+  const AmxRows b{x, first, rows, whole < rows ? padded.data() : nullptr};
+  const TileConfig config = amx_config(Halves);
+  SPECVIZ_TILE_CONFIG(&config);
+  alignas(64) float acc[kRowBlock * kTile];
+  for (int64_t t = begin; t < end; ++t) {
+    std::memset(acc, 0, sizeof(float) * rows * kTile);
+    int64_t unit = 0;
+    for (int64_t g = 0; g < w.groups; ++g)
+      for (int h = 0; h < Halves; ++h, ++unit) {
+        if (unit % 2 == 0) unit_amx<Bits, Halves, 0>(b, w, t, g, h, acc);
+        else unit_amx<Bits, Halves, 1>(b, w, t, g, h, acc);
+      }
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(y + (first + r) * out + t * kTile, acc + r * kTile, 4 * kTile);
+  }
+  SPECVIZ_TILE_RELEASE();
+}
+#endif
+
 // ------------------------------------------------------------------------------------------------ dispatch
 
 // Tiles [begin, end) for every row, on `path`: a few rows at a time over each tile (AVX-512: eight, then four and
@@ -401,9 +559,21 @@ inline void tiles(int64_t path, const Acts& x, int64_t rows, const Tiles& w, flo
                   int64_t end) {
   for (int64_t first = 0; first < rows; first += kRowBlock) {
     const int64_t last = std::min(rows, first + kRowBlock);
+#ifdef SPECVIZ_INTDOT_AMX
+    if (path == kAmx && last - first >= kAmxMinRows) {
+      if constexpr (Bits == 8) {
+        if (w.per == 2) {
+          block_amx<Bits, 2>(x, first, last, w, y, out, begin, end);
+          continue;
+        }
+      }
+      block_amx<Bits, 1>(x, first, last, w, y, out, begin, end);
+      continue;
+    }
+#endif
     for (int64_t t = begin; t < end; ++t) {
 #ifdef SPECVIZ_INTDOT_X86
-      if (path == kAvx512) {
+      if (path == kAvx512 || path == kAmx) {
         if constexpr (Bits == 8) {
           if (w.per == 2) {
             rows_vnni<Bits, 2>(x, first, last, w, t, y, out);
