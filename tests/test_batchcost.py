@@ -1,6 +1,7 @@
 """The batch surface (specviz.bench.batch): measured on a tiny model with every cell and its metadata, its B = 1
 row in the verify-cost curve's conventions, the predicted gain against a hand computation (and a planted
 c(B, K) for c(B, K + 1) caught), the shipped surface, the CLI, the GPU script's part, and the Cost page."""
+import contextlib
 import copy
 import importlib.util
 import json
@@ -50,7 +51,9 @@ def test_the_surface_of_a_tiny_model_has_every_cell_positive_and_its_metadata(ti
     machine = surface["machine"]
     assert machine["device"] == "cpu" and machine["dtype"] == "float32" and machine["torch_threads"] == 1
     assert len(machine["bandwidth_gb_s_before_after"]) == 2 and machine["bandwidth_gb_s"] > 0
-    assert surface["noise"]["cells"] == len(SMALL.batch_sizes) * len(SMALL.new_tokens) + (len(SMALL.new_tokens) if surface["lean_b1_ms"] else 0)
+    lean_curves = bool(surface["lean_b1_ms"]) + bool(surface["lean_b1_ms_vnni"])
+    assert surface["noise"]["cells"] == len(SMALL.batch_sizes) * len(SMALL.new_tokens) + len(SMALL.new_tokens) * lean_curves
+    assert surface["amx_tiles"] is False and surface["lean_b1_ms_vnni"] is None  # fp32 activations: no tiles
     assert 0 <= surface["noise"]["median_relative_iqr"] <= surface["noise"]["max_relative_iqr"]
     batch.parse_surface(json.dumps(surface))  # the file the CLI writes is one the page accepts
 
@@ -65,6 +68,32 @@ def test_the_b1_row_is_keyed_as_the_verify_cost_curve_and_the_lean_decoder_besid
     short = tiny_llama(max_positions=24)
     shortened = batch.measure_surface(short, batch.quick_surface_settings(context_len=64, bandwidth_mb=8, rounds=1))
     assert shortened["config"]["context_len"] == costs.fitting_context(short, (1, 2), 64) == 21
+
+
+def test_where_amx_tiles_run_the_surface_also_times_the_vnni_path_in_the_same_rounds(monkeypatch):
+    """On a model with 8-bit activations and a CPU whose products take AMX tiles (faked here: the paths are held
+    by quant.products_on, recorded), the B = 1 curve is measured twice, once with the products held to VNNI."""
+    from test_q8act import q4q8_pair
+
+    from specviz.kernels import quant
+    _, model = q4q8_pair()
+    held = []
+
+    @contextlib.contextmanager
+    def products_on(path):
+        held.append(path)
+        yield
+
+    monkeypatch.setattr(quant, "amx_tiles", lambda: True)
+    monkeypatch.setattr(quant, "products_on", products_on)
+    surface = batch.measure_surface(model, SMALL, name="tiny q8", command="pytest")
+    assert surface["amx_tiles"] is True
+    assert set(surface["lean_b1_ms_vnni"]) == set(surface["lean_b1_ms"]) == {str(n) for n in SMALL.new_tokens}
+    # every vnni cell, every round and the warm-up one, held to the VNNI path; no other cell
+    assert held and set(held) == {"avx512"} and len(held) == len(SMALL.new_tokens) * (SMALL.rounds + 1)
+    batch.parse_surface(json.dumps(surface))
+    monkeypatch.setattr(quant, "amx_tiles", lambda: False)
+    assert batch.measure_surface(model, SMALL, name="tiny q8")["lean_b1_ms_vnni"] is None
 
 
 def test_every_round_runs_every_cell_in_a_new_order_after_a_warm_up():
@@ -238,6 +267,25 @@ def test_the_cost_page_takes_an_uploaded_surface_and_rejects_a_malformed_one(cos
     assert not at.exception
     assert any("not a specviz batch surface" in e.value and "shipped surface instead" in e.value for e in at.error)
     assert "Showing the shipped surface" in section_text(at)
+
+
+def test_the_cost_page_draws_the_verify_cost_curve_with_and_without_amx_tiles(cost_page):
+    at = cost_page
+    assert chart_names(at, "cost_verify_curve") == ["as the engine runs it"]  # the shipped surface: no AMX there
+    assert any("ran no AMX tiles" in c.value for c in at.caption)
+    surface = copy.deepcopy(batch.load_surface())
+    lean = surface["lean_b1_ms"]
+    surface["amx_tiles"] = True
+    surface["lean_b1_ms_vnni"] = {n: ms * (1 + int(n) / 4) for n, ms in lean.items()}  # steeper without tiles
+    at.get("file_uploader")[0].upload("amx.json", json.dumps(surface).encode(), "application/json")
+    at.run()
+    assert not at.exception and not at.error
+    assert chart_names(at, "cost_verify_curve") == ["AMX tiles", "AVX-512 VNNI (tiles off)"]
+    last = max(lean, key=int)
+    first = min(lean, key=int)
+    vnni_ratio = surface["lean_b1_ms_vnni"][last] / surface["lean_b1_ms_vnni"][first]
+    assert any(f"{vnni_ratio:.2f}× without" in c.value and f"{lean[last] / lean[first]:.2f}× one token with tiles"
+               in c.value for c in at.caption)
 
 
 def test_alpha_defaults_to_a_measured_chain_run(cost_page):

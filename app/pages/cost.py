@@ -199,6 +199,31 @@ def batching_note(rows: list[dict]) -> str:
             f"{last['spec_tokens_per_s'] / last['plain_tokens_per_s']:.2f} at B = {last['batch']}.")
 
 
+def verify_cost_curve(surface: dict) -> None:
+    """The engine's verify-cost curve (B = 1, the lean forward) over n, and where the products ran on AMX tiles,
+    the same forwards held to the VNNI path in the same rounds."""
+    lean, vnni = surface["lean_b1_ms"], surface.get("lean_b1_ms_vnni")
+    ns = sorted(lean, key=int)
+    fig = go.Figure(go.Scatter(x=[int(n) for n in ns], y=[lean[n] / lean[ns[0]] for n in ns], mode="lines+markers",
+                               name="AMX tiles" if surface.get("amx_tiles") else "as the engine runs it"))
+    if vnni:
+        fig.add_trace(go.Scatter(x=[int(n) for n in ns if n in vnni], y=[vnni[n] / vnni[ns[0]] for n in ns if n in vnni],
+                                 mode="lines+markers", name="AVX-512 VNNI (tiles off)"))
+    fig.update_layout(title=f"The verify-cost curve: c(1, n) ÷ c(1, {ns[0]}), {surface['lean_b1_forward']}",
+                      height=320, xaxis={"title": "n new tokens verified in one forward"},
+                      yaxis={"title": "cost over one token"}, margin={"l": 10, "r": 10, "t": 40, "b": 10})
+    st.plotly_chart(fig, key="cost_verify_curve")
+    if vnni:
+        n = max((k for k in ns if k in vnni), key=int)
+        st.caption(f"This CPU ran the products of two rows or more on AMX tiles; in the same rounds, held to the VNNI "
+                   f"path: {n} tokens cost {lean[n] / lean[ns[0]]:.2f}× one token with tiles, "
+                   f"{vnni[n] / vnni[ns[0]]:.2f}× without (one token: {lean[ns[0]]:.1f} against {vnni[ns[0]]:.1f} ms).")
+    else:
+        st.caption("The CPU that measured this curve ran no AMX tiles (none there, the model not on 8-bit "
+                   "activations, or Linux did not grant the tile state), so there is no tiles-off curve beside it; "
+                   "`specviz batch-cost` measures both on a CPU with AMX-INT8 (Intel Xeon from Sapphire Rapids on).")
+
+
 CELL_STATISTICS = {"median of the rounds": "ms", "fastest round (the least disturbed)": "ms_min"}
 surface = chosen_surface()
 cell_ms = {}  # {"B": {"n": ms}}: the cell statistic chosen below, which every figure of this section uses
@@ -230,6 +255,7 @@ if surface is not None:
         st.caption(f"B = 1 both ways, in the same rounds (medians): {surface['lean_b1_forward']} (what the engine runs at "
                    f"batch 1, one sequence only) vs the batched transformers forward: {pairs}. The surface uses the "
                    "batched forward throughout, so its B = 1 row is that path's, not the engine's.")
+        verify_cost_curve(surface)
 
 st.subheader("The predicted gain at each batch size")
 st.latex(r"\text{gain}(B) = \frac{E(\alpha, K)}{c(B, K{+}1) / c(B, 1) + K \cdot d}, \qquad "

@@ -12,6 +12,7 @@ the surface instead of biasing one corner; each cell keeps the median over round
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import statistics
@@ -28,7 +29,7 @@ from specviz.bench.schema import parse_json
 from specviz.decoding.costs import fitting_context, synchronize
 from specviz.decoding.target import Target
 from specviz.errors import SpecvizError
-from specviz.kernels import fastlinear
+from specviz.kernels import fastlinear, quant
 from specviz.kernels.kvcache import crop_cache
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32)
@@ -93,13 +94,16 @@ def batched_cell(target: Target, cache: DynamicCache, ids: torch.Tensor, context
     return call
 
 
-def lean_cell(target: Target, ids: list[int], context: list[int], context_len: int) -> Callable[[], None]:
-    """B = 1 through the engine's own Target.forward (the lean decoder where it runs), as verify_costs times it."""
+def lean_cell(target: Target, ids: list[int], context: list[int], context_len: int,
+              path: str | None = None) -> Callable[[], None]:
+    """B = 1 through the engine's own Target.forward (the lean decoder where it runs), as verify_costs times it;
+    path: the products held to that path (quant.products_on) during the call, e.g. VNNI where AMX would run."""
     cache = target.new_cache()
     target.forward(context, cache, logits=False)
 
     def call() -> None:
-        target.forward(ids, cache)
+        with quant.products_on(path) if path else contextlib.nullcontext():
+            target.forward(ids, cache)
         crop_cache(cache, context_len)
 
     return call
@@ -165,16 +169,20 @@ def measure_surface(model, settings: SurfaceSettings | None = None, name: str = 
         for n in settings.new_tokens:
             ids = torch.randint(vocab, (batch, n), generator=generator)
             cells["batched", batch, n] = batched_cell(target, cache, ids.to(device), context_len)
+    tiles = target.fast is not None and quant.activations(model) == "q8" and quant.amx_tiles()
     if target.fast is not None:
         for n in settings.new_tokens:
             ids = torch.randint(vocab, (n,), generator=generator)
             cells["lean", 1, n] = lean_cell(target, ids.tolist(), context[0].tolist(), context_len)
+            if tiles:  # the same forward with the products held to VNNI: what the tiles save, in the same rounds
+                cells["vnni", 1, n] = lean_cell(target, ids.tolist(), context[0].tolist(), context_len, "avx512")
     times = timed_rounds(cells, settings.rounds, settings.seed, device, progress)
     bandwidth.append(probe.measure())
     del probe, cells
     stats = {key: spread(seconds) for key, seconds in times.items()}
     batched = {(b, n): s for (kind, b, n), s in stats.items() if kind == "batched"}
     lean = {(b, n): s for (kind, b, n), s in stats.items() if kind == "lean"}
+    vnni = {(b, n): s for (kind, b, n), s in stats.items() if kind == "vnni"}
     relative = sorted(s["relative_iqr"] for s in stats.values())
     dtype = next(model.parameters()).dtype
     return {
@@ -197,6 +205,9 @@ def measure_surface(model, settings: SurfaceSettings | None = None, name: str = 
         "relative_iqr": by_batch(batched, "relative_iqr"),
         "lean_b1_forward": target_forward(model) if lean else None,
         "lean_b1_ms": by_batch(lean, "median").get("1") if lean else None,
+        # the products of two rows or more on AMX tiles (lean_b1_ms), and the same forwards held to VNNI
+        "amx_tiles": tiles,
+        "lean_b1_ms_vnni": by_batch(vnni, "median").get("1") if vnni else None,
         "noise": {"cells": len(stats), "rounds": settings.rounds,
                   "median_relative_iqr": statistics.median(relative), "max_relative_iqr": relative[-1],
                   "what": "relative IQR: (3rd − 1st quartile) ÷ median of a cell's rounds"},
@@ -235,6 +246,8 @@ SURFACE_SCHEMA = {
         "ms_max": _GRID,
         "lean_b1_ms": {"type": ["object", "null"], "additionalProperties": {"type": "number", "exclusiveMinimum": 0}},
         "lean_b1_forward": {"type": ["string", "null"]},
+        "amx_tiles": {"type": "boolean"},
+        "lean_b1_ms_vnni": {"type": ["object", "null"], "additionalProperties": {"type": "number", "exclusiveMinimum": 0}},
         "noise": {"type": "object", "required": ["median_relative_iqr", "max_relative_iqr"],
                   "properties": {"median_relative_iqr": {"type": "number"}, "max_relative_iqr": {"type": "number"}}},
     },
