@@ -2,13 +2,15 @@
 from being served within a second nor hold the service's sockets past the header deadline."""
 from __future__ import annotations
 
+import re
 import socket
+import threading
 import time
 
 import httpx
 from serving import Running
 
-from specviz.serve.http import Service
+from specviz.serve.http import Limits, Service
 
 HALF_OPEN = 1000
 
@@ -50,3 +52,161 @@ def test_a_slow_but_complete_request_and_a_kept_alive_one_are_served(tiny_models
             for _ in range(3):
                 assert client.get("/healthz").status_code == 200
                 time.sleep(0.3)
+
+
+def raw(port: int, request: bytes, rcvbuf: int | None = None) -> socket.socket:
+    """A socket that has sent `request` (and reads only when told)."""
+    s = socket.socket()
+    if rcvbuf is not None:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)  # a small window: the server's writes stall soon
+    s.connect(("127.0.0.1", port))
+    s.sendall(request)
+    return s
+
+
+def reply(s: socket.socket, timeout_s: float) -> bytes:
+    """What the server sent before it closed the socket or `timeout_s` passed."""
+    s.settimeout(timeout_s)
+    data = b""
+    try:
+        while chunk := s.recv(65536):
+            data += chunk
+    except (TimeoutError, ConnectionResetError):
+        pass
+    return data
+
+
+def port_of(running) -> int:
+    return int(running.url.rsplit(":", 1)[1])
+
+
+SLOW_BODY = (b"POST /v1/runs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+             b"Content-Length: 1000\r\n\r\n")  # complete headers, and never the body
+
+
+def test_bodies_that_never_come_neither_lock_others_out_nor_stay(tiny_models):
+    with Running(Service({"tiny": tiny_models}), max_connections=16, header_timeout_s=2.0) as running:
+        port, connections = port_of(running), running.server.server_state.connections
+        slow = [raw(port, SLOW_BODY) for _ in range(40)]
+        try:
+            time.sleep(0.5)
+            started = time.monotonic()
+            assert httpx.get(running.url + "/healthz", timeout=5).status_code == 200
+            assert time.monotonic() - started < 1.0
+            created = httpx.post(running.url + "/v1/runs", json={"prompt": "abc", "model": "tiny", "max_new_tokens": 2},
+                                 timeout=10)
+            assert created.status_code == 201
+            deadline = time.monotonic() + 1.0 + 3  # the byte-rate floor's grace, and some
+            while len(connections) > 0:
+                assert time.monotonic() < deadline, f"{len(connections)} connections without a body outlived the floor"
+                time.sleep(0.1)
+            answered = [reply(s, 0.5) for s in slow[-3:]]  # the last ones in were never shed: they got the 408
+            assert all(a.startswith(b"HTTP/1.1 408") and b"bytes/s" in a for a in answered), answered
+        finally:
+            for s in slow:
+                s.close()
+
+
+def test_the_token_is_checked_before_the_body_is_read(tiny_models):
+    token = "a-long-random-token-for-tests"
+    with Running(Service({"tiny": tiny_models}, token=token), header_timeout_s=2.0) as running:
+        s = raw(port_of(running), SLOW_BODY.replace(b"\r\n\r\n", b"\r\nAuthorization: Bearer wrong\r\n\r\n"))
+        with s:
+            answer = reply(s, 0.5)  # within half a second: before any body (none comes) and before the floor
+        assert answer.startswith(b"HTTP/1.1 401") and b"bearer token" in answer
+        good = httpx.post(running.url + "/v1/runs", json={"prompt": "abc", "model": "tiny", "max_new_tokens": 2},
+                          headers={"Authorization": f"Bearer {token}"}, timeout=10)
+        assert good.status_code == 201
+
+
+def shared_run(url: str, tokens: int) -> tuple[str, str]:
+    """A finished shared run with many events (the tiny model's top-20 lists make each step a few KB)."""
+    created = httpx.post(url + "/v1/runs", json={"prompt": "abc abc abc", "model": "tiny", "max_new_tokens": tokens,
+                                                 "temperature": 1.0, "seed": 3, "n_top": 20, "share": True},
+                         headers={"X-Specviz-Client": "presenter"}, timeout=10).json()
+    with httpx.stream("GET", f"{url}/v1/runs/{created['run_id']}/events", headers={"X-Specviz-Client": "presenter"},
+                      timeout=60) as response:
+        for _ in response.iter_lines():
+            pass
+    return created["run_id"], created["share_id"]
+
+
+def small_send_buffers(running: Running) -> Running:
+    """The server's sockets with a 16 KB send buffer (Linux grows it to megabytes by itself): a stream of a few
+    MB then stalls on a client that does not read, as one of hundreds of MB would with the default buffers."""
+    protocol = running.server.config.http
+
+    class SmallSendBuffer(protocol):
+        def connection_made(self, transport):
+            transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)
+            super().connection_made(transport)
+
+    running.server.config.http = SmallSendBuffer
+    return running
+
+
+def watch_request(share_id: str, last: int | None = None) -> bytes:
+    resume = b"" if last is None else b"Last-Event-ID: %d\r\n" % last
+    return b"GET /v1/watch/%s/events HTTP/1.1\r\nHost: 127.0.0.1\r\n%s\r\n" % (share_id.encode(), resume)
+
+
+def test_viewers_that_never_read_make_room_and_the_cap_full_of_readers_answers_503(tiny_models):
+    service = Service({"tiny": tiny_models}, limits=Limits(max_new_tokens=1500))
+    with small_send_buffers(Running(service, max_connections=6, header_timeout_s=2.0)) as running:
+        port = port_of(running)
+        _, share_id = shared_run(running.url, 1500)
+        stalled = [raw(port, watch_request(share_id), rcvbuf=4096) for _ in range(6)]  # they never read
+        try:
+            time.sleep(2.5)  # their writes have been paused for longer than STALLED_S
+            for _ in range(3):  # each newcomer closes the longest-stalled viewer
+                response = httpx.get(running.url + "/healthz", timeout=5)
+                assert response.status_code == 200
+        finally:
+            for s in stalled:
+                s.close()
+        # the cap full of clients that are busy and reading: the newcomer is told to come back, not dropped
+        service.backends["tiny"].lock.acquire()  # the engine is busy: the runs below wait, their streams open
+        listeners, stop = [], threading.Event()
+        try:
+            for i in range(6):
+                run_id = httpx.post(running.url + "/v1/runs", json={"prompt": "abc", "model": "tiny", "max_new_tokens": 2},
+                                    headers={"X-Specviz-Client": f"reader-{i}"}, timeout=10).json()["run_id"]
+                listeners.append(threading.Thread(target=listen, args=(running.url, run_id, f"reader-{i}", stop)))
+                listeners[-1].start()
+            time.sleep(1.0)  # every stream open and reading
+            refused = httpx.get(running.url + "/healthz", timeout=5)
+            assert refused.status_code == 503 and refused.headers["Retry-After"] == "2"
+            assert "try again" in refused.json()["error"]["message"]
+        finally:
+            service.backends["tiny"].lock.release()
+            stop.set()
+            for t in listeners:
+                t.join(30)
+        assert httpx.get(running.url + "/healthz", timeout=5).status_code == 200  # the runs ended: room again
+
+
+def listen(url: str, run_id: str, client: str, stop: threading.Event) -> None:
+    with httpx.stream("GET", f"{url}/v1/runs/{run_id}/events", headers={"X-Specviz-Client": client},
+                      timeout=30) as response:
+        for _ in response.iter_lines():
+            if stop.is_set():
+                pass
+
+
+def test_a_viewer_closed_for_not_reading_resumes_with_last_event_id(tiny_models):
+    service = Service({"tiny": tiny_models}, limits=Limits(max_new_tokens=1500))
+    with small_send_buffers(Running(service, write_timeout_s=1.0)) as running:
+        port = port_of(running)
+        _, share_id = shared_run(running.url, 1500)
+        whole = httpx.get(f"{running.url}/v1/watch/{share_id}/events", timeout=30).text
+        expected = [int(line[4:]) for line in whole.splitlines() if line.startswith("id: ")]
+        s = raw(port, watch_request(share_id), rcvbuf=4096)
+        time.sleep(3.0)  # not reading: past the write timeout it is closed
+        got = reply(s, 5.0)  # what was sent before the close
+        s.close()
+        complete = [int(n) for n in re.findall(rb"id: (\d+)\ndata: [^\n]*\n\n", got)]  # events that arrived whole
+        assert complete and complete[-1] < expected[-1], "the stream was not cut"
+        resumed = httpx.get(f"{running.url}/v1/watch/{share_id}/events", headers={"Last-Event-ID": str(complete[-1])},
+                            timeout=30).text
+        after = [int(line[4:]) for line in resumed.splitlines() if line.startswith("id: ")]
+        assert complete + after == expected[: len(complete)] + after == expected

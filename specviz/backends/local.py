@@ -57,9 +57,12 @@ class LocalBackend:
 
     def stream(self, prompt: str | list[dict], on_wait: Callable[[int | None], None] | None = None, *,
                drafter: str = "ngram", settings: DecodeSettings | None = None, drafter_options: dict | None = None,
-               chat: bool = True, client_id: str | None = None, **decode) -> Iterator[ev.Event]:
+               chat: bool = True, client_id: str | None = None, cancelled: Callable[[], bool] | None = None,
+               **decode) -> Iterator[ev.Event]:
         """The run, holding the lock; on_wait(None) is called once if another run holds it, before waiting.
-        Close the generator when you stop early: closing is what releases the lock at once."""
+        Close the generator when you stop early: closing is what releases the lock at once. `cancelled` is read
+        between the prompt's prefill chunks, where no event comes for long: True ends the run there (no done
+        event)."""
         settings = settings_of(settings, decode)
         models = self.models
         if not self.lock.acquire(blocking=False):
@@ -71,7 +74,7 @@ class LocalBackend:
             the_drafter = make_drafter(drafter, models, k=settings.k, options=drafter_options)
             prompt_text = prompt if isinstance(prompt, str) else models.tokenizer.decode(prompt_ids)
             yield from engine.decode(models.target, models.tokenizer, the_drafter, prompt_ids, settings, models.name,
-                                     prompt_text, models.vocab_size)
+                                     prompt_text, models.vocab_size, cancelled)
         finally:
             self.lock.release()
 

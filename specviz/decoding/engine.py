@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -21,6 +21,11 @@ from specviz.decoding.tree import DraftTree
 from specviz.decoding.verify import Verdict, top_n
 from specviz.errors import SpecvizError
 from specviz.kernels.kvcache import keep_cache_entries
+
+# Prompt tokens per prefill forward. A run's cancel flag is read between them, so a long prompt holds the engine for
+# at most one chunk's time after a cancel; the products of a chunk this long already run at full speed.
+PREFILL_CHUNK = 256
+TREE_ROOM = 160  # cache positions reserved past the prompt and the budget for a step's draft tree (at most 129 served)
 
 
 @dataclass
@@ -90,14 +95,17 @@ def decode(
     model_name: str = "custom",
     prompt_text: str = "",
     vocab_size: int | None = None,
+    cancelled: Callable[[], bool] | None = None,
 ) -> Iterator[ev.Event]:
     """Run one decode and yield its events: start, one step per target forward, done.
 
     vocab_size: score only ids below it (the ids target and draft share) when their embeddings are padded
-    to different sizes."""
+    to different sizes. cancelled: read between the prompt's prefill chunks (the one long stretch without an
+    event); once it returns True the run ends there, with no done event. Between steps, closing the generator
+    is how a consumer stops it."""
     target = Target(target_model, vocab_size)
     _check_lengths(prompt_ids, settings.max_new_tokens, target.max_positions)
-    run = _Run(target, tokenizer, drafter, settings)
+    run = _Run(target, tokenizer, drafter, settings, cancelled or (lambda: False))
     yield ev.Start(
         model=model_name,
         drafter=drafter.name,
@@ -131,8 +139,10 @@ def _check_lengths(prompt_ids, max_new_tokens: int, max_positions: int) -> None:
 class _Run:
     """The state of one decode: caches, committed ids, the random generator, the metrics."""
 
-    def __init__(self, target: Target, tokenizer, drafter: Drafter, settings: DecodeSettings):
+    def __init__(self, target: Target, tokenizer, drafter: Drafter, settings: DecodeSettings,
+                 cancelled: Callable[[], bool]):
         self.target = target
+        self.cancelled = cancelled
         self.drafter = drafter
         self.settings = settings
         self.text = TokenText(tokenizer)
@@ -145,7 +155,8 @@ class _Run:
     def steps(self, prompt_ids: list[int]) -> Iterator[ev.Event]:
         started = time.perf_counter()
         ids = list(prompt_ids)
-        self._prefill(ids)
+        if not self._prefill(ids):
+            return
         generated: list[int] = []
         stop_reason = None
         while stop_reason is None:
@@ -199,13 +210,24 @@ class _Run:
         synchronize(self.target.device)
         return time.perf_counter()
 
-    def _prefill(self, ids: list[int]) -> None:
-        """Cache every prompt token but the last: the last is the root of the first step."""
-        features = None
-        if len(ids) > 1:
-            hidden = self.target.forward(ids[:-1], self.cache, logits=False, layers=self.drafter.feature_layers)[0]
-            features = hidden if self.drafter.needs_features else None
-        self.drafter.start(torch.tensor(ids), features)
+    def _prefill(self, ids: list[int]) -> bool:
+        """Cache every prompt token but the last (the last is the root of the first step), PREFILL_CHUNK tokens a
+        forward, reading the cancel flag between them; False when the run was cancelled."""
+        reserve = getattr(self.cache, "reserve", None)  # room for the whole run at once: no doubling, no copy
+        if reserve is not None:
+            reserve(len(ids) + self.settings.max_new_tokens + TREE_ROOM)
+        chunks = []  # (T, H) features of each chunk, for a drafter that drafts from them
+        for start in range(0, len(ids) - 1, PREFILL_CHUNK):
+            if self.cancelled():
+                return False
+            part = ids[start : min(start + PREFILL_CHUNK, len(ids) - 1)]
+            hidden = self.target.forward(part, self.cache, logits=False, layers=self.drafter.feature_layers)[0]
+            if self.drafter.needs_features:
+                chunks.append(hidden)
+        if self.cancelled():
+            return False
+        self.drafter.start(torch.tensor(ids), torch.cat(chunks) if chunks else None)
+        return True
 
     def _verify(self, root: int, tree: DraftTree, past_len: int) -> tuple[torch.Tensor, torch.Tensor, Verdict]:
         """One target forward over root + nodes, then the acceptance test."""

@@ -1,5 +1,6 @@
-"""What stands before the routes: the Host allow-list, the body limit, the bearer token, who a client is, and the
-one shape of every error ({"error": {"message", "status"}}, its message cut short)."""
+"""What stands before the routes: the Host allow-list, the bearer token (checked from the headers, before any body
+is read), the body limit, who a client is, and the one shape of every error ({"error": {"message", "status"}}, its
+message cut short)."""
 from __future__ import annotations
 
 import hmac
@@ -55,16 +56,44 @@ def error(message: str, status: int, headers: dict | None = None) -> JSONRespons
     return JSONResponse({"error": {"message": message, "status": status}}, status_code=status, headers=headers)
 
 
+TOKEN_MISSING = "missing or wrong bearer token (Authorization: Bearer TOKEN)"
+OPEN_PATHS = ("/healthz",)  # never behind the token
+
+
+def token_matches(token: str, authorization: str) -> bool:
+    """An Authorization header's bearer token against the service's, compared in constant time."""
+    scheme, _, given = authorization.partition(" ")
+    given = given.strip() if scheme.lower() == "bearer" else ""
+    return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), token.encode())
+
+
 async def authorised(request: Request,
                      credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> None:
-    """The bearer token, compared in constant time, when the service has one (async: on the event loop, not in
-    a thread of FastAPI's pool, as are the other dependencies)."""
+    """The bearer token, when the service has one (TokenGate has checked it already, before the body; this
+    dependency is what puts it in the OpenAPI schema)."""
     token = request.app.state.service.token
     if token is None:
         return
-    given = credentials.credentials if credentials is not None and credentials.scheme.lower() == "bearer" else ""
-    if not hmac.compare_digest(given.encode(), token.encode()):
-        raise ClientError("missing or wrong bearer token (Authorization: Bearer TOKEN)", 401)
+    given = f"Bearer {credentials.credentials}" if credentials is not None and credentials.scheme.lower() == "bearer" else ""
+    if not token_matches(token, given):
+        raise ClientError(TOKEN_MISSING, 401)
+
+
+class TokenGate:
+    """ASGI middleware: with a token, every request but /healthz must carry it, and is answered 401 from its
+    headers alone, before any of its body is read: a client without the token cannot make the service wait for a
+    body, nor have one parsed."""
+
+    def __init__(self, app, token: str | None):
+        self.app, self.token = app, token
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or self.token is None or scope["path"] in OPEN_PATHS:
+            return await self.app(scope, receive, send)
+        authorization = dict(scope.get("headers", [])).get(b"authorization", b"").decode("latin-1")
+        if not token_matches(self.token, authorization):
+            return await error(TOKEN_MISSING, 401, {"WWW-Authenticate": "Bearer"})(scope, receive, send)
+        return await self.app(scope, receive, send)
 
 
 async def client_of(request: Request, x_specviz_client: Annotated[str | None, Header()] = None) -> str:

@@ -36,7 +36,7 @@ from specviz.decoding.settings import DecodeSettings
 from specviz.drafters import available, parse_spec, variants
 from specviz.errors import SpecvizError
 from specviz.serve import streaming
-from specviz.serve.guard import BodyLimit, ClientError, ErrorBody, HostAllowList, authorised, client_of, error, problems, shown
+from specviz.serve.guard import BodyLimit, ClientError, ErrorBody, HostAllowList, TokenGate, authorised, client_of, error, problems, shown
 from specviz.serve.metrics import ServiceMetrics
 from specviz.serve.runs import QueueFull, Run, RunRequest, Scheduler
 from specviz.serve.validate import ChatBody, Limits, RunBody, chat_run_body, check_context, run_request
@@ -102,7 +102,8 @@ class Service:
     def _decode(self, run: Run):
         r = run.request
         return self.backends[r.model].stream(r.prompt, drafter=r.drafter, settings=r.settings,
-                                             drafter_options=r.drafter_options, chat=r.chat)
+                                             drafter_options=r.drafter_options, chat=r.chat,
+                                             cancelled=lambda: run.cancel_requested)  # read between prefill chunks
 
     def request_of(self, body: RunBody) -> RunRequest:
         """Check a request against the loaded models and the limits, building nothing."""
@@ -162,7 +163,8 @@ class Service:
         app = FastAPI(title="specviz", version="1", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
         app.state.service = service
         app.add_middleware(BodyLimit, limit=service.limits.max_body_bytes)
-        app.add_middleware(HostAllowList, hosts=service.allowed_hosts)  # outermost: before anything reads the body
+        app.add_middleware(TokenGate, token=service.token)  # from the headers, before the body is read
+        app.add_middleware(HostAllowList, hosts=service.allowed_hosts)  # outermost
         add_error_handlers(app)
         auth = [Depends(authorised)]
 

@@ -3,7 +3,8 @@ in order and appends each event of the run, numbered, for any number of listener
 
 A run belongs to the client that made it (its owner): only the owner's streams keep it alive, and a run whose
 owner has not listened for a grace period is cancelled; a share id lets any number of viewers read it too. The
-worker checks a run's cancel flag between events, so a cancelled run frees the device within one step.
+worker checks a run's cancel flag between events, and the engine between a long prompt's prefill chunks, so a
+cancelled run frees the device within one step or one chunk.
 
 Memory is bounded by design: a run keeps its events as their JSON bytes (about a quarter of the memory of the
 parsed events); finished runs are kept for late listeners under a byte budget and a time to live; one reaper
@@ -346,7 +347,7 @@ class Scheduler:
                 self._end(run, FAILED, f"the service failed ({type(err).__name__}): {err}")
 
     def _run(self, run: Run) -> None:
-        stream = None
+        stream, ended = None, False
         try:
             stream = self.decode(run)
             for event in stream:
@@ -361,7 +362,9 @@ class Scheduler:
                     self.metrics.observe_step(data)
                 elif data["type"] == "done":
                     self.metrics.observe_done(run.request.model, run.request.drafter, data)
-            self._end(run, DONE)
+                    ended = True
+            # no done event: the engine saw the cancel flag between a long prompt's prefill chunks
+            self._end(run, CANCELLED if run.cancel_requested and not ended else DONE)
         except SpecvizError as err:  # a request the engine refuses (a prompt past the context, ...)
             self._end(run, FAILED, str(err), refused=True)
         except Exception as err:  # an engine bug: the run fails, the service goes on

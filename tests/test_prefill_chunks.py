@@ -1,0 +1,139 @@
+"""A prompt is prefilled in chunks of engine.PREFILL_CHUNK tokens with the run's cancel flag read between them: the
+chunks cache what one forward over the prompt caches (the same bits on the 4-bit path, the same greedy output on
+fp32), a cancel ends the run within one chunk, and through the service a DELETE frees the engine for the next
+run within one chunk's time however long the prompt."""
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import httpx
+import pytest
+import torch
+from serving import Running
+from test_q4 import needs_op, tiny_pair
+
+from specviz.decoding import engine
+from specviz.decoding import events as ev
+from specviz.decoding.settings import DecodeSettings
+from specviz.decoding.target import Target
+from specviz.drafters.ngram import NgramDrafter
+from specviz.serve.http import Service
+
+from tiny import TinyTokenizer
+
+PROMPT = 700  # tokens: three chunks, the last one short
+
+
+def prefilled(target: Target, ids: list[int], chunk: int):
+    """The prompt's hidden states and the cache, prefilled `chunk` tokens a forward."""
+    cache = target.new_cache()
+    hidden = torch.cat([target.forward(ids[i : i + chunk], cache, logits=False)[0] for i in range(0, len(ids), chunk)])
+    return hidden, cache
+
+
+@needs_op
+def test_on_the_4_bit_path_chunks_cache_the_bits_of_one_forward():
+    _, q4, _ = tiny_pair(max_positions=1024)
+    target = Target(q4)
+    ids = random.Random(0).choices(range(1, 64), k=PROMPT)
+    whole, whole_cache = prefilled(target, ids, PROMPT)
+    chunked, chunked_cache = prefilled(target, ids, engine.PREFILL_CHUNK)
+    assert torch.equal(whole, chunked)
+    for a, b in zip(whole_cache.keys + whole_cache.values, chunked_cache.keys + chunked_cache.values):
+        assert torch.equal(a[:, :, :PROMPT], b[:, :, :PROMPT])
+    assert torch.equal(target.forward([5], whole_cache)[1], target.forward([5], chunked_cache)[1])  # the next logits
+
+
+def test_on_fp32_chunks_give_the_same_greedy_output_and_logits_to_rounding(tiny_models, monkeypatch):
+    """fp32 products over a different number of rows may round differently (the BLAS blocks them by size): the
+    logits agree to rounding, and the greedy output is the same."""
+    model, tokenizer = tiny_models.target, tiny_models.tokenizer
+    target = Target(model)
+    ids = random.Random(1).choices(range(100, 40000), k=PROMPT)
+    whole, _ = prefilled(target, ids, PROMPT)
+    chunked, _ = prefilled(target, ids, engine.PREFILL_CHUNK)
+    torch.testing.assert_close(whole, chunked, rtol=1e-5, atol=1e-5)
+    settings = DecodeSettings(max_new_tokens=24, temperature=0.0)
+
+    def greedy() -> list[int]:
+        return list(engine.decode(model, tokenizer, NgramDrafter(3), ids, settings))[-1].token_ids
+
+    chunked_output = greedy()
+    monkeypatch.setattr(engine, "PREFILL_CHUNK", 10**6)  # one forward over the whole prompt
+    assert greedy() == chunked_output and len(chunked_output) == 24
+
+
+def test_a_cancel_is_read_between_chunks_and_ends_the_run_there():
+    _, q4, _ = tiny_pair(max_positions=1024)
+    forwards, reads = [], []
+    target_forward = Target.forward
+
+    def counted(self, ids, *args, **kwargs):
+        forwards.append(len(ids))
+        return target_forward(self, ids, *args, **kwargs)
+
+    def cancelled() -> bool:
+        reads.append(len(forwards))
+        return len(forwards) >= 2  # cancelled during the second chunk
+    ids = random.Random(0).choices(range(1, 64), k=PROMPT)
+    Target.forward = counted
+    try:
+        events = list(engine.decode(q4, TinyTokenizer(64), NgramDrafter(3), ids, DecodeSettings(max_new_tokens=8),
+                                    cancelled=cancelled))
+    finally:
+        Target.forward = target_forward
+    assert [type(e) for e in events] == [ev.Start]  # no step, no done
+    assert forwards == [engine.PREFILL_CHUNK] * 2 and reads == [0, 1, 2]
+
+
+@pytest.fixture
+def slow_prefill(monkeypatch):
+    """The tiny model's forwards made as slow as a real model's on a CPU: 1 ms a token."""
+    forward = Target.forward
+
+    def slow(self, ids, *args, **kwargs):
+        time.sleep(len(ids) / 1000)
+        return forward(self, ids, *args, **kwargs)
+
+    monkeypatch.setattr(Target, "forward", slow)
+
+
+def test_delete_frees_the_engine_within_a_chunk_of_a_long_prompt(tiny_models, slow_prefill):
+    prompt = "the" + " the" * 1899  # 1,900 tokens: eight chunks, 1.9 s of prefill
+    assert len(tiny_models.tokenizer.encode(prompt)) == 1900
+    with Running(Service({"tiny": tiny_models})) as running:
+        owner = httpx.Client(base_url=running.url, headers={"X-Specviz-Client": "long"}, timeout=30)
+        created = owner.post("/v1/runs", json={"prompt": prompt, "model": "tiny", "chat": False, "max_new_tokens": 4})
+        assert created.status_code == 201, created.text
+        long_id = created.json()["run_id"]
+        threading.Thread(target=lambda: httpx.get(f"{running.url}/v1/runs/{long_id}/events", timeout=30,
+                                                  headers={"X-Specviz-Client": "long"}), daemon=True).start()
+        other = httpx.Client(base_url=running.url, headers={"X-Specviz-Client": "short"}, timeout=30)
+        short_id = other.post("/v1/runs", json={"prompt": "abc", "model": "tiny", "max_new_tokens": 2}).json()["run_id"]
+        started: list[float] = []
+
+        def follow_short():
+            with other.stream("GET", f"/v1/runs/{short_id}/events") as response:
+                for line in response.iter_lines():
+                    if '"type":"start"' in line and not started:
+                        started.append(time.monotonic())
+        short = threading.Thread(target=follow_short)
+        short.start()
+        deadline = time.monotonic() + 10
+        while owner.get(f"/v1/runs/{long_id}").json()["state"] != "running":
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        time.sleep(0.4)  # well into the prefill
+        deleted = time.monotonic()
+        assert owner.delete(f"/v1/runs/{long_id}").status_code == 200
+        while owner.get(f"/v1/runs/{long_id}").json()["state"] != "cancelled":
+            assert time.monotonic() - deleted < 10
+            time.sleep(0.01)
+        freed = time.monotonic() - deleted
+        short.join(10)
+        chunk_s = engine.PREFILL_CHUNK / 1000
+        assert freed < chunk_s + 0.35, f"the engine was freed {freed:.2f} s after DELETE"
+        assert started and started[0] - deleted < chunk_s + 0.5  # the next run was decoding by then
+        assert owner.get(f"/v1/runs/{long_id}").json()["events"] == 1  # its start only: no step ran
