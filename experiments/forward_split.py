@@ -1,15 +1,17 @@
 """Where a target forward's time goes on the default weights (`q4q8`), over 1 and over several new tokens.
 
-1. the forward over n = 1 .. 10 new tokens after 256 cached, back to back with one model loaded (as decoding runs
-   it), each n's median over 30 calls after 5 warm-up ones, the lower of two rounds; and n tokens over 1;
+1. the forward over n = 1 .. 64 new tokens after 256 cached, back to back with one model loaded (as decoding runs
+   it), each n's median over 30 calls after 5 warm-up ones, the lower of two rounds; and n tokens over 1; with
+   --paths auto,avx512 on each path in turn (on a CPU with AMX tiles: with and without them);
 2. the 30 decoder layers as one C++ call each (`q4_layer`), in turn as a forward runs them (their weights come from
    the last-level cache or memory), against one layer's call 30 times (its weights stay in L2), over 1 and 8 rows;
 3. one layer's parts over 1 and 8 rows, the layer's weights in L2: its RMSNorm, the fused q/k/v product, the
    attention op, o, gate/up, silu(gate) · up, down; and the LM head (576 → 49,152, Q8_0 tiles).
 
-    .venv/bin/python experiments/forward_split.py [--threads 2] [--context-len 256]
+    .venv/bin/python experiments/forward_split.py [--threads 2] [--context-len 256] [--paths auto,avx512] [--curve-only]
 """
 import argparse
+import contextlib
 import platform
 import statistics
 import sys
@@ -23,6 +25,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from specviz import models  # noqa: E402
 from specviz.decoding.target import Target  # noqa: E402
+from specviz.kernels import quant  # noqa: E402
 from specviz.kernels.kvcache import crop_cache  # noqa: E402
 
 
@@ -36,19 +39,29 @@ def median_ms(call, calls: int = 30, warm: int = 5) -> float:
     return 1e3 * statistics.median(times)
 
 
-def forward_curve(target: Target, cache, context_len: int) -> list[str]:
-    best: dict[int, float] = {}
+SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 16, 24, 32, 64)
+
+
+def forward_curve(target: Target, cache, context_len: int, paths: list[str]) -> list[str]:
+    """Each n's forward on each path (quant.products_on; "auto" as the engine runs it), the paths alternating
+    at each n so a slow spell of the host touches them alike."""
+    best: dict[tuple[str, int], float] = {}
     for _ in range(2):
-        for n in range(1, 11):
+        for n in SIZES:
             ids = list(range(500, 500 + n))
 
             def call(ids=ids):
                 target.forward(ids, cache)
                 crop_cache(cache, context_len)
 
-            best[n] = min(best.get(n, float("inf")), median_ms(call))
-    lines = [f"| new tokens (after {context_len} cached) | forward (ms) | over 1 token |", "|---|---|---|"]
-    lines += [f"| {n} | {ms:.2f} | {ms / best[1]:.2f}× |" for n, ms in best.items()]
+            for path in paths:
+                with quant.products_on(path) if path != "auto" else contextlib.nullcontext():
+                    best[path, n] = min(best.get((path, n), float("inf")), median_ms(call))
+    head = " | ".join(f"{path}: forward (ms) | {path}: over 1 token" for path in paths)
+    lines = [f"| new tokens (after {context_len} cached) | {head} |", "|---" * (1 + 2 * len(paths)) + "|"]
+    for n in SIZES:
+        cells = " | ".join(f"{best[path, n]:.2f} | {best[path, n] / best[path, 1]:.2f}×" for path in paths)
+        lines.append(f"| {n} | {cells} |")
     return lines
 
 
@@ -100,17 +113,22 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--context-len", type=int, default=256)
+    ap.add_argument("--paths", default="auto", help="the products' paths to compare, e.g. auto,avx512 on a CPU "
+                    "with AMX tiles (auto takes them; avx512 holds the products to VNNI)")
+    ap.add_argument("--curve-only", action="store_true", help="skip the layer split")
     args = ap.parse_args()
+    paths = args.paths.split(",")
     torch.set_num_threads(args.threads)
     loaded = models.load("smollm2-135m", weights="q4q8")
     target = Target(loaded.target)
     cache = target.new_cache()
     target.forward(list(range(100, 100 + args.context_len)), cache, logits=False)
     print(f"smollm2-135m, weights {loaded.weights}, torch {torch.__version__}, {args.threads} threads, "
-          f"{platform.processor() or platform.machine()}\n")
+          f"{platform.processor() or platform.machine()}, AMX tiles {'on' if quant.amx_tiles() else 'off'}\n")
     with torch.inference_mode():
-        print("\n".join(forward_curve(target, cache, args.context_len)) + "\n")
-        print("\n".join(layer_split(target, cache, args.context_len)))
+        print("\n".join(forward_curve(target, cache, args.context_len, paths)) + "\n")
+        if not args.curve_only:
+            print("\n".join(layer_split(target, cache, args.context_len)))
 
 
 if __name__ == "__main__":
