@@ -208,7 +208,9 @@ def goodness_of_fit(counts, p, min_expected: float = 5.0) -> dict:
 def detectable_tv(n_a: int, n_b: int, dof: int, level: float = 0.01, power: float = 0.8) -> float:
     """The smallest total-variation distance between two distributions that Pearson's chi-square test of
     homogeneity on n_a and n_b samples (dof degrees of freedom, rejecting at `level`) detects with probability at
-    least `power`, whatever the shape of the difference, in the test's large-sample approximation.
+    least `power`, whatever the shape of the difference over the test's columns, in the test's large-sample
+    approximation. The distance is over those columns (the common outcomes and the pooled rest, as `two_sample_test`
+    makes them), not over the outcomes: mass moved among pooled outcomes is invisible to the test.
 
     Under an alternative the statistic is noncentral chi-square with noncentrality λ = n_eff · Σ (a_i − b_i)² / m_i,
     n_eff = n_a·n_b ÷ (n_a + n_b) and m the pooled shares. By Cauchy–Schwarz Σ (a_i − b_i)² / m_i ≥ (Σ |a_i − b_i|)²
@@ -227,8 +229,13 @@ def detectable_tv(n_a: int, n_b: int, dof: int, level: float = 0.01, power: floa
 def two_sample_test(samples_a: list, samples_b: list, min_expected: float = 5.0) -> dict:
     """Are two lists of outcomes drawn from the same distribution? Chi-square test of homogeneity on the
     2 × C contingency table, with outcomes whose expected count is below `min_expected` pooled into one
-    "other" column (the chi-square approximation needs it), and the total variation distance between the
-    two empirical distributions (unpooled)."""
+    "other" column (the chi-square approximation needs it).
+
+    `tv` is the total variation distance between the two empirical distributions over the test's own columns (the
+    common outcomes and the pooled rest): the distance the test and `detectable_tv` speak of; `noise_tv` what
+    sampling noise alone gives it. `tv_outcomes` is the distance over the outcomes themselves, unpooled: on a long
+    tail it is large from noise alone, and a difference that only moves mass among pooled outcomes shows there and
+    in no column of the test. `shares`: each outcome's share of both samples together (for `columns_at`)."""
     from collections import Counter
 
     from scipy import stats
@@ -236,7 +243,7 @@ def two_sample_test(samples_a: list, samples_b: list, min_expected: float = 5.0)
     ca, cb = Counter(samples_a), Counter(samples_b)
     na, nb = len(samples_a), len(samples_b)
     outcomes = sorted(set(ca) | set(cb), key=lambda o: -(ca[o] + cb[o]))
-    tv = 0.5 * sum(abs(ca[o] / na - cb[o] / nb) for o in outcomes) if na and nb else math.nan
+    tv_outcomes = 0.5 * sum(abs(ca[o] / na - cb[o] / nb) for o in outcomes) if na and nb else math.nan
     share_a = na / (na + nb) if na + nb else 0
     common = [o for o in outcomes if min(share_a, 1 - share_a) * (ca[o] + cb[o]) >= min_expected]
     rare = [o for o in outcomes if o not in common]
@@ -244,12 +251,15 @@ def two_sample_test(samples_a: list, samples_b: list, min_expected: float = 5.0)
     if rare:
         table[0].append(sum(ca[o] for o in rare))
         table[1].append(sum(cb[o] for o in rare))
-    # the TV that sampling noise alone gives two samples of these sizes from one distribution (the pooled one):
-    # each share difference is about normal with variance p(1 − p)(1/na + 1/nb), and E|Z| = σ·√(2/π)
-    pooled = [(ca[o] + cb[o]) / (na + nb) for o in outcomes] if na and nb else []
-    noise_tv = 0.5 * sum(math.sqrt(2 / math.pi * p * (1 - p) * (1 / na + 1 / nb)) for p in pooled) if pooled else math.nan
-    result = {"n_a": na, "n_b": nb, "tv": tv, "noise_tv": noise_tv, "columns": len(table[0]), "pooled": len(rare),
-              "chi2": math.nan, "dof": 0, "p_value": math.nan}
+    tv = 0.5 * sum(abs(x / na - y / nb) for x, y in zip(*table)) if na and nb else math.nan
+    # the TV that sampling noise alone gives two samples of these sizes from one distribution (the pooled one), over
+    # the same columns: each share difference is about normal with variance m(1 − m)(1/na + 1/nb), E|Z| = σ·√(2/π)
+    columns = [(x + y) / (na + nb) for x, y in zip(*table)] if na and nb else []
+    noise_tv = (0.5 * sum(math.sqrt(2 / math.pi * m * (1 - m) * (1 / na + 1 / nb)) for m in columns)
+                if columns else math.nan)
+    result = {"n_a": na, "n_b": nb, "tv": tv, "tv_outcomes": tv_outcomes, "noise_tv": noise_tv,
+              "columns": len(table[0]), "pooled": len(rare), "chi2": math.nan, "dof": 0, "p_value": math.nan,
+              "shares": [(ca[o] + cb[o]) / (na + nb) for o in outcomes] if na and nb else []}
     if len(table[0]) >= 2:
         chi2, p_value, dof, _ = stats.chi2_contingency(np.array(table), correction=False)
         result.update(chi2=float(chi2), dof=int(dof), p_value=float(p_value))
@@ -257,6 +267,13 @@ def two_sample_test(samples_a: list, samples_b: list, min_expected: float = 5.0)
         result.update(chi2=0.0, p_value=1.0)  # one outcome only: both samples agree completely
     # else every outcome is rare: no test is possible (p_value stays NaN); more samples are needed
     return result
+
+
+def columns_at(shares: list[float], n: int, min_expected: float = 5.0) -> int:
+    """The columns `two_sample_test` would make with n samples a side from outcomes of these shares: those expecting
+    at least `min_expected` a side, plus one for the pooled rest if any. More samples, fewer pooled, more columns."""
+    common = sum(1 for m in shares if n * m >= min_expected)
+    return common + (common < len(shares))
 
 
 # ------------------------------------------------------------------------------- the acceptance histogram
@@ -277,6 +294,13 @@ def acceptance_histogram(steps: list[dict], done: dict | None = None) -> list[in
     for s in drafting:
         out[sum(c["kind"] == "accepted" for c in s["committed"])] += 1
     return out
+
+
+def drafted_nothing(steps: list[dict]) -> int:
+    """Steps that drafted no token (prompt lookup without a match, `none`): the acceptance histogram leaves them
+    out. A step counts when its engine reported 0 drafted, or it carries the verification detail (`final`) and no
+    tree; an engine that reported no count for a step says nothing about it."""
+    return sum(1 for s in steps if drafted_in(s) == 0 or (drafted_in(s) is None and s.get("final")))
 
 
 def drafted_in(step: dict) -> int | None:

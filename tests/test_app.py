@@ -139,12 +139,14 @@ def test_lossless_page_samples_both_sides(app):
     at.button(key="ll_run").click()
     ok(at.run())
     labels = [m.label for m in at.metric]
-    assert labels[:4] == ["N per side", "total variation", "chi-square", "p-value"]
+    assert labels[:4] == ["N per side", "total variation (test's columns)", "chi-square", "p-value"]
     assert at.metric[0].value == "10 / 10"
     if any(s.value == "How sure are we?" for s in at.subheader):  # a test ran (dof ≥ 1)
         sure = next(m.value for m in at.metric if m.label.startswith("smallest difference this N"))
         assert sure == "none: too few samples" or 0 < float(sure) <= 1
-        assert any("Cauchy–Schwarz" in c.value for c in at.caption)
+        assert any("Cauchy–Schwarz" in c.value and "not over tokens" in c.value for c in at.caption)
+        table = at.dataframe[0].value
+        assert "degrees of freedom (outcomes as in this sample)" in table.columns
 
 
 def test_sandbox_converges_to_p_and_catches_a_planted_bug(app):

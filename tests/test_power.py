@@ -55,3 +55,38 @@ def test_goodness_of_fit_pools_rare_outcomes_and_declines_with_too_few_samples()
     skewed = analysis.goodness_of_fit([50, 30, 16, 3, 1], [0.5, 0.3, 0.16, 0.03, 0.01])  # 3 and 1 expected: pooled
     assert skewed["pooled"] == 2 and skewed["dof"] == 3
     assert analysis.goodness_of_fit([5, 0, 1], [0.5, 0.5, 0.0])["p_value"] == 0.0  # an impossible outcome
+
+
+def long_tail(swapped: bool = False) -> np.ndarray:
+    """10 outcomes at 0.06 and 400 at 0.001; `swapped`: the tail's mass moved onto its first half (TV 0.20)."""
+    tail = np.full(400, 0.001)
+    if swapped:
+        tail = np.r_[np.full(200, 0.002), np.zeros(200)]
+    return np.r_[np.full(10, 0.06), tail]
+
+
+def test_the_bound_is_over_the_tests_columns_and_the_tv_shown_is_too():
+    """What `detectable_tv` bounds is the distance over the test's columns (rare outcomes pooled): a 0.20 difference
+    inside the pooled tail is not seen, and the TV shown for it is the columns' one. Noise alone on the long tail
+    stays below the "sure to see" bound over those columns (over unpooled outcomes it would not: about 0.39)."""
+    assert analysis.total_variation(long_tail(), long_tail(swapped=True)) == pytest.approx(0.2)
+    rng = np.random.default_rng(0)
+    n = 300
+    hidden, noise = [], []
+    for _ in range(100):
+        same = analysis.two_sample_test(list(rng.choice(410, n, p=long_tail())), list(rng.choice(410, n, p=long_tail())))
+        moved = analysis.two_sample_test(list(rng.choice(410, n, p=long_tail())),
+                                         list(rng.choice(410, n, p=long_tail(swapped=True))))
+        noise.append((same["tv"], same["tv_outcomes"], analysis.detectable_tv(n, n, same["dof"])))
+        hidden.append(moved["p_value"] < 0.01)
+    assert np.mean(hidden) < 0.05  # the tail's difference is invisible to the test
+    tv, tv_outcomes, bound = np.mean(noise, axis=0)
+    assert tv < bound < tv_outcomes
+    assert tv_outcomes > 0.3
+
+
+def test_the_degrees_of_freedom_grow_with_n_as_fewer_outcomes_are_pooled():
+    shares = list(long_tail())
+    assert analysis.columns_at(shares, 300) == 11  # the ten common outcomes and the pooled tail
+    assert analysis.columns_at(shares, 30_000) == 410  # every tail outcome expects 30 a side
+    assert analysis.columns_at([0.5, 0.5], 100) == 2

@@ -79,7 +79,10 @@ side_b = [tuple(ids[:width]) for ids in result["samples"]["none"]]
 test = analysis.two_sample_test(side_a, side_b)
 m = st.columns(5)
 m[0].metric("N per side", f"{test['n_a']} / {test['n_b']}")
-m[1].metric("total variation", f"{test['tv']:.3f}")
+m[1].metric("total variation (test's columns)", f"{test['tv']:.3f}",
+            help=f"½ Σ |share in A − share in B| over the test's {test['columns']} columns: the common outcomes and "
+                 f"one for the {test['pooled']} rare ones pooled. Over the outcomes themselves it is "
+                 f"{test['tv_outcomes']:.3f}, which on a long tail is large from sampling noise alone.")
 m[2].metric("chi-square", f"{test['chi2']:.2f}", help=f"{test['dof']} degrees of freedom")
 m[3].metric("p-value", "—" if test["p_value"] != test["p_value"] else f"{test['p_value']:.3f}")
 m[4].metric(f"{drafter} runs whose first token was tested", f"{result['tested']} / {test['n_a']}",
@@ -96,7 +99,8 @@ else:
 st.caption(f"Pearson's chi-square test of homogeneity on a 2 × {test['columns']} table (a standard two-sample "
            "test; the p-value is the probability of a chi-square at least this large when both samples come from one "
            f"distribution, so below 0.01 happens 1 % of the time by chance); {test['pooled']} rare outcomes (expected "
-           "count below 5) pooled into one column. Total variation = ½ Σ |share in sample A − share in sample B|; with "
+           "count below 5) pooled into one column. Total variation = ½ Σ |share in sample A − share in sample B| over those "
+           "columns; with "
            f"N = {test['n_a']} and {test['n_b']}, two samples of one distribution (these two pooled) differ by a TV of "
            f"about {test['noise_tv']:.2f} from sampling noise alone (normal approximation; it shrinks as 1/√N).")
 
@@ -106,11 +110,19 @@ if test["dof"] >= 1:
     st.metric("smallest difference this N is sure to see (total variation)",
               f"{sure:.3f}" if sure < 1 else "none: too few samples",
               help="Detected with probability at least 80 % by this test at the 1 % level, whatever the shape of "
-                   "the difference.")
+                   "the difference over the test's columns (the common outcomes and the pooled rest). A difference "
+                   "that only moves mass among the pooled rare outcomes is not seen at all, at any size.")
     sizes = [100, 300, 1_000, 3_000, 10_000, 30_000]
-    st.dataframe([{"N per side": f"{size:,}", "smallest TV seen with probability ≥ 80 %":
-                   round(analysis.detectable_tv(size, size, test["dof"]), 3)} for size in sizes], hide_index=True)
+    rows = []
+    for size in sizes:  # more samples pool fewer outcomes: more columns, more degrees of freedom
+        dof = max(1, analysis.columns_at(test["shares"], size) - 1)
+        rows.append({"N per side": f"{size:,}", "degrees of freedom (outcomes as in this sample)": dof,
+                     "smallest TV seen with probability ≥ 80 %": round(analysis.detectable_tv(size, size, dof), 3)})
+    st.dataframe(rows, hide_index=True)
     st.caption(
+        "What is bounded: the total variation over the test's columns, not over tokens; mass moved among outcomes "
+        "rare enough to be pooled stays unseen. The table's degrees of freedom are the columns each N would make "
+        "from the outcome shares of this sample (outcomes expecting 5 a side get their own column). "
         f"Method: with {test['dof']} degrees of freedom the test rejects at the 1 % level above the chi-square "
         "quantile; under a difference the statistic is about noncentral chi-square with noncentrality "
         "λ = N_eff · Σ (a − b)² ÷ m (N_eff = N_a·N_b ÷ (N_a + N_b), m the pooled shares), and Σ (a − b)² ÷ m ≥ "
