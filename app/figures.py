@@ -10,10 +10,13 @@ import html
 import networkx as nx
 import plotly.graph_objects as go
 
+from specviz.decoding.events import CHAIN, GREEDY, POINT_MASS, TYPICAL
+from specviz.decoding.events import rule_of as test_rule
+
 KIND_COLOURS = {"accepted": "#b7efc5", "replacement": "#ffd6a5", "bonus": "#a0c4ff", "autoregressive": "#e4e4e4"}
 KIND_LABELS = {
     "accepted": "accepted draft token",
-    "replacement": "replacement (from the residual)",
+    "replacement": "replacement (after a rejection)",
     "bonus": "bonus (all drafts accepted)",
     "autoregressive": "autoregressive (nothing drafted)",
 }
@@ -21,6 +24,7 @@ STATUS_COLOURS = {
     "root": "#1f3b73",
     "accepted": "#2ca02c",
     "rejected": "#d62728",
+    "passed": "#98df8a",
     "untested": "#b8b8b8",
     "replacement": "#ff7f0e",
     "bonus": "#1f77b4",
@@ -33,6 +37,7 @@ STATUS_LABELS = {
     "root": "root (last committed token)",
     "accepted": "accepted path",
     "rejected": "tested, rejected",
+    "passed": "passed the threshold, off the kept path",
     "untested": "never tested",
     "replacement": "replacement token",
     "bonus": "bonus token",
@@ -147,8 +152,8 @@ def unique_labels(pairs: list[tuple[int, str]]) -> list[str]:
     return [f"{s} ({i})" if shown.count(s) > 1 else s for s, (i, _) in zip(shown, pairs)]
 
 
-def u_gauge(alpha: float, u: float | None) -> go.Figure:
-    """The unit interval split at α: u below α accepts, above rejects."""
+def u_gauge(alpha: float, u: float | None, rule: str = CHAIN) -> go.Figure:
+    """The unit interval split at α: u below α accepts, above rejects (at temperature 0 there is no u)."""
     fig = go.Figure()
     fig.add_trace(go.Bar(x=[alpha], y=[""], orientation="h", marker_color="#2ca02c", name="accept (u ≤ α)",
                          hoverinfo="skip"))
@@ -160,7 +165,24 @@ def u_gauge(alpha: float, u: float | None) -> go.Figure:
                       textfont={"color": "white", "size": 14}, name="u"))
     fig.update_layout(barmode="stack", height=160, margin={"l": 10, "r": 10, "t": 30, "b": 10},
                       xaxis={"range": [0, 1]}, legend={"orientation": "h", "y": -0.4},
-                      title=f"α = {alpha:.3f}" + ("" if u is not None else " (greedy: no u, α is 1 or 0)"))
+                      title=f"α = {alpha:.3f}" + (" (greedy: no u, α is 1 or 0)" if rule == GREEDY else ""))
+    return fig
+
+
+def threshold_gauge(p: float, threshold: float) -> go.Figure:
+    """Medusa's typical test: P(x) against the threshold min(ε, δ · exp(−H)); passes when P(x) > threshold."""
+    top = max(p, threshold) * 1.25
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=[threshold], y=[""], orientation="h", marker_color="#f4a6a6", hoverinfo="skip",
+                         name="fails (P(x) ≤ threshold)"))
+    fig.add_trace(go.Bar(x=[top - threshold], y=[""], orientation="h", marker_color="#2ca02c", hoverinfo="skip",
+                         name="passes (P(x) > threshold)"))
+    fig.add_trace(go.Scatter(x=[p], y=[""], mode="markers+text", marker={"symbol": "triangle-down", "size": 18,
+                  "color": "black"}, text=[f"<b>P(x) = {p:.3f}</b>"], textposition="bottom center",
+                  textfont={"color": "white", "size": 14}, name="P(x)"))
+    fig.update_layout(barmode="stack", height=160, margin={"l": 10, "r": 10, "t": 30, "b": 10},
+                      xaxis={"range": [0, top]}, legend={"orientation": "h", "y": -0.4},
+                      title=f"threshold = {threshold:.4f} (typical: no u, no α; a fixed cut on P)")
     return fig
 
 
@@ -230,46 +252,61 @@ def _tree_figure(items: list[dict], title: str, height: int | None = None) -> go
     return fig
 
 
-def final_source(step: dict) -> str:
-    """Where the token that ended a step came from, by the rule its last test applied."""
+def final_source(step: dict, greedy: bool = False) -> str:
+    """Where the token that ended a step came from, by the rule its tests applied."""
     final, tests = step["final"], step["tests"]
-    if final["kind"] != "replacement":
-        return "the target's argmax" if tests and tests[-1]["u"] is None else "drawn from p"
-    last = tests[-1]
-    if last["u"] is None:
+    rule = test_rule(tests[-1], greedy, step.get("lossy", False)) if tests else (GREEDY if greedy else CHAIN)
+    if rule == TYPICAL:
+        if "rule" not in tests[-1]:  # a typical trace from before the tests named their rule sampled it from p
+            return "drawn from p (typical acceptance as specviz ran it before it followed Medusa's selection)"
+        return "the argmax of P = softmax(logits / T) after the kept path (Medusa's rule takes it, not a sample)"
+    if rule == GREEDY:
         return "the target's argmax (greedy)"
-    if last["q"] is None:
+    if final["kind"] != "replacement":
+        return "drawn from p"
+    if rule == POINT_MASS:
         return "drawn from p with the rejected tokens removed, renormalised"
     return "drawn from the residual max(0, p − q), normalised"
 
 
-def rule_of(test: dict) -> str:
-    """The acceptance rule a test applied, with its numbers: greedy, a point mass, or a sample from q."""
-    if test["u"] is None:
+def rule_of(test: dict, greedy: bool = False, lossy: bool = False) -> str:
+    """The acceptance rule a test applied, with its numbers: greedy, a point mass, a sample from q, or Medusa's
+    typical threshold."""
+    rule = test_rule(test, greedy, lossy)
+    if rule == GREEDY:
         return f"greedy: accepted when x is the target's argmax (p = {fmt(test['p'])})"
-    if test["q"] is None:
+    if rule == TYPICAL:
+        passed = test["accepted"]
+        threshold = "the threshold" if test.get("threshold") is None else f"threshold {fmt(test['threshold'], 4)}"
+        return (f"typical (Medusa, lossy): P(x) = {fmt(test['p'], 4)} {'>' if passed else '≤'} {threshold} = "
+                "min(ε, δ · exp(−H)), no u")
+    if rule == POINT_MASS:
         return (f"point mass (x was picked, not sampled): α = p(x) = {fmt(test['p'])}, u = {fmt(test['u'])}; "
                 "on a rejection x is removed from p and the rest renormalised")
     return (f"sampled from q: α = min(1, p/q) = min(1, {fmt(test['p'])} / {fmt(test['q'])}) = {fmt(test['alpha'])}, "
             f"u = {fmt(test['u'])}; on a rejection p becomes the residual max(0, p − q), normalised")
 
 
-def step_tree_figure(step: dict) -> go.Figure:
-    """The verified draft tree of one step: accepted path, rejected and never-tested nodes, and the token
-    that ended the step (replacement or bonus) hanging off the last accepted node."""
+def step_tree_figure(step: dict, greedy: bool = False) -> go.Figure:
+    """The verified draft tree of one step: accepted path, rejected and never-tested nodes (and, under Medusa's
+    typical rule, nodes that passed off the kept path), and the token that ended the step (replacement or bonus)
+    hanging off the last accepted node."""
     tests = {t["node"]: t for t in step["tests"]}
     path = set(step["accepted_path"])
     items = [{"id": -1, "parent": None, "label": "root", "hover": "root: the last committed token", "status": "root"}]
     for n in step["nodes"]:
         t = tests.get(n["id"])
-        status = "accepted" if n["id"] in path else ("rejected" if t else "untested")
+        status = "accepted" if n["id"] in path else ("untested" if not t else "passed" if t["accepted"] else "rejected")
         picked = t is not None and t["q"] is None and n["q"] is not None  # a top-k child: ranked by q, not sampled
         hover = [f"<b>{label(n['text'])}</b> (id {n['token']}, node {n['id']}, depth {n['depth']})",
                  f"q = {fmt(n['q'])}" + (" (point mass: no q)" if n["q"] is None else
                                           " (the draft's probability: it ranked this top-k pick)" if picked else ""),
                  f"path score = {fmt(n['score'])}", f"p = {fmt(n['p'])}"]
         if t:
-            hover.append(f"tested: {rule_of(t)} → " + ("accepted" if t["accepted"] else "rejected"))
+            passed_off = t["accepted"] and n["id"] not in path  # typical: passed, but a longer prefix was kept
+            hover.append(f"tested: {rule_of(t, greedy, step.get('lossy', False))} → "
+                         + ("passed, off the kept (longest) prefix" if passed_off else
+                            "accepted" if t["accepted"] else "rejected"))
         else:
             hover.append("never tested (a sibling or an ancestor decided first)")
         items.append({"id": n["id"], "parent": n["parent"], "label": label(n["text"]), "hover": "<br>".join(hover),
@@ -277,7 +314,7 @@ def step_tree_figure(step: dict) -> go.Figure:
     final = step["final"]
     items.append({"id": len(step["nodes"]), "parent": step["accepted_path"][-1] if step["accepted_path"] else -1,
                   "label": label(final["text"]), "status": final["kind"],
-                  "hover": f"<b>{label(final['text'])}</b>: {final['kind']} token, " + final_source(step)})
+                  "hover": f"<b>{label(final['text'])}</b>: {final['kind']} token, " + final_source(step, greedy)})
     n_tested = len(step["tests"])
     title = (f"step {step['step']}: {len(step['nodes'])} drafted, {n_tested} tested, "
              f"{len(step['accepted_path'])} accepted, then 1 {final['kind']}")
@@ -400,14 +437,18 @@ def timing_breakdown(runs: dict[str, list[dict]]) -> go.Figure:
     return fig
 
 
-def acceptance_histogram_figure(histograms: dict[str, list[int]], title: str = "acceptance histogram") -> go.Figure:
+def acceptance_histogram_figure(histograms: dict[str, list[int]], title: str = "acceptance histogram",
+                                no_draft: dict[str, int] | None = None) -> go.Figure:
     """Grouped bars, one group per run or method: of its verify steps that drafted something, the share that accepted
-    0, 1, 2, … drafted tokens (specviz.analysis.acceptance_histogram; hover for the counts)."""
+    0, 1, 2, … drafted tokens (specviz.analysis.acceptance_histogram; hover for the counts). `no_draft`: per name,
+    the steps that drafted nothing, left out of the bars and given in the legend beside them."""
     fig = go.Figure()
     for name, counts in histograms.items():
         total = sum(counts)
         if total:
-            fig.add_bar(name=label(name), x=list(range(len(counts))), y=[c / total for c in counts], customdata=counts,
+            nothing = (no_draft or {}).get(name)
+            shown = label(name) + (f" (+{nothing:,} steps drafted nothing)" if nothing else "")
+            fig.add_bar(name=shown, x=list(range(len(counts))), y=[c / total for c in counts], customdata=counts,
                         hovertemplate=f"{label(name)}: %{{customdata}} steps accepted %{{x}} (%{{y:.0%}})<extra></extra>")
     fig.update_layout(title=title, barmode="group", height=300, margin={"l": 10, "r": 10, "t": 40, "b": 10},
                       xaxis={"title": "drafted tokens accepted in the step", "dtick": 1},

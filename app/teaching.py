@@ -12,6 +12,7 @@ import numpy as np
 
 from specviz import analysis
 from specviz.bench import REFERENCE_REPORT
+from specviz.decoding.events import CHAIN, GREEDY, POINT_MASS, TYPICAL, rule_of
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 
@@ -48,17 +49,51 @@ GREEDY_IDENTITY = (
 
 HISTOGRAM_NOTE = (
     "**Reading the acceptance histogram** (verify steps that drafted something, by how many drafted tokens they "
-    "accepted, the replacement/bonus token not counted): a head that is right early and wrong late puts most steps "
-    "at 1 or 2 and few at the full depth, the counts falling step by step; a lookup that is all or nothing puts "
-    "its steps at 0 (no match, or a wrong one) and at the whole copied span, with little between. Per-position "
-    "acceptance gives the same information per depth, τ its mean (plus one, over every step). vLLM reports the "
-    f"same histogram per request ({VLLM_PER_REQUEST}), so a request where the drafter fails shows up as a pile at 0.")
+    "accepted, the replacement/bonus token not counted; steps that drafted nothing are left out, as vLLM's "
+    f"per-request histogram leaves them out ({VLLM_PER_REQUEST}), and counted beside it): a head that is right early "
+    "and wrong late puts most steps at 1 or 2 and few at the full depth, the counts falling step by step; a lookup "
+    "that is all or nothing puts its drafting steps at 0 (a wrong continuation) and at the whole copied span, with "
+    "little between, and a step where it found no match drafts nothing and is not in the histogram at all. "
+    "Per-position acceptance gives the same information per depth. The histogram's mean plus one is vLLM's mean "
+    "acceptance length, 1 + accepted ÷ steps that drafted; τ divides by every step, so τ = 1 + accepted ÷ all steps "
+    "(less at an end-of-sequence cut), and the two agree only when every step drafts. In the default-settings bench "
+    "at T = 0 (`docs/results/bench-default-t0.json`) `ngram` drafted in 3,604 of its 6,405 steps: 1.82 against τ "
+    "1.46. A request where the drafter drafts and misses shows as a pile at 0; one where it finds nothing to draft "
+    "shows only in the count beside the histogram.")
+
+TYPICAL_NOTE = (
+    "**Medusa's typical acceptance (lossy).** Not a rejection test: there is no u and no α. With P = softmax(logits "
+    "/ T) at the parent (temperature only; top-k and top-p play no part), a drafted token passes when P(x) > min(ε, "
+    "δ · exp(−H(P))), ε = 0.09 and δ = 0.3 by default. Every root-to-leaf path of the tree is a candidate; the step "
+    "keeps the one with the most passing tokens before its first failure (ties: the larger Σ log P over them), so "
+    "a token can pass and still be off the kept path. The step's last token is P's argmax after the kept path, "
+    "not a sample. The output no longer follows p: this run is marked lossy. This is the selection of "
+    "FasterDecoding/Medusa's `evaluate_posterior` as `medusa_generate` runs it (its `fast` path).")
+
+LOSSY_NOTE = (
+    "This run used a **lossy** acceptance rule (Medusa's typical acceptance, asked for with `medusa:typical=true`): "
+    "its output does not follow the target's distribution, and at T > 0 it is not what plain sampling from the "
+    "target would give. The *Rejection sampling lab* and the *EAGLE tree explorer* show how each of its tests was "
+    "decided.")
+
+LETTERS_NOTE = (
+    f"Letters: here, as in {LEVIATHAN.split(',')[0]} et al., **p is the target's** distribution and **q the draft's**. "
+    f"{CHEN.split(',')[0]} et al. write the same rule with the letters swapped (q the target, p the draft: accept "
+    "with min(1, q(x)/p(x)), residual (q − p)₊), as does gpt-fast's code; translate before comparing.")
 
 # ------------------------------------------------------------------------------------ tree verification
 
 
 def _parent_text(step: dict, node: dict) -> str:
     return "the root" if node["parent"] < 0 else repr(step["nodes"][node["parent"]]["text"])
+
+
+RULE_TEXT = {
+    GREEDY: "greedy: accept iff x is the target's argmax",
+    POINT_MASS: "point mass: α = p'(x)",
+    CHAIN: "sampled: α = min(1, p/q)",
+    TYPICAL: "typical (lossy): P(x) > min(ε, δ·e^−H)",
+}
 
 
 def verification_walkthrough(step: dict, greedy: bool) -> list[dict]:
@@ -70,22 +105,18 @@ def verification_walkthrough(step: dict, greedy: bool) -> list[dict]:
     `expected_p` is that value computed from the nodes' own p (the target's, before any update), so a row whose
     `p_used` differs from it would expose a verification bug. For a sampled token α = min(1, p/q) and the
     residual max(0, p − q) replaces p after a rejection. `chain_alpha` is what the sampled-chain rule would give
-    the same token with the draft's q (what the draft ranked it by), to set the two rules side by side."""
+    the same token with the draft's q (what the draft ranked it by), to set the two rules side by side. A typical
+    test (Medusa's lossy rule) compares P(x) with its `threshold` and updates nothing."""
     rows = []
     rejected_at: dict[int, float] = {}  # parent id → Σ p of the point masses rejected there so far
     for order, test in enumerate(step["tests"], 1):
         node = step["nodes"][test["node"]]
         parent = node["parent"]
         before = rejected_at.get(parent, 0.0)
-        point_mass = test["q"] is None
-        if greedy:
-            rule = "greedy: accept iff x is the target's argmax"
-        elif point_mass:
-            rule = "point mass: α = p'(x)"
-        else:
-            rule = "sampled: α = min(1, p/q)"
+        kind = rule_of(test, greedy, step.get("lossy", False))
+        point_mass = kind == POINT_MASS
         q_draft = node["q"]
-        chain_alpha = None if greedy or not q_draft else min(1.0, node["p"] / q_draft)
+        chain_alpha = None if kind == GREEDY or not q_draft else min(1.0, node["p"] / q_draft)
         rows.append({
             "order": order,
             "node": test["node"],
@@ -94,15 +125,17 @@ def verification_walkthrough(step: dict, greedy: bool) -> list[dict]:
             "token": node["text"],
             "p (target, at the parent)": node["p"],
             "p used by the test": test["p"],
-            "expected_p": node["p"] / (1.0 - before) if point_mass and not greedy and before < 1.0 else None,
+            "expected_p": node["p"] / (1.0 - before) if point_mass and before < 1.0 else None,
             "q (draft)": q_draft,
-            "rule": rule,
+            "rule": RULE_TEXT[kind],
+            "rule_name": kind,
+            "threshold": test.get("threshold"),
             "α": test["alpha"],
             "u": test["u"],
             "accepted": test["accepted"],
             "chain_alpha": chain_alpha,
         })
-        if point_mass and not test["accepted"] and not greedy:
+        if point_mass and not test["accepted"]:
             rejected_at[parent] = before + node["p"]
     return rows
 
@@ -147,6 +180,12 @@ class AcceptanceNumbers:
     tau: float  # tokens committed per target forward, the replacement/bonus token included
     per_position: list[float]  # of the steps whose draft reached depth d, the share accepting a token at depth d
     reached: list[int]
+    drafting_steps: int = 0  # steps that drafted at least one token
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        """vLLM's (and llama.cpp's "mean len"): 1 + accepted ÷ steps that drafted. τ divides by every step."""
+        return 1 + self.accepted / self.drafting_steps if self.drafting_steps else None
 
     @property
     def per_drafted(self) -> float | None:
@@ -170,6 +209,7 @@ def acceptance_numbers(events: list[dict]) -> AcceptanceNumbers:
         steps=stats["steps"], new_tokens=stats["new_tokens"], drafted=stats["drafted"], tested=summary.tested,
         accepted_tested=summary.accepted_tested, accepted=stats["accepted"], tau=stats["tau"],
         per_position=list(stats["per_position_acceptance"]), reached=list(stats.get("reached") or []),
+        drafting_steps=sum(analysis.acceptance_histogram([e for e in events if e["type"] == "step"], events[-1])),
     )
 
 
@@ -197,7 +237,7 @@ TOPOLOGIES = (
         "a whole second model and its own KV cache",
         "yes: a sampled chain, α = min(1, p/q) and the residual max(0, p − q)",
         "T5-XXL (11B) with a T5-small draft: 3.4× and 3.1× at T = 0, 2.6× and 2.3× at T = 1 (English–German "
-        "translation, CNN/DM summarisation; one TPU-v4; the abstract's 2×–3× spans every draft it tried); Chinchilla "
+        "translation, CNN/DM summarisation; one TPU-v4; the abstract's 2×–3× is that range rounded, over the drafts it tried); Chinchilla "
         "70B with a 4B draft: 2–2.5× (distributed, on TPU-v4)",
         f"{LEVIATHAN}; {CHEN}", "draft-smollm2-135m"),
     Topology(
@@ -210,8 +250,11 @@ TOPOLOGIES = (
         "which dominates its size (4,096 × 32,000 ≈ 131M parameters a head on Vicuna-7B); the heads shipped here "
         "share the target's LM head instead, so each adds one residual block (no KV cache of their own)",
         "with the rejection rule (its tree children are point masses), yes; with Medusa's *typical acceptance* "
-        "(which its paper proposes for temperature > 0 in place of rejection sampling; its code's hard cap 0.09 and "
-        "entropy factor 0.3), **no**: the output no longer follows p",
+        "(`medusa:typical=true`; its paper proposes it for temperature > 0 in place of rejection sampling), **no**: "
+        "the output no longer follows p. specviz runs it as Medusa's code does (`evaluate_posterior`, the `fast` path "
+        "of `medusa_generate`): P = softmax(logits / T), temperature only; a token passes when P(x) > min(0.09, "
+        "0.3 · exp(−H(P))); of all root-to-leaf paths the one with the longest passing prefix is kept (ties: the "
+        "larger Σ log P), and the step's last token is P's argmax, not a sample",
         "Vicuna-7B/13B/33B and Zephyr-7B: Medusa-1 over 2.2×, Medusa-2 2.3×–3.6× (the abstract's ranges)",
         f"{MEDUSA}; {MEDUSA_CODE}", "medusa-smollm2-135m"),
     Topology(
@@ -295,8 +338,10 @@ def measured_rows(report: dict | None) -> dict[str, dict]:
     for name, d in report["drafters"].items():
         if "head=" in name:  # a variant with another head file, kept in the report for comparison
             continue
+        drafting = sum(d.get("acceptance_histogram") or [])
         rows[name] = {"tau": d["tau"], "acceptance": d["acceptance_rate"],
-                      "speedup": d["speedup_vs_none"]["median"], "per_position": d["per_position_acceptance"]}
+                      "speedup": d["speedup_vs_none"]["median"], "per_position": d["per_position_acceptance"],
+                      "mean_acceptance_length": 1 + d["accepted"] / drafting if drafting else None}
     return rows
 
 
@@ -317,14 +362,22 @@ class Question:
     greedy: bool
     argmax_token: str | None  # greedy: the target's most likely token here
     alpha: float
-    accepted: bool
+    accepted: bool  # typical: passed the threshold
     after_rejection: bool = False  # sampled, and a sibling was rejected before it at the same parent: p is p'
+    rule: str = CHAIN  # the rule that decided the test (specviz.decoding.events.RULES)
+    threshold: float | None = None  # typical: the threshold P(x) had to exceed
 
     @property
     def p_label(self) -> str:
-        return p_label(self.greedy, self.after_rejection)
+        return p_label(self.greedy, self.after_rejection, self.rule)
 
     def reason(self) -> str:
+        if self.rule == TYPICAL:
+            threshold = "its threshold" if self.threshold is None else f"the threshold {self.threshold:.4g}"
+            relation = ">" if self.accepted else "≤"
+            return (f"Medusa's typical test (lossy; no u, no α): P(x) = {self.p:.4g} {relation} {threshold} = "
+                    f"min(ε, δ · exp(−H)), so it {'passed' if self.accepted else 'failed'}. (Passing is not enough to "
+                    "be kept: the step keeps the longest passing prefix among the tree's paths.)")
         if self.greedy:
             verdict = "is" if self.accepted else "is not"
             return (f"At temperature 0 a drafted token is accepted exactly when it is the target's argmax: "
@@ -354,12 +407,14 @@ def questions(events: list[dict], seed: int = 0, n: int = 6) -> list[Question]:
         for i, test in enumerate(step["tests"]):
             node = step["nodes"][test["node"]]
             top = targets.get(node["parent"])
-            # only a sampled test updates p after a rejected sibling; at T = 0 every test reads the raw p
-            after = not greedy and any(step["nodes"][t["node"]]["parent"] == node["parent"] for t in step["tests"][:i])
+            rule = rule_of(test, greedy, events[0].get("lossy", False))
+            # only a lossless sampled test updates p after a rejected sibling; greedy and typical tests read the raw p
+            after = rule in (CHAIN, POINT_MASS) and any(
+                step["nodes"][t["node"]]["parent"] == node["parent"] for t in step["tests"][:i])
             pool.append(Question(
                 kind="accept", step=step["step"], test_index=i, token=test["text"], p=test["p"], q=test["q"],
                 u=test["u"], greedy=greedy, argmax_token=top[0][1] if top else None, alpha=test["alpha"],
-                accepted=test["accepted"], after_rejection=after))
+                accepted=test["accepted"], after_rejection=after, rule=rule, threshold=test.get("threshold")))
     rng = random.Random(seed)
     accepted = [q for q in pool if q.accepted]
     rejected = [q for q in pool if not q.accepted]
@@ -368,7 +423,7 @@ def questions(events: list[dict], seed: int = 0, n: int = 6) -> list[Question]:
     mixed = [q for pair in zip(accepted, rejected) for q in pair] + accepted[len(rejected):] + rejected[len(accepted):]
     if greedy:
         return mixed[:n]
-    middling = [q for q in pool if 0.02 < q.alpha < 0.98]
+    middling = [q for q in pool if 0.02 < q.alpha < 0.98 and q.rule in (CHAIN, POINT_MASS)]
     rng.shuffle(middling)
     alphas = [Question(**{**q.__dict__, "kind": "alpha"}) for q in middling]
     chosen, used = [], set()
@@ -381,9 +436,11 @@ def questions(events: list[dict], seed: int = 0, n: int = 6) -> list[Question]:
     return chosen
 
 
-def p_label(greedy: bool, after_rejection: bool) -> str:
+def p_label(greedy: bool, after_rejection: bool, rule: str | None = None) -> str:
     """What the p(x) a test used is: at temperature 0 always the target's raw p (the argmax rule updates nothing);
-    sampled, p′ after a rejected sibling at the same parent."""
+    sampled, p′ after a rejected sibling at the same parent; under Medusa's typical rule softmax(logits / T)."""
+    if rule == TYPICAL:
+        return "P(x) = softmax(logits / T), target"
     return "p′(x), after the rejected siblings" if after_rejection and not greedy else "p(x), target"
 
 

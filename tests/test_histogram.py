@@ -47,3 +47,26 @@ def test_the_stats_and_the_step_events_give_the_same_histogram(tree_run):
         if s["nodes"]:
             wrong[min(len(s["tests"]), len(wrong) - 1)] += 1
     assert sum(j * h for j, h in enumerate(wrong)) != stats["accepted"]
+
+
+def test_steps_that_drafted_nothing_are_counted_beside_the_histogram_and_tau_divides_by_them_too():
+    """Prompt lookup drafts nothing where it finds no match: those steps are out of the histogram, counted beside it,
+    and are why τ (÷ every step) sits below the mean acceptance length (÷ steps that drafted)."""
+    from app import teaching
+    from specviz.drafters.ngram import NgramDrafter
+
+    target = tiny_llama(scale=3.0)
+    with torch.no_grad():
+        events = [ev.to_dict(e) for e in engine.decode(target, TinyTokenizer(64), NgramDrafter(k=3, max_ngram=2),
+                                                       [5, 6, 7, 8, 5, 6, 7, 9, 10, 5, 6], decode_settings(max_new_tokens=40))]
+    steps = [e for e in events if e["type"] == "step"]
+    histogram = analysis.acceptance_histogram(steps)
+    nothing = analysis.drafted_nothing(steps)
+    assert nothing == sum(not s["nodes"] for s in steps) > 0 and sum(histogram) + nothing == len(steps)
+    numbers = teaching.acceptance_numbers(events)
+    assert numbers.mean_acceptance_length == pytest.approx(1 + numbers.accepted / sum(histogram))
+    assert numbers.tau == pytest.approx(1 + numbers.accepted / len(steps))  # no end-of-sequence cut in this run
+    assert numbers.tau < numbers.mean_acceptance_length
+    note = teaching.HISTOGRAM_NOTE
+    assert "no match, or a wrong one" not in note and "drafts nothing and is not in the histogram" in note
+    assert "mean plus one, over every step" not in note and "1 + accepted ÷ steps that drafted" in note

@@ -327,15 +327,18 @@ def show(report: dict) -> None:
         c1.plotly_chart(cost_figure(report), key="bench_cost")
         c2.plotly_chart(predicted_figure(report), key="bench_predicted")
     ours = {n: d["acceptance_histogram"] for n, d in report["drafters"].items() if d.get("acceptance_histogram")}
+    nothing = {n: report["drafters"][n]["steps"] - sum(h) for n, h in ours.items()}  # steps that drafted nothing
     histograms = {**ours, **{n: d["acceptance_histogram"] for n, d in served.items() if d.get("acceptance_histogram")}}
     if any(d["per_position_acceptance"] for d in [*report["drafters"].values(), *served.values()]):
         c1, c2 = (st.columns(2) if histograms else (st.container(), None))
         c1.plotly_chart(acceptance_figure(report), key="bench_acceptance")
         if histograms:
-            c2.plotly_chart(figures.acceptance_histogram_figure(histograms, "Acceptance histogram (all prompts)"),
-                            key="bench_histogram")
+            c2.plotly_chart(figures.acceptance_histogram_figure(histograms, "Acceptance histogram (all prompts)",
+                                                                no_draft=nothing), key="bench_histogram")
         st.caption(teaching.HISTOGRAM_NOTE + (" This report predates the histogram (its drafters carry no "
-                                              "`acceptance_histogram`)." if not ours else ""))
+                                              "`acceptance_histogram`)." if not ours else " Steps that drafted "
+                                              "nothing, per method: " + ", ".join(
+                                                  f"`{n}` {c:,}" for n, c in nothing.items()) + "."))
     st.markdown("**Weight-streaming floor.** A plain decoding step reads every weight once: " + bench.floor_sentence(report["floor"]))
     points = bench.none_against_bandwidth(report)
     if points:

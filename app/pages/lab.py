@@ -4,6 +4,7 @@ import streamlit as st
 
 from app import figures, state, teaching
 from specviz import analysis
+from specviz.decoding.events import GREEDY, TYPICAL, rule_of
 
 state.intro(
     "Rejection sampling lab",
@@ -44,24 +45,37 @@ with tab_run:
                                    f"{figures.visible(step['tests'][i]['text'])!r} → "
                                    + ("accepted" if step["tests"][i]["accepted"] else "rejected")))
         test = step["tests"][index]
+        rule = rule_of(test, greedy, start.get("lossy", False))
         node = step["nodes"][test["node"]]
         p_row = next((r for r in step["target"] if r["node"] == node["parent"]), None)
         earlier = [t for t in step["tests"][:index] if step["nodes"][t["node"]]["parent"] == node["parent"]]
-        after = bool(earlier) and not greedy  # at T = 0 a rejected sibling changes nothing
-        m = st.columns(5)
-        m[0].metric(teaching.p_label(greedy, after), f"{test['p']:.4f}")
+        after = bool(earlier) and rule not in (GREEDY, TYPICAL)  # only the lossless sampled rules update p
         point_mass = test["q"] is None
-        m[1].metric("q(x) in the test", "1 (point mass)" if point_mass else f"{test['q']:.4f}",
-                    help="A picked token (prompt lookup, a tree's top-k child) is a point mass: q = δx." if point_mass else None)
-        m[2].metric(teaching.alpha_label(greedy, point_mass, after), f"{test['alpha']:.4f}")
-        m[3].metric("u", "— (greedy)" if test["u"] is None else f"{test['u']:.4f}")
-        m[4].metric("decision", "accept" if test["accepted"] else "reject")
+        m = st.columns(5)
+        m[0].metric(teaching.p_label(greedy, after, rule), f"{test['p']:.4f}")
+        if rule == TYPICAL:
+            kept = test["node"] in step["accepted_path"]
+            m[1].metric("q(x), the head's", "—" if node["q"] is None else f"{node['q']:.4f}",
+                        help="The typical test does not read q: it compares P(x) with a threshold.")
+            m[2].metric("threshold min(ε, δ·e^−H)", "—" if test.get("threshold") is None else f"{test['threshold']:.4f}")
+            m[3].metric("u", "— (no draw: a threshold test)")
+            m[4].metric("decision", ("passed, kept" if kept else "passed, off the kept path") if test["accepted"]
+                        else "failed")
+        else:
+            m[1].metric("q(x) in the test", "1 (point mass)" if point_mass else f"{test['q']:.4f}",
+                        help="A picked token (prompt lookup, a tree's top-k child) is a point mass: q = δx."
+                        if point_mass else None)
+            m[2].metric(teaching.alpha_label(greedy, point_mass, after), f"{test['alpha']:.4f}")
+            m[3].metric("u", "— (greedy)" if test["u"] is None else f"{test['u']:.4f}")
+            m[4].metric("decision", "accept" if test["accepted"] else "reject")
         if after:
             st.caption("An earlier sibling was rejected at this parent, so this test used the residual of that "
                        "rejection as p (the bars below show the target's p before any update).")
         b1, b2 = st.columns(2)
-        b1.plotly_chart(figures.distribution_bars(p_row["p_top"] if p_row else None,
-                                                  "p: target's top tokens at this position", "#1f77b4",
+        p_title = "p: target's top tokens at this position"
+        if rule == TYPICAL:
+            p_title += " (after top-k/top-p; the test read softmax(logits / T))"
+        b1.plotly_chart(figures.distribution_bars(p_row["p_top"] if p_row else None, p_title, "#1f77b4",
                                                   highlight=test["token"]), key=f"lab_p_{chosen}_{index}")
         if node["q_top"] and point_mass:  # a top-k pick: the draft's distribution ranked it; the test used δx
             q_title = "the draft's top tokens (it picked x from them: the test treats x as a point mass)"
@@ -69,17 +83,29 @@ with tab_run:
             q_title = "q: the draft distribution x was sampled from"
         else:
             q_title = f"q: a point mass (`{start['drafter']}` has no draft distribution)"
+        if rule == TYPICAL:
+            q_title = "the head's top tokens (it picked x from them; the typical test does not read q)"
         b2.plotly_chart(figures.distribution_bars(
             node["q_top"], q_title, "#ff7f0e", highlight=test["token"],
             point_mass=None if node["q_top"] else (node["token"], node["text"])), key=f"lab_q_{chosen}_{index}")
-        st.plotly_chart(figures.u_gauge(test["alpha"], test["u"]), key=f"lab_u_{chosen}_{index}")
+        if rule == TYPICAL:
+            if test.get("threshold") is not None:
+                st.plotly_chart(figures.threshold_gauge(test["p"], test["threshold"]), key=f"lab_u_{chosen}_{index}")
+            st.warning(teaching.TYPICAL_NOTE)
+        else:
+            st.plotly_chart(figures.u_gauge(test["alpha"], test["u"], rule), key=f"lab_u_{chosen}_{index}")
         if greedy:
             st.info("Greedy decoding (temperature 0): the draft token is accepted exactly when it is the target's "
                     "argmax (α = 1, else 0), and a rejection is replaced by the argmax. p and q above are the plain "
                     "softmax of the logits, shown for how confident each model was.")
-        if not test["accepted"]:
+        final = step["final"]
+        if rule == TYPICAL:
+            st.info(f"This step kept {len(step['accepted_path'])} drafted token(s), the longest passing prefix; "
+                    f"its last token, {figures.md_code(final['text'])} (id {final['token']}), is "
+                    + figures.final_source(step, greedy) + ".")
+        elif not test["accepted"]:
             last_here = all(step["nodes"][t["node"]]["parent"] != node["parent"] for t in step["tests"][index + 1:])
-            replacement = step["final"] if last_here and step["final"]["kind"] == "replacement" else None
+            replacement = final if last_here and final["kind"] == "replacement" else None
             if test["residual_top"]:
                 st.plotly_chart(figures.distribution_bars(
                     test["residual_top"], "residual max(0, p − q), normalised", "#9467bd",
@@ -90,9 +116,10 @@ with tab_run:
                            f"(id {replacement['token']}). The step ends here.")
             else:
                 st.info("The next sibling was tested against this residual.")
-        elif test["node"] == step["accepted_path"][-1] and step["final"]["kind"] == "bonus":
+        elif test["node"] == step["accepted_path"][-1] and final["kind"] == "bonus":
+            source = "the target's argmax (greedy)" if greedy else "p"
             st.success(f"Every drafted token on the path was accepted: a bonus token "
-                       f"{figures.md_code(step['final']['text'])} was drawn from p.")
+                       f"{figures.md_code(final['text'])} was drawn from {source}.")
 
 # ------------------------------------------------------------------------------------------- self-check
 with tab_quiz:
@@ -120,19 +147,23 @@ with tab_quiz:
                 st.markdown(f"**{i + 1}.** Step {q.step}, drafted token {figures.md_code(q.token)}")
                 facts = st.columns(3)
                 facts[0].metric(q.p_label, f"{q.p:.4g}")
-                facts[1].metric("q(x)", "point mass (picked)" if q.q is None else f"{q.q:.4g}")
+                if q.rule == TYPICAL:
+                    facts[1].metric("threshold min(ε, δ·e^−H)", "—" if q.threshold is None else f"{q.threshold:.4g}")
+                    facts[2].metric("temperature", f"{trace[0]['sampling']['temperature']} (typical, lossy)")
+                else:
+                    facts[1].metric("q(x)", "point mass (picked)" if q.q is None else f"{q.q:.4g}")
                 if greedy:
                     node = asked["nodes"][asked["tests"][q.test_index]["node"]]
                     top = next((r["p_top"] for r in asked["target"] if r["node"] == node["parent"]), None)
                     facts[2].metric("temperature", "0 (greedy)")
                     st.caption("The target's most likely tokens here: " + ", ".join(
                         f"{figures.md_code(t[1])} {t[2]:.3f}" for t in (top or [])[:3]))
-                elif q.kind == "accept":
+                elif q.kind == "accept" and q.u is not None:
                     facts[2].metric("u (the uniform draw)", f"{q.u:.4f}")
                 key = f"quiz_{seed}_{i}"
                 if q.kind == "accept":
-                    guess = st.radio("Will it be accepted?", ["accepted", "rejected"], index=None, horizontal=True,
-                                     key=f"{key}_guess")
+                    guess = st.radio("Will it pass the threshold?" if q.rule == TYPICAL else "Will it be accepted?",
+                                     ["accepted", "rejected"], index=None, horizontal=True, key=f"{key}_guess")
                     value = None if guess is None else guess == "accepted"
                 else:
                     value = st.number_input("What is α here?", 0.0, 1.0, value=None, step=0.0001, format="%.4f",

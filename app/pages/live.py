@@ -59,16 +59,19 @@ class View:
                        + (f"stopped: {done['stop_reason']}" if done else "running or stopped early"))
             if start.get("detail") == "counts":
                 st.info(teaching.counts_note(start.get("engine", "this engine")))
+            if start.get("lossy"):
+                st.warning(teaching.LOSSY_NOTE)
         if steps:
             self.draws += 1
             self.chart.plotly_chart(figures.steps_chart(steps), key=f"live_chart_{self.draws}")
             counts = analysis.acceptance_histogram(steps, done)
             with self.histogram.container():
                 if counts:
+                    nothing = analysis.drafted_nothing(steps)
                     st.plotly_chart(figures.acceptance_histogram_figure(
-                        {start["drafter"]: counts}, f"acceptance histogram: {sum(counts)} steps drafted; steps "
-                        "accepting 0, 1, 2, … drafted tokens: " + ", ".join(map(str, counts))),
-                        key=f"live_histogram_{self.draws}")
+                        {start["drafter"]: counts}, f"acceptance histogram: {sum(counts)} steps drafted, {nothing} "
+                        "drafted nothing; steps accepting 0, 1, 2, … drafted tokens: " + ", ".join(map(str, counts)),
+                        no_draft={start["drafter"]: nothing}), key=f"live_histogram_{self.draws}")
                     st.caption(teaching.HISTOGRAM_NOTE)
             self.log.dataframe(step_log(steps), hide_index=True, height=min(400, 36 * (len(steps) + 1) + 3))
 

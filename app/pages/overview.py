@@ -123,6 +123,8 @@ q = δₓ, all its mass on x. The same rule then gives **α = p(x)**, and after 
 removed and renormalised. In a tree the siblings under one parent are tested in turn, each against what is left
 of p after the siblings rejected before it (SpecInfer's multi-candidate rule with q = δₓ; the rule SafeAILab's
 EAGLE-2/3 code runs on its trees); the *EAGLE tree explorer* shows every test of a real step with the rule it used.
+The one exception is an option you must ask for: Medusa's *typical acceptance* (`medusa:typical=true`) replaces this
+test by a threshold on the target's probability and is not lossless (the *Topologies* page says how it works).
 
 **Why it is lossless:** the token that comes out is x with probability min(q(x), p(x)) (accepted) plus
 (1 − Σ min(p, q)) · r(x) (rejected, then replaced), which adds up to exactly p(x). The output has the target's
@@ -137,3 +139,4 @@ st.caption(f"Sources: the rule, the residual and the proof that the output follo
            f"per position: {teaching.SPECINFER}; point-mass children, as {teaching.SAFEAILAB_EAGLE} (EAGLE-1's "
            "paper samples its children and verifies them with the draft's probabilities instead). The bandwidth bound of section 1: each decode step at batch 1 reads every weight "
            "once, so time ≥ bytes ÷ bandwidth (a lower bound, not a measurement).")
+st.caption(teaching.LETTERS_NOTE)

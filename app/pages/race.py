@@ -219,11 +219,13 @@ def analysis(runs: dict[str, list[dict]], temperature: float, where: str) -> Non
     c2.plotly_chart(fig, key="race_pos")
     histograms = {name: measures.acceptance_histogram(state.steps_of(events)) for name, events in runs.items()}
     if any(histograms.values()):
+        nothing = {name: measures.drafted_nothing(state.steps_of(events)) for name, events in runs.items()}
         st.plotly_chart(figures.acceptance_histogram_figure(
-            {n: h for n, h in histograms.items() if h}, "acceptance histogram (share of each lane's drafting steps)"),
-            key="race_histogram")
-        st.caption(teaching.HISTOGRAM_NOTE + " Counts per lane (steps accepting 0, 1, 2, …): "
-                   + "; ".join(f"`{n}` {', '.join(map(str, h))}" for n, h in histograms.items() if h) + ".")
+            {n: h for n, h in histograms.items() if h}, "acceptance histogram (share of each lane's drafting steps)",
+            no_draft=nothing), key="race_histogram")
+        st.caption(teaching.HISTOGRAM_NOTE + " Counts per lane (steps accepting 0, 1, 2, …; then the steps that "
+                   "drafted nothing): " + "; ".join(f"`{n}` {', '.join(map(str, h))}; {nothing[n]} drafted nothing"
+                                                    for n, h in histograms.items() if h) + ".")
 
     pick = st.selectbox("Open one run in the tree explorer and the lab", list(runs), key="race_pick")
     if st.button("Use this run", key="race_use"):

@@ -58,13 +58,14 @@ st.markdown(
 st.header("2. What the acceptance numbers mean")
 st.markdown(
     """
-One run, five numbers, all correct, and easily confused:
+One run, six numbers, all correct, and easily confused:
 
 | name | definition | where you see it |
 |---|---|---|
 | **acceptance rate** | accepted drafted tokens ÷ **drafted** tokens (every node of a tree counts) | specviz's `acceptance`, the race table |
 | **α, per tested token** | accepted ÷ **tested** tokens (a chain stops testing at its first rejection) | the α of E = (1 − α^(K+1)) ÷ (1 − α) on *Cost and scale* |
-| **τ, acceptance length** | tokens committed per target forward, **the replacement or bonus token included** (`none` has τ = 1) | the EAGLE papers' τ; vLLM's *mean acceptance length* |
+| **τ, acceptance length** | tokens committed per target forward, **the replacement or bonus token included** (`none` has τ = 1): 1 + accepted ÷ **every** step | the EAGLE papers' τ; specviz's `tau` |
+| **mean acceptance length** | 1 + accepted ÷ the steps that **drafted** something (the bonus token included) | vLLM's *mean acceptance length*; llama.cpp's "mean len" |
 | **per-position acceptance** | of the steps whose draft reached depth d, the share that accepted a token at depth d | the race's per-position chart |
 | **acceptance histogram** | of the steps that drafted, how many accepted 0, 1, 2, … drafted tokens | *Live decoding*, the race, *Benchmarks*; vLLM's per-request `acceptance_histogram` |
 
@@ -72,7 +73,9 @@ A tree drafter drafts many tokens per step but can accept at most one path of th
 low by construction even when it is doing well. A percentage in a paper is a rate, never τ (τ is a count of
 tokens, such as 3.5): EAGLE's "about 0.8" is its draft's accuracy, the share of its predictions that are the
 target's token; vLLM's `draft_acceptance_rate` is accepted ÷ drafted. Read which rate it is before comparing, and
-compare τ with τ.
+compare τ with τ. τ and the mean acceptance length are equal only when every step drafts: prompt lookup drafts
+nothing where it finds no match, and in the default-settings bench at T = 0 (`docs/results/bench-default-t0.json`)
+`ngram` has a mean acceptance length of 1.82 against τ 1.46 (3,604 of its 6,405 steps drafted).
 """
 )
 tree_run = (report or {}).get("drafters", {}).get("eagle2")
@@ -83,7 +86,8 @@ if tree_run and tree_run["steps"]:
         f"{tree_run['acceptance_rate']:.0%}, and yet τ = {tree_run['tau']:.2f} tokens per target forward "
         "(the accepted ones plus the one token every step adds).")
 st.caption(f"Sources: τ as the EAGLE papers define it ({teaching.EAGLE}), and its draft accuracy of about 0.8 "
-           f"(the same paper); {teaching.VLLM_METRICS}: vLLM counts the bonus token in its mean acceptance length; "
+           f"(the same paper); {teaching.VLLM_METRICS}: vLLM counts the bonus token in its mean acceptance length "
+           "and divides by the steps that drafted; llama.cpp's server logs its \"mean len\" the same way; "
            f"{teaching.VLLM_PER_REQUEST}. The counts below come from the run's own events "
            "(see docs/events.md: `stats.drafted`, `stats.accepted`, the steps' `tests`).")
 
@@ -91,13 +95,17 @@ trace, source = state.get_trace()
 if trace and state.done_of(trace) and trace[0]["drafter"] != "none":
     numbers = teaching.acceptance_numbers(trace)
     st.subheader(f"Your run: the {source}, drafter `{trace[0]['drafter']}`")
-    c = st.columns(5)
+    c = st.columns(6)
     c[0].metric("acceptance rate (÷ drafted)", "—" if numbers.per_drafted is None else f"{numbers.per_drafted:.1%}",
                 help=f"{numbers.accepted} accepted ÷ {numbers.drafted} drafted")
     c[1].metric("α (÷ tested)", "—" if numbers.per_tested is None else f"{numbers.per_tested:.1%}",
                 help=f"{numbers.accepted} accepted ÷ {numbers.tested} tested")
-    c[2].metric("τ (mean acceptance length)", f"{numbers.tau:.2f}",
+    c[2].metric("τ (tokens per target forward)", f"{numbers.tau:.2f}",
                 help=f"{numbers.new_tokens} tokens ÷ {numbers.steps} target forwards")
+    mal = numbers.mean_acceptance_length
+    c[5].metric("mean acceptance length (vLLM's)", "—" if mal is None else f"{mal:.2f}",
+                help=f"1 + {numbers.accepted} accepted ÷ {numbers.drafting_steps} steps that drafted (τ divides by "
+                     f"all {numbers.steps})")
     c[3].metric("accepted per step", f"{numbers.accepted_per_step:.2f}",
                 help="τ minus the one token every step adds itself (less at an end-of-sequence cut)")
     c[4].metric("drafted per step", f"{numbers.drafted / max(numbers.steps, 1):.1f}")
@@ -114,6 +122,8 @@ if measured:
     st.dataframe(
         [{"drafter": name, "acceptance rate (÷ drafted)": None if m["acceptance"] is None else round(m["acceptance"], 3),
           "τ": round(m["tau"], 2),
+          "mean acceptance length (÷ steps that drafted)": None if m["mean_acceptance_length"] is None
+          else round(m["mean_acceptance_length"], 2),
           "per-position (depth 1, 2, …)": ", ".join(f"{r:.2f}" for r in m["per_position"]) or "—",
           "speedup": f"{m['speedup']:.2f}×"} for name, m in measured.items()],
         hide_index=True,

@@ -3,6 +3,7 @@ import time
 import streamlit as st
 
 from app import figures, state, teaching
+from specviz.decoding.events import CHAIN, TYPICAL
 
 state.intro(
     "EAGLE tree explorer",
@@ -11,7 +12,9 @@ state.intro(
     "Nodes are tested from the root down, siblings in order; hover a node for q (draft), its path score, p (target), "
     "the rule its test applied, u and the decision. EAGLE-2 and Medusa children are the draft's top-k **picks**, "
     "not samples, so each is a point mass: α = p(x), and after a rejection x is removed from p and p renormalised "
-    "before the next sibling is tested. A sampled chain (the draft model at temperature > 0) uses α = min(1, p/q).",
+    "before the next sibling is tested. A sampled chain (the draft model at temperature > 0) uses α = min(1, p/q). "
+    "Medusa's typical acceptance (lossy, when asked for) replaces both by a threshold on P(x) and keeps the longest "
+    "passing path.",
 )
 shared, settings = state.current()
 trace, source = state.get_trace()
@@ -65,7 +68,7 @@ def side_by_side() -> None:
                 for column, name in zip(st.columns(2), ("eagle2", "eagle3")):
                     step = at[name][position]
                     column.subheader(f"`{name}`")
-                    column.plotly_chart(figures.step_tree_figure(step), key=f"tree_both_{name}_{position}")
+                    column.plotly_chart(figures.step_tree_figure(step, greedy=True), key=f"tree_both_{name}_{position}")
                     best = max(step["nodes"], key=lambda n: n["q"] or 0.0)
                     column.caption(
                         f"{len(step['nodes'])} nodes, {len(step['accepted_path'])} accepted, drafted in "
@@ -127,20 +130,33 @@ mask = mask_slot.empty()
 table = st.empty()
 
 
+greedy = start["sampling"]["temperature"] == 0
+
+
 def show(step: dict, stage: str, key: str) -> None:
     if stage == "verified tree":
-        fig = figures.step_tree_figure(step)
+        fig = figures.step_tree_figure(step, greedy)
     else:
         fig = figures.build_stage_figure(step, stage_names.index(stage))
     graph.plotly_chart(fig, key=f"tree_graph_{key}")
     mask.plotly_chart(figures.mask_figure(step), key=f"tree_mask_{key}")
     table.dataframe(
-        [{"node": t["node"], "token": figures.visible(t["text"]), "p(x)": round(t["p"], 4),
-          "q(x)": None if t["q"] is None else round(t["q"], 4), "α": round(t["alpha"], 4),
-          "u": None if t["u"] is None else round(t["u"], 4), "decision": "accept" if t["accepted"] else "reject"}
-         for t in step["tests"]],
+        [{"node": r["node"], "token": figures.visible(r["token"]), "rule": r["rule_name"],
+          "p(x)": round(r["p used by the test"], 4), "q(x)": None if t["q"] is None else round(t["q"], 4),
+          "α": None if r["rule_name"] == TYPICAL else round(r["α"], 4),
+          "threshold": None if r["threshold"] is None else round(r["threshold"], 4),
+          "u": None if r["u"] is None else round(r["u"], 4), "decision": decision(r, step)}
+         for r, t in zip(teaching.verification_walkthrough(step, greedy), step["tests"])],
         hide_index=True,
     )
+
+
+def decision(row: dict, step: dict) -> str:
+    if row["rule_name"] == TYPICAL:
+        if not row["accepted"]:
+            return "fail"
+        return "pass, kept" if row["node"] in step["accepted_path"] else "pass, off the kept path"
+    return "accept" if row["accepted"] else "reject"
 
 
 if play:
@@ -149,16 +165,17 @@ if play:
         time.sleep(0.8)
 else:
     show(step, stage, f"{chosen}_{stage}")
-st.caption("Colours: green = accepted path, red = tested and rejected, grey = never tested (an ancestor was "
-           "rejected or a sibling was accepted first), orange = replacement from the residual, blue = bonus token. "
-           "A node's q is null for drafters without a distribution (n-gram lookup: a point mass, α = p).")
+st.caption("Colours: green = accepted path, red = tested and rejected, light green = passed Medusa's typical "
+           "threshold but off the kept (longest) path, grey = never tested (an ancestor was rejected or a sibling "
+           "was accepted first), orange = the token that ends the step after a rejection, blue = the one after a "
+           "fully accepted path. A node's q is null for drafters without a distribution (n-gram lookup: a point "
+           "mass, α = p).")
 
 
 # ------------------------------------------------------------------------------ how this step was verified
 st.header("How this step was verified")
-greedy = start["sampling"]["temperature"] == 0
 rows = teaching.verification_walkthrough(step, greedy)
-picked = any(t["q"] is None for t in step["tests"])
+rules = {r["rule_name"] for r in rows}
 st.markdown(
     "The tests of the step above, in the order they ran: from the root down, and at each node its children one "
     "after another until one is accepted. Beside the rule that was applied stands the other rule on the same "
@@ -168,14 +185,22 @@ st.dataframe(
     [{"order": r["order"], "depth": r["depth"], "parent": figures.visible(r["parent"]),
       "token x": figures.visible(r["token"]), "rule applied": r["rule"],
       "p(x) at the parent": round(r["p (target, at the parent)"], 6), "p used by the test": round(r["p used by the test"], 6),
-      "α": round(r["α"], 6), "u": None if r["u"] is None else round(r["u"], 4),
-      "decision": "accept" if r["accepted"] else "reject",
+      "α": None if r["rule_name"] == TYPICAL else round(r["α"], 6),
+      "threshold": None if r["threshold"] is None else round(r["threshold"], 6),
+      "u": None if r["u"] is None else round(r["u"], 4), "decision": decision(r, step),
       "chain rule on the same x: min(1, p/q)": None if r["chain_alpha"] is None else round(r["chain_alpha"], 6),
       "q (draft's probability)": None if r["q (draft)"] is None else round(r["q (draft)"], 6)}
      for r in rows],
     hide_index=True, key=f"tree_walk_{chosen}",
 )
-if greedy:
+if TYPICAL in rules:
+    st.warning(teaching.TYPICAL_NOTE)
+    st.markdown(
+        f"On this step: {len(rows)} tests (every node whose ancestors all passed), "
+        f"{sum(r['accepted'] for r in rows)} passed, {len(step['accepted_path'])} kept; the step's last token "
+        f"{figures.md_code(step['final']['text'])} is {figures.final_source(step, greedy)}. The chain-rule column "
+        "is min(1, p/q) on the same token, for comparison only: no such test ran here.")
+elif greedy:
     st.markdown(
         "At temperature 0 both rules collapse to one: a drafted token is accepted exactly when it is the target's "
         "argmax at its parent, and the step's last token is that argmax. The output is then the target's own greedy "
@@ -211,6 +236,7 @@ else:
         "The right-hand column of the table applies this rule to the same x with the draft's q. For a picked "
         "token that would be wrong: x was not drawn from q, and min(1, p/q) would accept it too rarely or too often."
     )
+    st.caption(teaching.LETTERS_NOTE)
     checked = [r for r in rows if r["expected_p"] is not None]
     if checked:
         worst = max(abs(r["p used by the test"] - r["expected_p"]) / max(r["expected_p"], 1e-12) for r in checked)
@@ -221,7 +247,7 @@ else:
         else:
             st.caption(check + " (rounding). The *Rejection sampling lab*'s sandbox samples this rule and the "
                        "chain rule many times and compares the outputs with p.")
-if not picked and not greedy:
+if rules == {CHAIN}:
     st.caption("Every test of this step used the chain rule: its tokens were sampled from the draft's q.")
 
 side_by_side()

@@ -171,6 +171,16 @@ def read_trace(path: str | Path) -> list[dict]:
     return events
 
 
+def rule_of(test: dict, greedy: bool, lossy: bool) -> str:
+    """The rule that decided a test (one of RULES): its `rule`, or, in a trace written before tests carried it, what
+    its numbers and the run's flags imply (no u: greedy at temperature 0, else the run's lossy typical rule)."""
+    if test.get("rule"):
+        return test["rule"]
+    if test["u"] is None:
+        return TYPICAL if lossy and not greedy else GREEDY
+    return POINT_MASS if test["q"] is None else CHAIN
+
+
 def replayed_text(events: Iterable[dict]) -> tuple[str, list[int]]:
     """Rebuild the generated text and token ids from the step events alone."""
     text, ids = "", []

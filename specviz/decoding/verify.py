@@ -166,8 +166,8 @@ def verify_typical(tree: DraftTree, probs: torch.Tensor, rule: Typical, n_top: i
         reached = []  # nodes whose ancestors all passed
         for i, parent in enumerate(tree.parents):
             if parent == ROOT or (passed[parent] and reached[parent]):
-                verdict.tests.append(NodeTest(i, tree.tokens[i], p_x[i], tree.q[i], float(passed[i]), None, passed[i],
-                                              rule=TYPICAL, threshold=thresholds[parents[i]]))
+                verdict.tests.append(NodeTest(i, tree.tokens[i], p_x[i], None, float(passed[i]), None, passed[i],
+                                              rule=TYPICAL, threshold=thresholds[parents[i]]))  # q: unread
             reached.append(parent == ROOT or (passed[parent] and reached[parent]))
         verdict.path = _longest_passing_prefix(tree, passed, p_x)
     last = verdict.path[-1] if verdict.path else ROOT
