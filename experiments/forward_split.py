@@ -25,7 +25,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from specviz import models  # noqa: E402
 from specviz.decoding.target import Target  # noqa: E402
-from specviz.kernels import quant  # noqa: E402
+from specviz.kernels import products  # noqa: E402
 from specviz.kernels.kvcache import crop_cache  # noqa: E402
 
 
@@ -43,7 +43,7 @@ SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 16, 24, 32, 64)
 
 
 def forward_curve(target: Target, cache, context_len: int, paths: list[str]) -> list[str]:
-    """Each n's forward on each path (quant.products_on; "auto" as the engine runs it), the paths alternating
+    """Each n's forward on each path (products.products_on; "auto" as the engine runs it), the paths alternating
     at each n so a slow spell of the host touches them alike."""
     best: dict[tuple[str, int], float] = {}
     for _ in range(2):
@@ -55,7 +55,7 @@ def forward_curve(target: Target, cache, context_len: int, paths: list[str]) -> 
                 crop_cache(cache, context_len)
 
             for path in paths:
-                with quant.products_on(path) if path != "auto" else contextlib.nullcontext():
+                with products.products_on(path) if path != "auto" else contextlib.nullcontext():
                     best[path, n] = min(best.get((path, n), float("inf")), median_ms(call))
     head = " | ".join(f"{path}: forward (ms) | {path}: over 1 token" for path in paths)
     lines = [f"| new tokens (after {context_len} cached) | {head} |", "|---" * (1 + 2 * len(paths)) + "|"]
@@ -124,7 +124,7 @@ def main() -> None:
     cache = target.new_cache()
     target.forward(list(range(100, 100 + args.context_len)), cache, logits=False)
     print(f"smollm2-135m, weights {loaded.weights}, torch {torch.__version__}, {args.threads} threads, "
-          f"{platform.processor() or platform.machine()}, AMX tiles {'on' if quant.amx_tiles() else 'off'}\n")
+          f"{platform.processor() or platform.machine()}, AMX tiles {'on' if products.amx_tiles() else 'off'}\n")
     with torch.inference_mode():
         print("\n".join(forward_curve(target, cache, args.context_len, paths)) + "\n")
         if not args.curve_only:

@@ -72,10 +72,10 @@ def test_the_b1_row_is_keyed_as_the_verify_cost_curve_and_the_lean_decoder_besid
 
 def test_where_amx_tiles_run_the_surface_also_times_the_vnni_path_in_the_same_rounds(monkeypatch):
     """On a model with 8-bit activations and a CPU whose products take AMX tiles (faked here: the paths are held
-    by quant.products_on, recorded), the B = 1 curve is measured twice, once with the products held to VNNI."""
+    by products.products_on, recorded), the B = 1 curve is measured twice, once with the products held to VNNI."""
     from test_q8act import q4q8_pair
 
-    from specviz.kernels import quant
+    from specviz.kernels import products
     _, model = q4q8_pair()
     held = []
 
@@ -84,15 +84,15 @@ def test_where_amx_tiles_run_the_surface_also_times_the_vnni_path_in_the_same_ro
         held.append(path)
         yield
 
-    monkeypatch.setattr(quant, "amx_tiles", lambda: True)
-    monkeypatch.setattr(quant, "products_on", products_on)
+    monkeypatch.setattr(products, "amx_tiles", lambda: True)
+    monkeypatch.setattr(products, "products_on", products_on)
     surface = batch.measure_surface(model, SMALL, name="tiny q8", command="pytest")
     assert surface["amx_tiles"] is True
     assert set(surface["lean_b1_ms_vnni"]) == set(surface["lean_b1_ms"]) == {str(n) for n in SMALL.new_tokens}
     # every vnni cell, every round and the warm-up one, held to the VNNI path; no other cell
     assert held and set(held) == {"avx512"} and len(held) == len(SMALL.new_tokens) * (SMALL.rounds + 1)
     batch.parse_surface(json.dumps(surface))
-    monkeypatch.setattr(quant, "amx_tiles", lambda: False)
+    monkeypatch.setattr(products, "amx_tiles", lambda: False)
     assert batch.measure_surface(model, SMALL, name="tiny q8")["lean_b1_ms_vnni"] is None
 
 

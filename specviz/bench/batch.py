@@ -29,7 +29,7 @@ from specviz.bench.schema import parse_json
 from specviz.decoding.costs import fitting_context, synchronize
 from specviz.decoding.target import Target
 from specviz.errors import SpecvizError
-from specviz.kernels import fastlinear, quant
+from specviz.kernels import fastlinear, products, quant
 from specviz.kernels.kvcache import crop_cache
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32)
@@ -97,12 +97,12 @@ def batched_cell(target: Target, cache: DynamicCache, ids: torch.Tensor, context
 def lean_cell(target: Target, ids: list[int], context: list[int], context_len: int,
               path: str | None = None) -> Callable[[], None]:
     """B = 1 through the engine's own Target.forward (the lean decoder where it runs), as verify_costs times it;
-    path: the products held to that path (quant.products_on) during the call, e.g. VNNI where AMX would run."""
+    path: the products held to that path (products.products_on) during the call, e.g. VNNI where AMX would run."""
     cache = target.new_cache()
     target.forward(context, cache, logits=False)
 
     def call() -> None:
-        with quant.products_on(path) if path else contextlib.nullcontext():
+        with products.products_on(path) if path else contextlib.nullcontext():
             target.forward(ids, cache)
         crop_cache(cache, context_len)
 
@@ -169,7 +169,7 @@ def measure_surface(model, settings: SurfaceSettings | None = None, name: str = 
         for n in settings.new_tokens:
             ids = torch.randint(vocab, (batch, n), generator=generator)
             cells["batched", batch, n] = batched_cell(target, cache, ids.to(device), context_len)
-    tiles = target.fast is not None and quant.activations(model) == "q8" and quant.amx_tiles()
+    tiles = target.fast is not None and quant.activations(model) == "q8" and products.amx_tiles()
     if target.fast is not None:
         for n in settings.new_tokens:
             ids = torch.randint(vocab, (n,), generator=generator)

@@ -39,10 +39,6 @@ bytes a weight). A block linear whose output size is not whole tiles keeps fp32 
 
 from __future__ import annotations
 
-import contextlib
-import os
-from typing import Iterator
-
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -78,32 +74,6 @@ def path_runs(path: str, activations: str = "fp32") -> bool:
     except RuntimeError:
         return False
     return True
-
-
-ENV_PATH = "SPECVIZ_Q4_PATH"  # the path `auto` takes (the ops read it on every call)
-
-
-def amx_tiles() -> bool:
-    """Whether the products on 8-bit activations take AMX tiles here by default (two rows or more: a verify, a
-    prefill, a head's depth of candidates): the CPU has AMX-INT8 and Linux granted the process the tile state."""
-    return path_runs("amx", "q8") and torch.ops.specviz.q8act_path(-1) == PATHS["amx"]
-
-
-@contextlib.contextmanager
-def products_on(path: str) -> Iterator[None]:
-    """Every product of this process on `path` while inside ("avx512": the VNNI path, to measure what AMX tiles
-    save): SPECVIZ_Q4_PATH, so process-wide; hold the models' lock, and time nothing else meanwhile."""
-    if path not in PATHS or path == "auto":
-        raise ValueError(f"path must be one of {sorted(set(PATHS) - {'auto'})}, got {path!r}")
-    before = os.environ.get(ENV_PATH)
-    os.environ[ENV_PATH] = path
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(ENV_PATH, None)
-        else:
-            os.environ[ENV_PATH] = before
 
 
 def tile_codes(codes: torch.Tensor) -> torch.Tensor:
