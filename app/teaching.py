@@ -6,15 +6,13 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from specviz import analysis
 from specviz.bench import REFERENCE_REPORT
 from specviz.decoding.events import CHAIN, GREEDY, POINT_MASS, TYPICAL, rule_of
-
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
+from specviz.paths import ASSETS
 
 # ------------------------------------------------------------------------------------------ sources
 
@@ -226,7 +224,7 @@ class Topology:
     lossless: str
     published: str  # the paper's headline speedup, with model and hardware
     source: str
-    weights: str | None = None  # the shipped folder under assets/, if any
+    weights: str | None = None  # the shipped folder under specviz/assets/, if any
 
 
 TOPOLOGIES = (

@@ -277,7 +277,7 @@ def test_draft_with_a_reduced_vocabulary_proposes_only_it_and_stays_lossless(tmp
 # ---------------------------------------------------------------------------------------------- shipped assets
 
 MODEL = Path(os.environ.get("SPECVIZ_CACHE") or Path.home() / ".cache" / "specviz") / "smollm2-135m"
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
+ASSETS = Path(__file__).resolve().parent.parent / "specviz" / "assets"
 PROMPTS = ["Write a Python function that returns the factorial of n.",
            "Tom has 3 apples and buys 5 more. How many apples does he have?",
            "What is the capital of France? Explain briefly."]

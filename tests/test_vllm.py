@@ -88,7 +88,7 @@ def test_exported_head_drafts_as_the_shipped_one(export):
     from specviz.models.eagle3 import Eagle3Head
 
     target_config = AutoConfig.from_pretrained(export["target"])
-    shipped = Eagle3Head.load(ROOT / "assets" / "eagle3-smollm2-135m", target_config).float()
+    shipped = Eagle3Head.load(ROOT / "specviz" / "assets" / "eagle3-smollm2-135m", target_config).float()
     exported = Eagle3Head.load(export["eagle3"], target_config).float()
     assert shipped.lm_head is None and exported.lm_head is not None
     hidden = torch.randn(4, target_config.hidden_size)

@@ -25,6 +25,7 @@ from specviz.models.eagle3 import Eagle3Head
 from specviz.models.files import Preset
 from specviz.models.presets import PRESETS, preset_model_files
 from specviz.models.wheels import ProgressCallback
+from specviz.paths import ASSETS
 
 
 @dataclass
@@ -145,11 +146,8 @@ def load(model: str = "smollm2-135m", draft_model: str | None = None, device: st
                         weights=weights)
 
 
-ASSETS = Path(__file__).resolve().parents[2] / "assets"
-
-
 def load_shipped(preset: Preset, target: torch.nn.Module, assets: Path = ASSETS) -> dict:
-    """The trained drafters of a preset that exist in assets/, on the target's device, in draft_dtype."""
+    """The trained drafters shipped for a preset (specviz/assets/), on the target's device, in draft_dtype."""
     return {kind: load_trained(kind, assets / name, target) for kind, name in preset.shipped
             if (assets / name / "model.safetensors").is_file()}
 

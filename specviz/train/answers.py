@@ -32,8 +32,9 @@ from pathlib import Path
 from specviz.atomic import replacing
 from specviz.errors import SpecvizError
 
-# The committed folder the CLI's data job writes to (beside specviz/ in the repository).
-ANSWERS_ROOT = Path(__file__).resolve().parents[2] / "data" / "answers"
+# Where the CLI's data job keeps answers by default: a folder of the working directory, as the trainer's --out is
+# (from the repository's root, its data/answers/, committed to git); training data, never read at run time.
+ANSWERS_ROOT = Path("data") / "answers"
 FORMAT = 1
 SUFFIX = ".json.xz"
 

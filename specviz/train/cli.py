@@ -43,7 +43,7 @@ def build_train_parser() -> argparse.ArgumentParser:
     d.add_argument("--answers-dir", default=None,
                    help="keep each shard's answers here (small compressed files, committed to git) and rebuild "
                         "the features of shards found there instead of generating them (default: "
-                        "data/answers/<target>/ in the repository; 'none': keep none)")
+                        "data/answers/<target>/ in the working directory, committed to git in the repository; 'none': keep none)")
     d.add_argument("--aux-layers", default="",
                    help="also cache the inputs of these decoder layers (comma-separated, or 'eagle3': layers 2, "
                         "N/2 and N-3 of an N-layer target, the EAGLE-3 default), for `train eagle3`")
@@ -108,7 +108,7 @@ def aux_layer_ids(spec: str, model_path: str) -> tuple[int, ...]:
 
 
 def answers_dir(spec: str | None, model_path: str) -> str:
-    """None -> the repository's data/answers/<target>; 'none' or '' -> no answers kept."""
+    """None -> data/answers/<target> in the working directory (the repository's, from its root); 'none' or '' -> no answers kept."""
     if spec is None:
         from specviz.train.answers import ANSWERS_ROOT
 

@@ -117,7 +117,7 @@ def evaluate(head: Eagle3Head, target, batches, steps: int = 3) -> dict:
 
 def eagle2_baseline(target, val_set, cfg: TrainConfig) -> tuple[str, dict] | None:
     """The shipped EAGLE-2 head on the same held-out sequences (its trained draft vocabulary), for comparison."""
-    from specviz.models.loading import ASSETS
+    from specviz.paths import ASSETS
 
     from .eagle import evaluate as evaluate_eagle2
     from .loop import eval_batches
@@ -128,7 +128,7 @@ def eagle2_baseline(target, val_set, cfg: TrainConfig) -> tuple[str, dict] | Non
     from specviz.models.heads import EagleHead
 
     head = EagleHead.load(folder, target.config).float().eval()
-    return f"EAGLE-2 head (assets/{folder.name})", evaluate_eagle2(head, target, eval_batches(val_set, cfg),
+    return f"EAGLE-2 head (specviz/assets/{folder.name})", evaluate_eagle2(head, target, eval_batches(val_set, cfg),
                                                                     head.draft_vocab)
 
 

@@ -1,6 +1,6 @@
 """Export a target and its shipped drafters in the layouts vLLM loads.
 
-    python -m specviz.train.export_vllm --out DIR [--model smollm2-135m] [--assets assets] [--tokens 3]
+    python -m specviz.train.export_vllm --out DIR [--model smollm2-135m] [--assets specviz/assets] [--tokens 3]
 
 writes three folders:
 * DIR/target: the converted target as vLLM resolves it (`architectures: ["LlamaForCausalLM"]`; the cache's
@@ -35,8 +35,8 @@ import torch
 from specviz.atomic import save_tensors_atomically, write_atomically
 from specviz.errors import SpecvizError
 from specviz.models.heads import read_config, read_state_dict
+from specviz.paths import ASSETS
 
-ASSETS = Path(__file__).resolve().parents[2] / "assets"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
                    "generation_config.json")
 CAUSAL_LM = ["LlamaForCausalLM"]
