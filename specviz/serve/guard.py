@@ -104,12 +104,17 @@ async def client_of(request: Request, x_specviz_client: Annotated[str | None, He
 
 
 def problems(errors: list[dict]) -> str:
-    """pydantic's validation errors in a line, each location part cut short (a dict key is the client's)."""
-    def part(p) -> str:
-        text = str(p)
-        return text if len(text) <= 40 else text[:40] + "…"
-
-    return "; ".join(f"{'.'.join(part(p) for p in e['loc'] if p != 'body') or 'body'}: {e['msg']}" for e in errors[:5])
+    """pydantic's validation errors in a line: their locations (a dict key there is the client's) cut so that all
+    of them together repeat at most ECHO_CHARS characters; past that, how many more there are."""
+    said, budget = [], ECHO_CHARS
+    for e in errors[:5]:
+        where = ".".join(str(p) for p in e["loc"] if p != "body") or "body"
+        if budget <= 0:
+            break
+        said.append(f"{where[:budget]}{'…' if len(where) > budget else ''}: {e['msg']}")
+        budget -= len(where)
+    more = len(errors) - len(said)
+    return "; ".join(said) + (f"; and {more} more" if more else "")
 
 
 def host_name(header: str) -> str:

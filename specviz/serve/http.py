@@ -39,7 +39,7 @@ from specviz.serve import streaming
 from specviz.serve.guard import BodyLimit, ClientError, ErrorBody, HostAllowList, TokenGate, authorised, client_of, error, problems, shown
 from specviz.serve.metrics import ServiceMetrics
 from specviz.serve.runs import QueueFull, Run, RunRequest, Scheduler
-from specviz.serve.validate import ChatBody, Limits, RunBody, chat_run_body, check_context, run_request
+from specviz.serve.validate import ChatBody, Limits, RunBody, chat_run_body, check_context, run_request, token_bounds
 
 __all__ = ["ClientError", "Limits", "RunBody", "Service"]
 
@@ -96,6 +96,7 @@ class Service:
         for loaded in models.values():  # the tree drafters' "auto" budget reads it: measured now, never beside a run
             if getattr(loaded, "eagle", None) is not None or getattr(loaded, "medusa", None) is not None:
                 verify_curve(loaded)
+            token_bounds(loaded.tokenizer)  # read from its vocabulary and chat template once, not in a request
 
     # ------------------------------------------------------------------------------------------ runs
 

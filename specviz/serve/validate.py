@@ -3,17 +3,18 @@ written again here), the limits, and the checks that turn a body into a RunReque
 tokenized. Every refusal is a ClientError whose message echoes at most a short prefix of what was sent."""
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, fields
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from specviz.decoding.prompt import encode_prompt
 from specviz.decoding.settings import DECODE_FIELDS, FIELD_HELP, FIELD_TYPES, DecodeSettings
-from specviz.drafters import K, available, check_options, parse_spec
+from specviz.drafters import K, available, check_options, parse_spec, spec_of
 from specviz.errors import SpecvizError
-from specviz.serve.guard import ClientError, shown
+from specviz.serve.guard import ClientError, problems, shown
 from specviz.serve.runs import RunRequest
 
 SEED_MAX = 2**64 - 1  # torch's generator takes a seed of 64 bits
@@ -127,11 +128,19 @@ def served_drafter(drafter: str, options: dict, offered: list[str], model: str =
     if len(drafter) > DRAFTER_CHARS:
         raise ClientError(f"a drafter with its options is at most {DRAFTER_CHARS} characters here, got {shown(drafter)}")
     check_options_sent(options)
-    name, spec_options = parse_spec(drafter)
+    try:
+        name, spec_options = parse_spec(drafter)
+    except SpecvizError:
+        raise ClientError(f"drafter {shown(drafter)} is not NAME or NAME:KEY=VALUE:KEY=VALUE...") from None
     if name not in offered:
         raise ClientError(f"drafter {shown(name)} is not available for {model}; available: {', '.join(offered)}")
     merged = {**spec_options, **options}
     check_options_sent(merged)
+    takes = [o.name for o in spec_of(name).options if o.served]
+    unknown = sorted(set(merged) - set(takes))
+    if unknown:  # said here, so that the names a client sent are echoed within ECHO_CHARS in all
+        raise ClientError(f"{name} option(s) {shown(', '.join(unknown))} are not offered by the service; it takes: "
+                          f"{', '.join(takes) or 'no options'}")
     try:
         K.check(name, merged.get("k", k), served=True)
         check_options(drafter, options, served=True)  # the spec's allow-list and bounds
@@ -189,25 +198,60 @@ def chat_run_body(body: ChatBody, default_drafter: str, limits: Limits) -> RunBo
                        max_new_tokens=given or min(CHAT_MAX_TOKENS, limits.max_new_tokens),
                        temperature=float(body.temperature), top_p=float(body.top_p), seed=body.seed or 0, k=k,
                        n_top=0, detail=False)
-    except ValueError as err:  # pydantic's ValidationError: a message of its own, cut short
-        raise ClientError(f"bad request: {shown(str(err), 300)}", 422) from err
+    except ValidationError as err:  # what the 422 of a bad body says (each client's key cut short)
+        raise ClientError(f"bad request: {problems(err.errors())}", 422) from err
+
+
+@dataclass(frozen=True)
+class TokenBounds:
+    """What a tokenizer can give a prompt, known without tokenizing it: its longest token in UTF-8 bytes (a text
+    of B bytes is at least B / longest tokens) and the fewest and most tokens its chat template adds per message."""
+
+    longest_token_bytes: int
+    message_min: int
+    message_max: int
+
+
+@functools.lru_cache(maxsize=8)  # per tokenizer (by identity): the service loads a few models at most
+def token_bounds(tokenizer) -> TokenBounds:
+    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+    longest = max((len(token.encode("utf-8")) for token in vocab), default=2**31)  # none known: no bound from it
+    counts = []
+    if getattr(tokenizer, "chat_template", None):
+        for role in ("system", "user", "assistant"):
+            try:  # the tokens a second empty message of this role adds
+                one, two = ([{"role": role, "content": ""}] * n for n in (1, 2))
+                counts.append(len(encode_prompt(tokenizer, two)) - len(encode_prompt(tokenizer, one)))
+            except Exception:  # a template that refuses such a conversation: no bound from it
+                counts.append(0)
+    return TokenBounds(max(longest, 1), max(min(counts, default=0), 0), max(max(counts, default=0), 0))
 
 
 def check_context(models, request: RunRequest) -> None:
-    """The prompt plus max_new_tokens within the model's context. Tokenizes only when the prompt might not fit: a
-    tokenizer gives at most one token per UTF-8 byte (byte-level BPE, and SentencePiece with byte fallback), so a
-    prompt of fewer bytes than the context has room for is not tokenized here (the engine worker does it once)."""
+    """The prompt plus max_new_tokens within the model's context, tokenizing only where cheap bounds cannot
+    tell. A text of B UTF-8 bytes gives at least B / (the longest token's bytes) tokens and at most B (byte-level
+    BPE, and SentencePiece with byte fallback, give at most one token per byte), and each message of a
+    conversation adds what its chat template adds: a prompt whose fewest tokens are past the context is refused
+    without tokenizing it, one whose most fit is taken (the engine worker tokenizes it, once)."""
     limit = getattr(models.target.config, "max_position_embeddings", None) or 2**31
     prompt, new = request.prompt, request.settings.max_new_tokens
-    texts = [prompt] if isinstance(prompt, str) else [m["content"] + m["role"] for m in prompt]
-    if sum(len(t.encode("utf-8")) for t in texts) + TEMPLATE_TOKENS + new <= limit:
+    bounds = token_bounds(models.tokenizer)
+    contents = [prompt] if isinstance(prompt, str) else [m["content"] for m in prompt]
+    sizes = [len(t.encode("utf-8")) for t in contents]
+    messages = 0 if isinstance(prompt, str) else len(prompt)
+    fewest = messages * bounds.message_min + sum(-(-size // bounds.longest_token_bytes) for size in sizes)
+    if fewest + new > limit:
+        what = "the prompt" if isinstance(prompt, str) else f"the conversation ({messages:,} messages)"
+        raise ClientError(f"{what} is at least {fewest:,} tokens, so with max_new_tokens ({new}) past "
+                          f"{request.model}'s context of {limit} tokens")
+    if sum(sizes) + messages * bounds.message_max + TEMPLATE_TOKENS + new <= limit:
         return
     try:
         ids = encode_prompt(models.tokenizer, prompt, request.chat)
     except SpecvizError as err:
         raise ClientError(str(err)) from err
     except Exception as err:  # a chat template refusing a conversation in its own way
-        raise ClientError(f"the model's tokenizer refused the prompt ({type(err).__name__}: {shown(str(err), 200)})") from err
+        raise ClientError(f"the model's tokenizer refused the prompt ({type(err).__name__}: {shown(str(err))})") from err
     if len(ids) + new > limit:
         raise ClientError(f"the prompt ({len(ids)} tokens) + max_new_tokens ({new}) exceeds {request.model}'s "
                           f"context of {limit} tokens")
