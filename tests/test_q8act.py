@@ -195,7 +195,8 @@ template <class T> std::vector<T> read(const std::string& path, size_t n) {
   std::fclose(f);
   return v;
 }
-int main(int argc, char** argv) {  // bits per rows in out path folder
+int main(int argc, char** argv) {  // bits per rows in out path folder, or "check"
+  if (std::string(argv[1]) == "check") return amx_agrees_with_vnni() ? 0 : 1;  // the op's check before first use
   const int bits = std::atoi(argv[1]), per = std::atoi(argv[2]);
   const int64_t rows = std::atoll(argv[3]), in = std::atoll(argv[4]), out = std::atoll(argv[5]), path = std::atoll(argv[6]);
   const std::string dir = argv[7];
@@ -298,6 +299,33 @@ def test_a_planted_layout_bug_in_the_amx_path_is_caught(tmp_path):
         pytest.skip(why)
     differ = emulated_products(binary, tmp_path, (3,), (1, 2, 16, 17))
     assert {rows for _, _, rows, _ in differ} == {2, 16, 17} and len(differ) == 9
+    # the op's own check before it first takes the tiles (amx_agrees_with_vnni) refuses them too
+    assert subprocess.run([binary, "check"]).returncode == 1
+
+
+@needs_op
+def test_the_check_before_first_use_passes_on_correct_tiles(tmp_path):
+    """amx_agrees_with_vnni, which the op runs once before it takes the tiles (and keeps VNNI if it fails), passes
+    on the emulated instructions; the test above shows it fails on a wrong B order."""
+    binary, why = simde_harness(tmp_path)
+    if binary is None:
+        pytest.skip(why)
+    assert subprocess.run([binary, "check"]).returncode == 0
+
+
+@needs_op
+def test_the_amx_status_says_why_the_tiles_run_or_not():
+    """On a CPU that reports AMX-INT8 the tiles run, or Linux refused them; never "differs" (the check before first
+    use found their products unlike VNNI's: a bug). Elsewhere "absent"; the amx path runs exactly when "runs"."""
+    from specviz.kernels import products
+    status = products.amx_status()
+    with open("/proc/cpuinfo") as f:
+        flags = next((line.split() for line in f if line.startswith("flags")), [])
+    if "amx_int8" in flags and "amx_tile" in flags and "avx512_vnni" in flags:
+        assert status in ("runs", "refused"), f"AMX tiles here, but their status is {status!r}"
+    else:
+        assert status == "absent"
+    assert quant.path_runs("amx", "q8") == (status == "runs") == products.amx_tiles()
 
 
 def q4q8_pair(**options):

@@ -13,6 +13,18 @@ from specviz.kernels.quant import PATHS, path_runs
 ENV_PATH = "SPECVIZ_Q4_PATH"  # the path `auto` takes (the ops read it on every call)
 
 
+STATUS = ("runs", "absent", "refused", "differs")  # csrc/intdot.cpp's q8act_amx_status, by number
+
+
+def amx_status() -> str:
+    """Why the AMX path runs here or not: "runs"; "absent" (no AMX-TILE, AMX-INT8 or VNNI, or the C++ ops not
+    built); "refused" (Linux did not grant the tile state); "differs" (the tiles' products were unlike VNNI's in
+    the check the op makes before first use, so it keeps VNNI: a bug to report)."""
+    if not path_runs("portable", "q8"):
+        return "absent"
+    return STATUS[torch.ops.specviz.q8act_amx_status()]
+
+
 def amx_tiles() -> bool:
     """Whether the products on 8-bit activations take AMX tiles here by default (two rows or more: a verify, a
     prefill, a head's depth of candidates): the CPU has AMX-INT8 and Linux granted the process the tile state."""

@@ -5,6 +5,8 @@
 // q8act_path(path): the path the products run (as q4_path; AVX-512 here needs its VNNI and BW extensions, and
 //   `auto` takes AVX2 where they are missing; 3, amx, takes AMX tiles for two rows or more where the CPU has
 //   AMX-INT8 and Linux grants the tile state, and `auto` takes it there).
+// q8act_amx_status(): why the amx path runs here or not (0 runs, 1 no AMX, 2 refused by Linux, 3 its products
+//   differ from VNNI's in the check made before first use).
 // q8_activations(x, path): x (rows, in) fp32 quantized as the products quantize it: q (rows, in) int8, d and s
 //   (rows, in / 32) fp32 (for tests and tools: x̂ = d q is the activation the products multiply).
 #include <ATen/ATen.h>
@@ -31,22 +33,37 @@ using specviz_intdot::kGroup;
 using specviz_intdot::kPortable;
 using specviz_intdot::kTile;
 
-#ifdef SPECVIZ_INTDOT_AMX
+// Whether the AMX path runs here (q8act_amx_status): 0 it does; 1 the CPU lacks AMX-TILE, AMX-INT8 or VNNI (or this
+// build has no tile instructions); 2 Linux refused the tile state; 3 the tiles' products differ from VNNI's.
+enum AmxStatus : int64_t { kAmxRuns = 0, kAmxAbsent = 1, kAmxRefused = 2, kAmxDiffers = 3 };
+
 // AMX-TILE and AMX-INT8 (CPUID leaf 7: EDX bits 24 and 25), and the tile state granted to this process: Linux
 // hands it out only on request (arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA), once per process and for
 // all its threads, and a tile instruction without it faults as an illegal instruction. Asked once; a kernel too
-// old to know the request, or one that refuses it (a hypervisor that hides the state), leaves the VNNI path.
-bool amx_granted() {
-  static const bool granted = [] {
+// old to know the request, or one that refuses it (a hypervisor that hides the state), leaves the VNNI path, and
+// so do tile products that differ from VNNI's (with a warning: that would be a bug to report).
+int64_t amx_status() {
+#ifdef SPECVIZ_INTDOT_AMX
+  static const int64_t status = [] {
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
-    if (!((edx >> 24) & 1) || !((edx >> 25) & 1)) return false;
+    const bool vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx2") &&
+                      __builtin_cpu_supports("fma");
+    if (!vnni || !__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return kAmxAbsent;
+    if (!((edx >> 24) & 1) || !((edx >> 25) & 1)) return kAmxAbsent;
     constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+    if (syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) != 0) return kAmxRefused;
+    if (!specviz_intdot::amx_agrees_with_vnni()) {
+      TORCH_WARN("specviz: the AMX tile products differ from the VNNI ones on this CPU; they run on VNNI instead");
+      return kAmxDiffers;
+    }
+    return kAmxRuns;
   }();
-  return granted;
-}
+  return status;
+#else
+  return kAmxAbsent;
 #endif
+}
 
 bool cpu_has(int64_t path) {
 #ifdef SPECVIZ_INTDOT_X86
@@ -55,11 +72,7 @@ bool cpu_has(int64_t path) {
     const bool vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx2") &&
                       __builtin_cpu_supports("fma");
-#ifdef SPECVIZ_INTDOT_AMX
-    if (path == kAmx) return vnni && amx_granted();  // its sums are scaled, and single rows run, as on VNNI
-#else
-    if (path == kAmx) return false;
-#endif
+    if (path == kAmx) return vnni && amx_status() == kAmxRuns;  // its sums are scaled, single rows run, as on VNNI
     return vnni;
   }
 #endif
@@ -91,6 +104,8 @@ int64_t resolve(int64_t path) {
 }
 
 int64_t q8act_path(int64_t path) { return resolve(path); }
+
+int64_t q8act_amx_status() { return amx_status(); }
 
 // x's rows quantized (intdot.h's quantize_rows), rows split between threads.
 struct Quantized {
@@ -185,6 +200,7 @@ at::Tensor q8_linear_tiled(const at::Tensor& x, const at::Tensor& codes, const a
 
 TORCH_LIBRARY_FRAGMENT(specviz, m) {
   m.def("q8act_path(int path=-1) -> int", q8act_path);
+  m.def("q8act_amx_status() -> int", q8act_amx_status);
   m.def("q8_activations(Tensor x, int path=-1) -> (Tensor, Tensor, Tensor)");
 }
 

@@ -31,6 +31,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #if defined(SPECVIZ_INTDOT_SIMDE)  // tests: SIMDe's portable versions of the same intrinsics, any CPU
@@ -607,5 +608,41 @@ inline void quantize_rows(int64_t path, const float* x, int64_t in, int64_t begi
     quantize_row_portable(x + r * in, groups, q + r * in, d + r * groups, s + r * groups, sums + 2 * r * groups);
   }
 }
+
+#ifdef SPECVIZ_INTDOT_AMX
+// Products of 20 rows (a whole chunk of 16 and a padded one) on the tiles and on VNNI, for 4-bit codes, Q8_0 and
+// Q6_K's halves, on made-up weights and activations: the same bits, or the tiles are not used. A wrong tile
+// product would otherwise change every verify's logits silently.
+inline bool amx_agrees_with_vnni() {
+  constexpr int64_t rows = 20, in = 64, out = 32, groups = in / kGroup;
+  uint32_t state = 20261206u;
+  auto next = [&state] {
+    state = state * 1664525u + 1013904223u;  // a linear congruential generator: the same numbers everywhere
+    return state >> 8;
+  };
+  std::vector<float> x(rows * in), scales(out * groups * 2), mins(out * groups);
+  std::vector<uint8_t> codes(out * in);
+  for (float& v : x) v = static_cast<float>(static_cast<int>(next() % 2001) - 1000) / 100.0f;
+  for (float& v : scales) v = static_cast<float>(next() % 1000 + 1) / 4096.0f;
+  for (float& v : mins) v = -static_cast<float>(next() % 1000) / 4096.0f;
+  for (uint8_t& c : codes) c = static_cast<uint8_t>(next());
+  std::vector<int8_t> q(rows * in);
+  std::vector<float> d(rows * groups), s(rows * groups);
+  std::vector<int32_t> sums(2 * rows * groups);
+  quantize_rows(kPortable, x.data(), in, 0, rows, q.data(), d.data(), s.data(), sums.data());
+  const Acts acts{q.data(), d.data(), s.data(), sums.data(), in, groups};
+  for (int per : {0, 1, 2}) {  // 0: 4-bit codes, else 8-bit with `per` scales a group
+    const Tiles w{codes.data(), scales.data(), per == 0 ? mins.data() : nullptr, groups,
+                                  per == 0 ? 1 : per};
+    std::vector<float> tiled(rows * out), vnni(rows * out);
+    for (auto [path, y] : {std::pair{kAmx, tiled.data()}, std::pair{kAvx512, vnni.data()}}) {
+      if (per == 0) tiles<4>(path, acts, rows, w, y, out, 0, out / kTile);
+      else tiles<8>(path, acts, rows, w, y, out, 0, out / kTile);
+    }
+    if (std::memcmp(tiled.data(), vnni.data(), sizeof(float) * tiled.size()) != 0) return false;
+  }
+  return true;
+}
+#endif
 
 }  // namespace specviz_intdot
