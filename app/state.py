@@ -63,7 +63,7 @@ def _shared_models(name: str, _progress: Callable | None = None) -> LocalBackend
 
 @st.cache_resource(show_spinner=False, ttl=30)
 def _remote_models(url: str) -> list[dict]:
-    from specviz.serve.client import Client
+    from specviz.backends.client import Client
 
     return Client(url, token=os.environ.get(ENV_BACKEND_TOKEN)).models()
 

@@ -6,7 +6,7 @@
 It starts the three servers itself (`vllm serve` of the exported target, plain and with the head as a chain of
 depth 3, as docs/vllm.md says; `specviz serve`), one after another, and stops them at the end; --vllm-plain,
 --vllm-eagle3 and --specviz take the URLs of running ones instead. The clients are specviz's own: its vLLM backend
-(specviz.backends.vllm) and its service client (specviz.serve.client), as the app uses them.
+(specviz.backends.vllm) and the service client (specviz.backends.client), as the app uses them.
 
 A phase is one lane (server and method) with N clients: each client streams ceil(4 / N) runs back to back (so 4
 runs at N = 1, one run a client at 4 and 16), MT-bench first turns (chat template), the same prompts for every
@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT))  # run as a file from anywhere: find specviz
 
 import torch  # noqa: E402
 
+from specviz.backends.client import Client  # noqa: E402
 from specviz.backends.service import ServiceBackend  # noqa: E402
 from specviz.backends.vllm import VllmBackend  # noqa: E402
 from specviz.bench import servers  # noqa: E402
@@ -50,7 +51,6 @@ from specviz.bench.prompts import load_prompts  # noqa: E402
 from specviz.bench.runs import spread  # noqa: E402
 from specviz.bench.runs import summary as median_min_max  # noqa: E402
 from specviz.errors import SpecvizError  # noqa: E402
-from specviz.serve.client import Client  # noqa: E402
 from specviz.serve.loadbench import percentile  # noqa: E402
 
 MT_BENCH = ROOT.parent / "shared" / "data" / "mt_bench.jsonl"

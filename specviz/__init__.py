@@ -9,7 +9,7 @@ __all__ = ["Client", "generate", "stream", "loaded", "Result", "SpecvizError", "
 
 def __getattr__(name: str):
     if name == "Client":  # the service's client: imports httpx only when asked for
-        from specviz.serve.client import Client
+        from specviz.backends.client import Client
 
         return Client
     raise AttributeError(f"module 'specviz' has no attribute {name!r}")

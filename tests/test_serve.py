@@ -12,10 +12,10 @@ import pytest
 from serving import Running, free_port, post
 
 from specviz import api
+from specviz.backends.client import Client
 from specviz.cli import main as cli
 from specviz.decoding import events as ev
 from specviz.errors import SpecvizError
-from specviz.serve.client import Client
 from specviz.serve.http import Service
 
 TIMING = {"timing", "wall_s", "tokens_per_s", "draft_s", "verify_s"}
@@ -56,7 +56,7 @@ def read_events(url: str, run_id: str, last: int | None = None, stop_after: int 
     got = []
     with httpx.stream("GET", f"{url}/v1/runs/{run_id}/events", headers=headers, timeout=30) as response:
         assert response.status_code == 200
-        from specviz.serve.client import _sse
+        from specviz.backends.client import _sse
 
         for item in _sse(response.iter_lines()):
             got.append(item)

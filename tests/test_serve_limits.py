@@ -9,10 +9,10 @@ import pytest
 import torch
 from serving import Running, post
 
+from specviz.backends.client import Client
 from specviz.kernels import fastlinear
 from specviz.models.heads import EagleHead
 from specviz.models.loading import LoadedModels
-from specviz.serve.client import Client
 from specviz.serve.http import Service
 
 from tiny import TinyTokenizer, tiny_llama

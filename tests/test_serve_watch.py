@@ -9,9 +9,9 @@ import httpx
 import pytest
 from serving import Running, post
 
+from specviz.backends.client import Client
 from specviz.decoding import events as ev
 from specviz.errors import SpecvizError
-from specviz.serve.client import Client
 from specviz.serve.http import Service
 
 VIEWERS = 30

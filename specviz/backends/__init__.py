@@ -2,7 +2,8 @@
 small protocol, so a page never knows which it has:
 
     local.py    our engine in this process (full detail: the tree, p, q, u, residual of every step)
-    service.py  a `specviz serve` service over HTTP (the same events, the same detail)
+    service.py  a `specviz serve` service over HTTP (the same events, the same detail), through client.py,
+                the service's Python client (`specviz.Client`)
     vllm.py     an unmodified `vllm serve` over its OpenAI API (per step only accepted counts and tokens)
 
 A backend says what it is and what detail its events carry (`describe`), and streams a run as events (`stream`).

@@ -6,9 +6,9 @@ from dataclasses import asdict
 from typing import Callable, Iterator
 
 from specviz.backends.base import FULL, events, run, settings_of
+from specviz.backends.client import Client
 from specviz.decoding import events as ev
 from specviz.errors import SpecvizError
-from specviz.serve.client import Client
 
 
 class ServiceBackend:

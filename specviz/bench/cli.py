@@ -9,10 +9,10 @@ from dataclasses import replace
 
 import torch
 
+from specviz.arguments import add_decoding_args, add_model_args, add_weights_arg, decode_settings, int_list
 from specviz.atomic import check_writable, write_atomically
 from specviz.bench import QUICK_SIZES, BenchSettings, load_prompts, quick_settings, run_bench, to_markdown, validate
 from specviz.bench.vllm import parse_lanes
-from specviz.cli.args import add_decoding_args, add_model_args, add_weights_arg, decode_settings, int_list
 from specviz.errors import SpecvizError
 
 

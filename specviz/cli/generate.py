@@ -5,8 +5,8 @@ import json
 import os
 import sys
 
+from specviz.arguments import DEFAULT_DRAFTER, DEFAULT_MODEL, add_decoding_args, add_model_args, decode_settings
 from specviz.atomic import check_writable
-from specviz.cli.args import DEFAULT_DRAFTER, DEFAULT_MODEL, add_decoding_args, add_model_args, decode_settings
 from specviz.decoding.settings import DecodeSettings
 from specviz.errors import SpecvizError
 

@@ -6,7 +6,8 @@ an OpenAI client, the viewers of a watch link).
     validate.py     request bodies and their checks     streaming.py    SSE, traces, chat completions
     guard.py        Host allow-list, body limit, token, the error shape
     connections.py  the connection cap and the header deadline (uvicorn's h11, guarded)
-    client.py       the Python client                   metrics.py      the Prometheus counters
-    cli.py          `specviz serve` and `specviz load-bench`
+    metrics.py      the Prometheus counters             cli.py          `specviz serve` and `specviz load-bench`
+
+Its Python client is specviz/backends/client.py, beside the backend that decodes through it.
 
 docs/service.md is the reference."""

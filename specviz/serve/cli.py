@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
+from specviz.arguments import add_weights_arg
 from specviz.atomic import check_writable, write_atomically
-from specviz.cli.args import add_weights_arg
 from specviz.errors import SpecvizError
 
 TOKEN_ENV = "SPECVIZ_TOKEN"

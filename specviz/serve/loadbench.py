@@ -14,9 +14,9 @@ import threading
 import time
 from dataclasses import dataclass
 
+from specviz.backends.client import Client
 from specviz.bench.prompts import load_prompts
 from specviz.errors import SpecvizError
-from specviz.serve.client import Client
 
 
 @dataclass

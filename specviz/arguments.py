@@ -1,4 +1,5 @@
-"""Options several commands share: the model to load, and the decode settings (named after DecodeSettings' fields)."""
+"""Command-line options several commands share (generate, bench, serve): the model to load, and the decode settings
+(named after DecodeSettings' fields). Below every command family, so that none of them imports another."""
 from __future__ import annotations
 
 import argparse
