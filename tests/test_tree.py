@@ -1,4 +1,6 @@
 """Tree verification: mask and positions, cache gather, greedy identity, statistical losslessness."""
+import random
+
 import pytest
 import torch
 
@@ -352,3 +354,24 @@ def test_medusa_typical_acceptance_is_marked_lossy_and_off_by_default():
     assert evs[0].options["typical_acceptance"] is True
     # with ε = δ = 1 the threshold is exp(−H(p)) and a flat p over 64 tokens lets most children pass
     assert evs[-1].stats["acceptance_rate"] > 0
+
+
+def test_the_tree_mask_lets_each_input_see_exactly_the_context_the_root_its_path_and_itself():
+    """Against the definition, on random trees of 0-129 nodes (wider than a byte of the packed rows) and both
+    dtypes: row 0 (the root) and row i + 1 (node i) see every cached position, the root, and path_to(i)."""
+    rng = random.Random(5)
+    for _ in range(60):
+        tree = DraftTree()
+        for i in range(rng.randrange(0, 130)):
+            tree.add(rng.randrange(1000), rng.randrange(-1, i) if i else -1)
+        past = rng.randrange(0, 40)
+        for dtype in (torch.float32, torch.bfloat16):
+            mask = tree.attention_mask(past, dtype=dtype)
+            assert mask.shape == (1, 1, len(tree) + 1, past + len(tree) + 1) and mask.dtype == dtype
+            seen = mask[0, 0] == 0
+            assert seen[:, :past].all() and seen[:, past].all()  # the context and the root, for every input
+            assert (mask[0, 0][~seen] == torch.finfo(dtype).min).all()
+            for node in range(len(tree)):
+                expected = {past + 1 + j for j in tree.path_to(node)}
+                assert set(torch.nonzero(seen[node + 1, past + 1 :]).flatten().add(past + 1).tolist()) == expected
+            assert not seen[0, past + 1 :].any()
