@@ -197,6 +197,16 @@ template <class T> std::vector<T> read(const std::string& path, size_t n) {
 }
 int main(int argc, char** argv) {  // bits per rows in out path folder, or "check"
   if (std::string(argv[1]) == "check") return amx_agrees_with_vnni() ? 0 : 1;  // the op's check before first use
+  if (std::string(argv[1]) == "config") {  // config HALVES [BYTE]: amx_config's 64 bytes in hex, then ldtilecfg
+    TileConfig config = amx_config(std::atoi(argv[2]));  // of them, with BYTE set to 1 first where given
+    uint8_t* bytes = reinterpret_cast<uint8_t*>(&config);
+    static_assert(sizeof(TileConfig) == 64);
+    for (int i = 0; i < 64; ++i) std::printf("%02x", bytes[i]);
+    std::fflush(stdout);
+    if (argc > 3) bytes[std::atoi(argv[3])] = 1;
+    specviz_amx_config(bytes);  // aborts where the hardware raises #GP
+    return 0;
+  }
   const int bits = std::atoi(argv[1]), per = std::atoi(argv[2]);
   const int64_t rows = std::atoll(argv[3]), in = std::atoll(argv[4]), out = std::atoll(argv[5]), path = std::atoll(argv[6]);
   const std::string dir = argv[7];
@@ -301,6 +311,27 @@ def test_a_planted_layout_bug_in_the_amx_path_is_caught(tmp_path):
     assert {rows for _, _, rows, _ in differ} == {2, 16, 17} and len(differ) == 9
     # the op's own check before it first takes the tiles (amx_agrees_with_vnni) refuses them too
     assert subprocess.run([binary, "check"]).returncode == 1
+
+
+@needs_op
+def test_the_tile_configuration_has_the_sdm_layout(tmp_path):
+    """amx_config's 64 bytes as ldtilecfg reads them (Intel SDM): palette 1 at byte 0, start_row 0, bytes 2..15
+    zero, colsb of tiles 0..15 as little-endian 16-bit words at 16..47, rows of tiles 0..15 at 48..63; C in tiles
+    0/1 (16 rows of 64 bytes), A in 2/3 (16 rows of 32 / halves bytes), B in 4/5 (32 / halves / 4 rows of 64 bytes),
+    every other tile zero. The emulated ldtilecfg takes it, and refuses a start_row, a reserved byte or a tile past
+    7 that is not zero (the hardware raises #GP on the last two)."""
+    binary, why = simde_harness(tmp_path)
+    if binary is None:
+        pytest.skip(why)
+    for halves in (1, 2):
+        k = 32 // halves
+        colsb, rows = [64, 64, k, k, 64, 64] + [0] * 10, [16, 16, 16, 16, k // 4, k // 4] + [0] * 10
+        expected = bytes([1, 0] + [0] * 14) + b"".join(c.to_bytes(2, "little") for c in colsb) + bytes(rows)
+        run = subprocess.run([binary, "config", str(halves)], capture_output=True, text=True)
+        assert run.returncode == 0 and bytes.fromhex(run.stdout) == expected
+        for byte in (1, 2, 15, 32, 47, 56, 63):
+            run = subprocess.run([binary, "config", str(halves), str(byte)], capture_output=True, text=True)
+            assert run.returncode != 0 and "AMX emulation" in run.stderr, byte
 
 
 @needs_op

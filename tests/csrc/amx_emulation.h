@@ -1,7 +1,8 @@
 // The AMX tile instructions that specviz/kernels/csrc/intdot.h uses, in plain C++ as the Intel SDM's pseudocode
 // defines them (ldtilecfg, tilerelease, tilezero, tileloadd, tilestored, tdpbssd, tdpbsud), so that the AMX path
 // runs, and is tested for its bits, on any CPU. Stricter than the hardware where that helps a test: every shape
-// rule whose breach raises #UD on a real CPU aborts here, and so does a tile used before ldtilecfg.
+// rule whose breach raises #UD on a real CPU, and every ldtilecfg byte that raises #GP there, aborts here, and so
+// do a tile used before ldtilecfg and a configuration that resumes at a start_row.
 //
 // SPECVIZ_AMX_EMULATION_MISREAD: B's bytes read in the wrong order within each column's four (a planted layout
 // bug, to show the test that runs this emulation catches one).
@@ -39,6 +40,12 @@ inline void specviz_amx_config(const void* config) {
   using namespace specviz_amx_emulation;
   const uint8_t* c = static_cast<const uint8_t*>(config);
   if (c[0] != 1) fault("palette must be 1");
+  // #GP on the hardware: reserved bytes 2..15, and tiles 8..15 (colsb at bytes 32..47, rows at 56..63), not zero.
+  // A start_row other than 0 is legal there (it resumes an interrupted tile load or store) but would make the next
+  // tileloadd begin at that row: refused here.
+  if (c[1] != 0) fault("start_row must be 0");
+  for (int i = 2; i < 64; ++i)
+    if (c[i] != 0 && (i < 16 || (i >= 32 && i < 48) || i >= 56)) fault("reserved byte or tile 8..15 not zero");
   for (int t = 0; t < 8; ++t) {
     const int colsb = c[16 + 2 * t] | (c[17 + 2 * t] << 8), rows = c[48 + t];
     if (rows > 16 || colsb > 64 || (rows == 0) != (colsb == 0)) fault("tile shape out of range");

@@ -69,8 +69,9 @@ inline __m512 specviz_cvtepi32_ps(__m512i v) {
 #define SPECVIZ_INTDOT_X86 1
 #define SPECVIZ_TARGET_AVX2 __attribute__((target("avx2,fma")))
 #define SPECVIZ_TARGET_VNNI __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vnni")))
-#if defined(__x86_64__) && defined(__GNUC__)
-// AMX tiles, written as instructions (any GCC or Clang whose assembler knows them; the compiler needs no -mamx):
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
+// AMX tiles, written as instructions (any GCC or Clang whose assembler knows them; the compiler needs no -mamx), on
+// Linux, which hands out the tile state on request (arch_prctl, csrc/intdot.cpp); AT&T syntax, the compiler's default:
 // tile numbers are part of the instruction, so these take them as literals. "memory": a tile load reads and a
 // tile store writes memory the compiler does not see in the operands.
 #define SPECVIZ_INTDOT_AMX 1
