@@ -375,3 +375,27 @@ def test_the_tree_mask_lets_each_input_see_exactly_the_context_the_root_its_path
                 expected = {past + 1 + j for j in tree.path_to(node)}
                 assert set(torch.nonzero(seen[node + 1, past + 1 :]).flatten().add(past + 1).tolist()) == expected
             assert not seen[0, past + 1 :].any()
+
+
+def test_the_auto_budget_grows_the_tree_where_the_verify_cost_curve_is_flat():
+    """Where verifying many tokens costs what one costs (a GPU, or AMX tiles), "auto" keeps every candidate the
+    tree grew; where each token costs a whole forward it keeps none; a curve with a knee keeps what fits before it.
+    Greedy output is the target's whichever tree runs."""
+    target = tiny_llama(scale=3.0)
+    eagle, _ = tiny_heads(target)
+    reference = hf_greedy(target, PROMPT, 16)
+    curves = {"flat": lambda n: 1.0, "steep": lambda n: float(n), "knee": lambda n: 1.0 if n <= 4 else 10.0}
+    sizes = {}
+    for name, curve in curves.items():
+        drafter = EagleDrafter(eagle, target, TreeShape(depth=3, top_k=2, total_tokens="auto", early_stop=False),
+                               verify_cost=curve)
+        evs = run(target, drafter, max_new_tokens=16)
+        assert evs[-1].token_ids == reference, name
+        steps = evs[1:-1]
+        grown = [len({c["cid"] for s in e.build if s["stage"] == "expand" for c in s["candidates"]}) for e in steps]
+        sizes[name] = [(len(e.nodes), n) for e, n in zip(steps, grown)]
+    # steps with the whole depth ahead grow 2 + 2·2 + 2·2 = 10 candidates (the last ones, near max_new_tokens, fewer)
+    for name, kept in (("flat", 10), ("steep", 0), ("knee", 3)):  # knee: root + 3 nodes, the last size before it
+        whole = [nodes for nodes, grown in sizes[name] if grown == 10]
+        assert len(whole) >= 10 and set(whole) == {kept}, (name, sizes[name])
+    assert all(nodes == grown for nodes, grown in sizes["flat"])  # every candidate kept, also in the short steps
