@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt pyproject.toml | cksum | cut -d' ' -f1)
 PORT ?= 8501
 
-.PHONY: run serve test test-vllm lint test-avx2 setup fetch peers vllm clean
+.PHONY: run serve test test-vllm lint typecheck test-avx2 setup fetch peers vllm clean
 
 # The pinned requirements, then specviz itself (editable: the `specviz` command, no PYTHONPATH needed).
 $(STAMP): requirements.txt pyproject.toml
@@ -68,11 +68,15 @@ vllm: $(VLLM_STAMP)
 lint: setup
 	$(VENV)/bin/ruff check specviz app app.py tests scripts experiments
 
+# mypy, strict on the packages pyproject.toml's [tool.mypy] lists (about a minute the first time, seconds after)
+typecheck: setup
+	$(VENV)/bin/mypy
+
 # The tests of CPU-feature paths again with oneDNN held to AVX2, as on CPUs without AVX-512.
 test-avx2: fetch
 	ONEDNN_MAX_CPU_ISA=AVX2 $(PY) -m pytest -q -m "not qwen" tests/test_heads.py tests/test_fastlinear.py tests/test_fastdecoder.py tests/test_extension.py
 
-test: lint fetch
+test: lint typecheck fetch
 	$(PY) -m pytest -m "not qwen" --ignore=tests/test_vllm.py --ignore=tests/test_browser_vllm.py tests
 	$(MAKE) --no-print-directory test-avx2
 
@@ -82,4 +86,4 @@ test-vllm: vllm fetch
 	$(PY) -m pytest -rs tests/test_vllm.py tests/test_browser_vllm.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache

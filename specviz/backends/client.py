@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import httpx
 
+from specviz.backends.base import Events, Prompt
 from specviz.decoding import events as ev
 from specviz.errors import SpecvizError
 
@@ -34,27 +35,29 @@ class Client:
 
     # --------------------------------------------------------------------------------------- requests
 
-    def _request(self, method: str, path: str, **kwargs) -> dict:
+    def _request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         try:
             response = httpx.request(method, self.url + path, headers=self.headers, timeout=self.timeout, **kwargs)
         except httpx.HTTPError as err:
             raise SpecvizError(f"cannot reach the specviz service at {self.url}: {err}") from err
         if response.status_code >= 400:
             raise SpecvizError(f"the service refused the request ({response.status_code}): {_message(response)}")
-        return response.json()
+        body: dict[str, Any] = response.json()
+        return body
 
-    def models(self) -> list[dict]:
+    def models(self) -> list[dict[str, Any]]:
         """What the service loaded: name, device, dtype, drafters, verify-cost curve."""
-        return self._request("GET", "/v1/models")["models"]
+        rows: list[dict[str, Any]] = self._request("GET", "/v1/models")["models"]
+        return rows
 
-    def health(self) -> dict:
+    def health(self) -> dict[str, Any]:
         return self._request("GET", "/healthz")
 
-    def submit(self, prompt: str | list[dict], **parameters) -> str:
+    def submit(self, prompt: Prompt, **parameters: Any) -> str:
         """POST /v1/runs; returns the run id. parameters: those of specviz.stream that the service takes."""
-        return self.start(prompt, **parameters)["run_id"]
+        return str(self.start(prompt, **parameters)["run_id"])
 
-    def start(self, prompt: str | list[dict], **parameters) -> dict:
+    def start(self, prompt: Prompt, **parameters: Any) -> dict[str, Any]:
         """POST /v1/runs: {"run_id", "position", "share_id"} (share=True gives the run a read-only watch link)."""
         body = {"messages" if isinstance(prompt, list) else "prompt": prompt, **parameters}
         return self._request("POST", "/v1/runs", json=body)
@@ -67,11 +70,11 @@ class Client:
 
     # --------------------------------------------------------------------------------------- streams
 
-    def events(self, run_id: str, on_queued: Callable[[int], None] | None = None) -> Iterator[dict]:
+    def events(self, run_id: str, on_queued: Callable[[int], None] | None = None) -> Iterator[dict[str, Any]]:
         """The run's events as dicts, in order and each once, resuming after a dropped connection."""
         return self._follow(f"/v1/runs/{run_id}/events", on_queued)
 
-    def watch(self, share_id: str, on_queued: Callable[[int], None] | None = None) -> Iterator[ev.Event]:
+    def watch(self, share_id: str, on_queued: Callable[[int], None] | None = None) -> Events:
         """A shared run's events, read-only, from its first (however late this viewer comes) to its last."""
         got_done = False
         for data in self._follow(f"/v1/watch/{share_id}/events", on_queued):
@@ -80,7 +83,7 @@ class Client:
         if not got_done:
             raise SpecvizError(f"the service at {self.url} ended the shared run's stream before its last event")
 
-    def _follow(self, path: str, on_queued: Callable[[int], None] | None) -> Iterator[dict]:
+    def _follow(self, path: str, on_queued: Callable[[int], None] | None) -> Iterator[dict[str, Any]]:
         seen, failures = -1, 0
         while True:
             headers = dict(self.headers)
@@ -114,8 +117,8 @@ class Client:
                     raise SpecvizError(f"lost the stream from {self.url} after {seen + 1} events: {err}") from err
                 time.sleep(0.2 * failures)
 
-    def stream(self, prompt: str | list[dict], on_queued: Callable[[int], None] | None = None,
-               on_shared: Callable[[str], None] | None = None, **parameters) -> Iterator[ev.Event]:
+    def stream(self, prompt: Prompt, on_queued: Callable[[int], None] | None = None,
+               on_shared: Callable[[str], None] | None = None, **parameters: Any) -> Events:
         """Like specviz.stream: a Start event, one Step per target forward, a Done event (as objects).
         on_shared: the run is shared, and on_shared(share_id) is called before its events (Client.watch and the
         app's ?watch= link follow it)."""
@@ -139,14 +142,14 @@ class Client:
 
 def _message(response: httpx.Response) -> str:
     try:
-        return response.json()["error"]["message"]
+        return str(response.json()["error"]["message"])
     except (ValueError, KeyError, TypeError):
         return response.text[:200]
 
 
-def _sse(lines: Iterator[str]) -> Iterator[tuple[str, int | None, dict]]:
+def _sse(lines: Iterator[str]) -> Iterator[tuple[str, int | None, dict[str, Any]]]:
     """(event type, id, parsed data) for each Server-Sent Event; comments (keep-alives) are skipped."""
-    kind, event_id, data = "message", None, []
+    kind, event_id, data = "message", None, []  # type: tuple[str, int | None, list[str]]
     for line in lines:
         if not line:
             if data:

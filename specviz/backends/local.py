@@ -1,16 +1,19 @@
 """The local backend: our engine in this process, one run at a time per loaded model."""
 from __future__ import annotations
 
+import contextlib
 import threading
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable
 
-from specviz.backends.base import FULL, events, run, settings_of
+from specviz.backends.base import FULL, Events, OnWait, Prompt, events, run, settings_of
 from specviz.decoding import engine
-from specviz.decoding import events as ev
 from specviz.decoding.prompt import encode_prompt
 from specviz.decoding.settings import DecodeSettings
 from specviz.drafters import available, make_drafter, variants
 from specviz.models.quantized import WEIGHT_WORDS
+
+if TYPE_CHECKING:
+    from specviz.models.loading import LoadedModels
 
 
 class LocalBackend:
@@ -21,7 +24,7 @@ class LocalBackend:
     remote = False
     detail = FULL
 
-    def __init__(self, models):
+    def __init__(self, models: LoadedModels):
         self.models = models  # a specviz.models.LoadedModels; read-only once loaded
         self.lock = threading.Lock()
 
@@ -50,15 +53,15 @@ class LocalBackend:
     def where(self) -> str:
         return f"in this process on {self.device} ({self.dtype}; {WEIGHT_WORDS[self.weights]})"
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {"name": self.name, "engine": "specviz", "device": self.device, "dtype": self.dtype,
                 "weights": self.weights,
                 "detail": self.detail, "drafters": self.drafters() + self.variants(), "where": self.where()}
 
-    def stream(self, prompt: str | list[dict], on_wait: Callable[[int | None], None] | None = None, *,
-               drafter: str = "ngram", settings: DecodeSettings | None = None, drafter_options: dict | None = None,
-               chat: bool = True, client_id: str | None = None, cancelled: Callable[[], bool] | None = None,
-               **decode) -> Iterator[ev.Event]:
+    def stream(self, prompt: Prompt, on_wait: OnWait | None = None, *,
+               drafter: str = "ngram", settings: DecodeSettings | None = None,
+               drafter_options: dict[str, Any] | None = None, chat: bool = True, client_id: str | None = None,
+               cancelled: Callable[[], bool] | None = None, **decode: Any) -> Events:
         """The run, holding the lock; on_wait(None) is called once if another run holds it, before waiting.
         Close the generator when you stop early: closing is what releases the lock at once. `cancelled` is read
         between the prompt's prefill chunks, where no event comes for long: True ends the run there (no done
@@ -78,13 +81,13 @@ class LocalBackend:
         finally:
             self.lock.release()
 
-    def events(self, prompt, on_wait=None, **kwargs):
+    def events(self, prompt: Prompt, on_wait: OnWait | None = None, **kwargs: Any) -> contextlib.closing[Events]:
         return events(self, prompt, on_wait=on_wait, **kwargs)
 
-    def run(self, prompt, **kwargs) -> list[dict]:
+    def run(self, prompt: Prompt, **kwargs: Any) -> list[dict[str, Any]]:
         return run(self, prompt, **kwargs)
 
 
-def as_local(models) -> LocalBackend:
+def as_local(models: LocalBackend | LoadedModels) -> LocalBackend:
     """A LocalBackend as it is, or loaded models (specviz.models.LoadedModels) behind a new one."""
     return models if isinstance(models, LocalBackend) else LocalBackend(models)

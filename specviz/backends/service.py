@@ -2,12 +2,13 @@
 queues every client's runs itself."""
 from __future__ import annotations
 
+import contextlib
 from dataclasses import asdict
-from typing import Callable, Iterator
+from typing import Any, Callable
 
-from specviz.backends.base import FULL, events, run, settings_of
+from specviz.backends.base import FULL, Events, OnWait, Prompt, events, run, settings_of
 from specviz.backends.client import Client
-from specviz.decoding import events as ev
+from specviz.decoding.settings import DecodeSettings
 from specviz.errors import SpecvizError
 
 
@@ -17,7 +18,7 @@ class ServiceBackend:
     models = None  # the weights are on the service
     lock = None
 
-    def __init__(self, url: str, row: dict, token: str | None = None):
+    def __init__(self, url: str, row: dict[str, Any], token: str | None = None):
         self.url, self.row, self.token = url, row, token  # row: the service's /v1/models entry for the model
 
     @classmethod
@@ -30,15 +31,15 @@ class ServiceBackend:
 
     @property
     def name(self) -> str:
-        return self.row["name"]
+        return str(self.row["name"])
 
     @property
     def device(self) -> str:
-        return self.row["device"]
+        return str(self.row["device"])
 
     @property
     def dtype(self) -> str:
-        return self.row["dtype"]
+        return str(self.row["dtype"])
 
     def drafters(self) -> list[str]:
         return [d for d in self.row["drafters"] if ":" not in d]
@@ -49,14 +50,14 @@ class ServiceBackend:
     def where(self) -> str:
         return f"on the service at {self.url}, on {self.device} ({self.dtype})"
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {"name": self.name, "engine": "specviz serve", "device": self.device, "dtype": self.dtype,
                 "detail": self.detail, "drafters": list(self.row["drafters"]), "where": self.where()}
 
-    def stream(self, prompt: str | list[dict], on_wait: Callable[[int | None], None] | None = None, *,
-               drafter: str = "ngram", settings=None, drafter_options: dict | None = None, chat: bool = True,
-               client_id: str | None = None, on_shared: Callable[[str], None] | None = None,
-               **decode) -> Iterator[ev.Event]:
+    def stream(self, prompt: Prompt, on_wait: OnWait | None = None, *,
+               drafter: str = "ngram", settings: DecodeSettings | None = None,
+               drafter_options: dict[str, Any] | None = None, chat: bool = True, client_id: str | None = None,
+               on_shared: Callable[[str], None] | None = None, **decode: Any) -> Events:
         """The run on the service; on_wait(position) is called while it waits in the service's queue.
         on_shared: the run gets a read-only watch link, and on_shared(share_id) is called before its events."""
         fields = asdict(settings_of(settings and settings.decode_settings(), decode))
@@ -64,13 +65,12 @@ class ServiceBackend:
         yield from client.stream(prompt, on_queued=on_wait, on_shared=on_shared, model=self.name, drafter=drafter,
                                  drafter_options=drafter_options or {}, chat=chat, **fields)
 
-    def watch(self, share_id: str, on_wait: Callable[[int | None], None] | None = None,
-              client_id: str | None = None) -> Iterator[ev.Event]:
+    def watch(self, share_id: str, on_wait: OnWait | None = None, client_id: str | None = None) -> Events:
         """Another client's shared run, read-only: every event from its first, however late this viewer comes."""
         yield from Client(self.url, token=self.token, client_id=client_id).watch(share_id, on_queued=on_wait)
 
-    def events(self, prompt, on_wait=None, **kwargs):
+    def events(self, prompt: Prompt, on_wait: OnWait | None = None, **kwargs: Any) -> contextlib.closing[Events]:
         return events(self, prompt, on_wait=on_wait, **kwargs)
 
-    def run(self, prompt, **kwargs) -> list[dict]:
+    def run(self, prompt: Prompt, **kwargs: Any) -> list[dict[str, Any]]:
         return run(self, prompt, **kwargs)

@@ -20,14 +20,16 @@ Start the server as docs/vllm.md says; `vllm+http://host:8000` (or `SPECVIZ_BACK
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import time
-from typing import Callable, Iterator
+from typing import Any, Iterator
 
 import httpx
 
-from specviz.backends.base import COUNTS, events, run, settings_of
+from specviz.backends.base import COUNTS, Events, OnWait, Prompt, events, run, settings_of
 from specviz.decoding import events as ev
+from specviz.decoding.settings import DecodeSettings
 from specviz.errors import SpecvizError
 
 SCHEME = "vllm+"
@@ -55,7 +57,7 @@ class VllmBackend:
 
     @classmethod
     def connect(cls, url: str, model: str | None = None, token: str | None = None, timeout_s: float = 10.0,
-                **options) -> VllmBackend:
+                **options: Any) -> VllmBackend:
         """The server at `url` (http://host:port, without the vllm+ prefix) and one model it serves; SpecvizError
         within about timeout_s when there is none, or one that does not answer. `options`: the backend's
         silence_s and detokenize."""
@@ -102,13 +104,14 @@ class VllmBackend:
         how = {True: "speculative", False: "no speculative config", None: "speculation unknown"}[self.speculative]
         return f"on vLLM at {self.url} ({how}; it reports accepted counts per step, no q or tree)"
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {"name": self.model, "engine": "vllm", "device": "vllm", "dtype": "as served", "detail": self.detail,
                 "drafters": self.drafters(), "where": self.where(), "speculative": self.speculative}
 
-    def stream(self, prompt: str | list[dict], on_wait: Callable[[int | None], None] | None = None, *,
-               drafter: str = "vllm", settings=None, drafter_options: dict | None = None, chat: bool = True,
-               client_id: str | None = None, **decode) -> Iterator[ev.Event]:
+    def stream(self, prompt: Prompt | list[int], on_wait: OnWait | None = None, *,
+               drafter: str = "vllm", settings: DecodeSettings | None = None,
+               drafter_options: dict[str, Any] | None = None, chat: bool = True, client_id: str | None = None,
+               **decode: Any) -> Events:
         settings = settings_of(settings and settings.decode_settings(), decode)
         if drafter != "vllm" or drafter_options:
             raise SpecvizError(f"vLLM drafts with the method its server was started with; run drafter 'vllm' "
@@ -133,10 +136,10 @@ class VllmBackend:
             raise SpecvizError(f"the vLLM server at {self.url} stopped answering mid-run ({type(err).__name__}: "
                                f"the connection ended; it stopped or crashed): {RESTART}") from None
 
-    def _body(self, prompt, settings, chat: bool) -> dict:
-        body = {"model": self.model, "stream": True, "stream_options": {"include_usage": True},
-                "return_token_ids": True, "max_tokens": settings.max_new_tokens,
-                "temperature": settings.temperature, "top_p": settings.top_p, "seed": settings.seed}
+    def _body(self, prompt: Prompt | list[int], settings: DecodeSettings, chat: bool) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": self.model, "stream": True, "stream_options": {"include_usage": True},
+                                "return_token_ids": True, "max_tokens": settings.max_new_tokens,
+                                "temperature": settings.temperature, "top_p": settings.top_p, "seed": settings.seed}
         if settings.top_k:
             body["top_k"] = settings.top_k
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
@@ -147,7 +150,8 @@ class VllmBackend:
             raise SpecvizError("the prompt is empty")
         return {**body, "messages": [{"role": "user", "content": prompt}]} if chat else {**body, "prompt": prompt}
 
-    def _events(self, chunks: Iterator[dict], prompt, settings, started: float) -> Iterator[ev.Event]:
+    def _events(self, chunks: Iterator[dict[str, Any]], prompt: Prompt | list[int], settings: DecodeSettings,
+                started: float) -> Iterator[ev.Event]:
         prompt_ids: list[int] = []
         generated: list[int] = []
         text, steps, last, start_sent = "", 0, started, False
@@ -185,7 +189,7 @@ class VllmBackend:
         yield ev.Done(text=text, token_ids=generated, stop_reason="max_new_tokens" if finish == "length" else "eos",
                       stats=stats_of(steps, len(generated), wall, spec))
 
-    def _start(self, prompt, prompt_ids: list[int], settings) -> ev.Start:
+    def _start(self, prompt: Prompt | list[int], prompt_ids: list[int], settings: DecodeSettings) -> ev.Start:
         text = prompt if isinstance(prompt, str) else json.dumps(prompt, ensure_ascii=False)
         return ev.Start(model=self.model, drafter="vllm", sampling={"temperature": settings.temperature,
                         "top_p": settings.top_p, "top_k": settings.top_k}, options={"server": self.url},
@@ -224,20 +228,21 @@ class VllmBackend:
             return [""] * (len(ids) - 1) + [delta]
         return [self._texts[t] for t in ids]
 
-    def events(self, prompt, on_wait=None, **kwargs):
+    def events(self, prompt: Prompt, on_wait: OnWait | None = None, **kwargs: Any) -> contextlib.closing[Events]:
         return events(self, prompt, on_wait=on_wait, **kwargs)
 
-    def run(self, prompt, **kwargs) -> list[dict]:
+    def run(self, prompt: Prompt, **kwargs: Any) -> list[dict[str, Any]]:
         return run(self, prompt, **kwargs)
 
 
-def stats_of(steps: int, new_tokens: int, wall: float, spec: dict | None) -> dict:
+def stats_of(steps: int, new_tokens: int, wall: float, spec: dict[str, Any] | None) -> dict[str, Any]:
     """The Done event's stats from what vLLM reported: its per-request speculative metrics where it sent them
     (source "vllm"), else what the chunks showed (source "chunks": a chunk of n tokens accepted n - 1)."""
-    stats = {"steps": steps, "new_tokens": new_tokens, "tau": new_tokens / steps if steps else 0.0,
-             "acceptance_rate": None, "drafted": 0, "accepted": max(new_tokens - steps, 0),
-             "per_position_acceptance": [], "wall_s": wall, "tokens_per_s": new_tokens / wall if wall > 0 else 0.0,
-             "draft_s": 0.0, "verify_s": wall, "source": "chunks"}
+    stats: dict[str, Any] = {"steps": steps, "new_tokens": new_tokens, "tau": new_tokens / steps if steps else 0.0,
+                             "acceptance_rate": None, "drafted": 0, "accepted": max(new_tokens - steps, 0),
+                             "per_position_acceptance": [], "wall_s": wall,
+                             "tokens_per_s": new_tokens / wall if wall > 0 else 0.0,
+                             "draft_s": 0.0, "verify_s": wall, "source": "chunks"}
     if spec:
         accepted, drafted = spec.get("per_step_accepted"), spec.get("per_step_drafted")
         stats.update(source="vllm", drafted=spec.get("num_draft_tokens", 0),
@@ -254,11 +259,11 @@ def stats_of(steps: int, new_tokens: int, wall: float, spec: dict | None) -> dic
     return stats
 
 
-def _auth(token: str | None) -> dict:
+def _auth(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
-def _chunks(lines: Iterator[str]) -> Iterator[dict]:
+def _chunks(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
     """The JSON of each `data:` line of an OpenAI stream, up to [DONE]."""
     for line in lines:
         if not line.startswith("data:"):
@@ -272,7 +277,7 @@ def _chunks(lines: Iterator[str]) -> Iterator[dict]:
             raise SpecvizError(f"the vLLM server sent a line that is not JSON: {data[:120]!r}") from None
 
 
-def _error_text(chunk: dict) -> str:
+def _error_text(chunk: dict[str, Any]) -> str:
     error = chunk.get("error")
     return str(error.get("message", error) if isinstance(error, dict) else error)[:300]
 

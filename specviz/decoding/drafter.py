@@ -8,7 +8,7 @@ import torch
 
 from specviz.decoding.sampling import Sampling
 from specviz.decoding.tree import DraftTree
-from specviz.decoding.verify import LOSSLESS
+from specviz.decoding.verify import LOSSLESS, Lossless, Typical
 
 
 @dataclass
@@ -37,7 +37,7 @@ class Drafter:
     feature_layers: tuple[int, ...] = ()  # with needs_features: these decoder layers' inputs instead, side by side
     # how the target's verdict on this drafter's tree is reached: (tree, p, greedy, generator, n_top) -> Verdict;
     # every drafter verifies losslessly unless a lossy rule is explicitly asked for (Medusa's typical=true)
-    acceptance = LOSSLESS
+    acceptance: Lossless | Typical = LOSSLESS
 
     @property
     def lossy(self) -> bool:

@@ -13,12 +13,17 @@ specviz/decoding/drafter.py.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from specviz.decoding.drafter import Drafter, DraftRequest, Outcome
 from specviz.drafters import base, draft_model, eagle, eagle3, medusa, ngram
 from specviz.drafters.base import NoDraft
 from specviz.drafters.options import EAGLE_DRAFT_VOCAB, default_draft_vocab, draft_vocabulary, parse_spec
 from specviz.drafters.spec import DrafterSpec, K, Option
 from specviz.errors import SpecvizError
+
+if TYPE_CHECKING:
+    from specviz.models.loading import LoadedModels
 
 # name -> its spec, in the order menus list them; a new drafter is one more line here
 REGISTRY: dict[str, DrafterSpec] = {spec.name: spec for spec in (
@@ -53,12 +58,12 @@ def spec_of(name: str) -> DrafterSpec:
     return spec
 
 
-def available(models) -> list[str]:
+def available(models: LoadedModels) -> list[str]:
     """The drafters that can run on these models (the draft model and heads may be missing)."""
     return [name for name, spec in REGISTRY.items() if spec.available(models)]
 
 
-def variants(models) -> list[str]:
+def variants(models: LoadedModels) -> list[str]:
     """Variants worth running beside the plain drafters by default (the bench, the race, the Benchmarks page),
     as each spec names them: the draft chain with its adaptive stop (among the fastest at temperature 1 in
     docs/performance.md, and faster than a fixed K at 0; the plain `draft` keeps a fixed K, as transformers'
@@ -66,7 +71,7 @@ def variants(models) -> list[str]:
     return [spec.variant for spec in REGISTRY.values() if spec.variant and spec.available(models)]
 
 
-def check_options(name: str, options: dict | None = None, served: bool = False) -> tuple[DrafterSpec, dict]:
+def check_options(name: str, options: dict[str, Any] | None = None, served: bool = False) -> tuple[DrafterSpec, dict[str, Any]]:
     """A drafter spec ('eagle2:lookup=4') and extra options, checked against the drafter's spec without building
     anything: (its spec, the merged options). `served`: as a service's client sent them."""
     name, spec_options = parse_spec(name)
@@ -80,7 +85,7 @@ def check_options(name: str, options: dict | None = None, served: bool = False) 
     return spec, options
 
 
-def make_drafter(name: str, models, k: int = 4, options: dict | None = None) -> Drafter:
+def make_drafter(name: str, models: LoadedModels, k: int = 4, options: dict[str, Any] | None = None) -> Drafter:
     """models: a specviz.models.LoadedModels (target, draft, heads ...). options: drafter-specific settings.
 
     name may carry options itself ('eagle2:total_tokens=16', see parse_spec); `options` override them."""

@@ -2,13 +2,20 @@
 checks, and the timing rule that stops drafting once it no longer pays."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from specviz.decoding.drafter import Drafter, DraftRequest
 from specviz.decoding.tree import DraftTree
 from specviz.drafters.spec import DrafterSpec, Option
 from specviz.errors import SpecvizError
 
+if TYPE_CHECKING:
+    import torch
 
-def check_total_tokens(drafter: str, total_tokens, whole_tree_allowed: bool = False) -> None:
+    from specviz.models.loading import LoadedModels
+
+
+def check_total_tokens(drafter: str, total_tokens: object, whole_tree_allowed: bool = False) -> None:
     """A tree drafter's node budget: "auto" (cut by the measured verify cost) or a whole number >= 1
     (None too where it means the drafter's whole fixed tree)."""
     if total_tokens == "auto" or (total_tokens is None and whole_tree_allowed):
@@ -17,7 +24,7 @@ def check_total_tokens(drafter: str, total_tokens, whole_tree_allowed: bool = Fa
         raise SpecvizError(f"{drafter} option total_tokens must be 'auto' or a whole number of nodes >= 1, got {total_tokens!r}")
 
 
-def check_vocab_covers(drafter: str, draft_vocab, needed: int) -> None:
+def check_vocab_covers(drafter: str, draft_vocab: torch.Tensor | None, needed: int) -> None:
     """A draft vocabulary must hold at least the `needed` candidates a drafter ranks per position."""
     if draft_vocab is not None and len(draft_vocab) < needed:
         raise SpecvizError(f"{drafter} ranks {needed} candidates per position but its draft vocabulary has only "
@@ -56,7 +63,7 @@ class DraftTiming:
         return True
 
 
-def build(models, k: int, options: dict) -> Drafter:
+def build(models: LoadedModels, k: int, options: dict[str, Any]) -> Drafter:
     return NoDraft()
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -19,12 +20,15 @@ from specviz.kernels.fastlinear import rows_projection
 from specviz.kernels.kvcache import crop_cache, new_cache
 from specviz.models.compat import logit_postprocessing
 
+if TYPE_CHECKING:
+    from specviz.models.loading import LoadedModels
+
 
 class DraftModelDrafter(Drafter):
     name = "draft"
 
-    def __init__(self, model, k: int = 4, vocab_size: int | None = None, draft_vocab: torch.Tensor | None = None,
-                 adaptive: bool = False, verify_cost=None):
+    def __init__(self, model: Any, k: int = 4, vocab_size: int | None = None, draft_vocab: torch.Tensor | None = None,
+                 adaptive: bool = False, verify_cost: Callable[[int], float] | None = None):
         """draft_vocab: (Vd,) the only ids the draft may propose (None = all): its LM head is then computed over
         those rows only, which on a CPU is most of a small draft's cost. Still lossless: the target verifies
         over its whole vocabulary, and an id outside draft_vocab just has q = 0.
@@ -41,7 +45,7 @@ class DraftModelDrafter(Drafter):
         self.head = quant.q8_head(model) or model.get_output_embeddings()  # the GGUF's 8-bit head under --weights q4
         self.cache = new_cache(self.fast, model.config)
         self.cached: list[int] = []  # token ids whose keys/values are in self.cache
-        self.vocab = None
+        self.vocab: torch.Tensor | None = None
         if draft_vocab is not None:
             postprocessing = logit_postprocessing(model.config)
             if postprocessing is not None:  # the reduced head computes lm_head(hidden) over some rows only
@@ -52,7 +56,7 @@ class DraftModelDrafter(Drafter):
             self.vocab = draft_vocab[draft_vocab < self.full].to(head.device)
             self.project = rows_projection(head, self.vocab)  # (1, H) -> (1, Vd)
 
-    def options(self) -> dict:
+    def options(self) -> dict[str, Any]:
         return {"k": self.k, "adaptive": self.adaptive,
                 "draft_model": getattr(self.model.config, "_name_or_path", "") or "draft",
                 "draft_vocab": None if self.vocab is None else int(self.vocab.numel())}
@@ -63,7 +67,7 @@ class DraftModelDrafter(Drafter):
         new = ids[self._reuse(ids) :]
         chain = 1.0  # the draft's estimate of P(every token drafted so far is accepted)
         for _ in range(min(self.k, request.max_depth)):
-            if self.adaptive and self.token_cost.exceeds(chain * self.verify_cost(1)):
+            if self.adaptive and self.verify_cost is not None and self.token_cost.exceeds(chain * self.verify_cost(1)):
                 break
             started = time.perf_counter()
             logits = self._forward(new)  # (V,) for the next position
@@ -102,7 +106,8 @@ class DraftModelDrafter(Drafter):
                 return self.head(hidden)[: self.vocab_size]
         elif self.vocab is None:
             out = self.model(input_ids=ids[None], cache=self.cache, use_cache=True, logits_to_keep=1)
-            return out.logits[0, -1, : self.vocab_size]
+            last: torch.Tensor = out.logits[0, -1, : self.vocab_size]
+            return last
         else:
             hidden = self.model.get_decoder()(input_ids=ids[None], cache=self.cache, use_cache=True).last_hidden_state[0, -1]
         logits = torch.full((self.full,), float("-inf"), device=hidden.device)
@@ -110,7 +115,7 @@ class DraftModelDrafter(Drafter):
         return logits
 
 
-def build(models, k: int, options: dict) -> DraftModelDrafter:
+def build(models: LoadedModels, k: int, options: dict[str, Any]) -> DraftModelDrafter:
     if getattr(models, "draft", None) is None:
         raise SpecvizError(
             f"no draft model is set for '{models.name}': pass --draft-model PATH_OR_ID "

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
@@ -26,6 +27,11 @@ from specviz.kernels import fastdecoder
 from specviz.kernels.fastlinear import rows_projection
 from specviz.kernels.kvcache import crop_cache, new_cache
 
+if TYPE_CHECKING:
+    from specviz.models.loading import LoadedModels
+
+VerifyCost = Callable[[int], float]  # n tokens -> seconds of one verify forward (specviz.decoding.costs)
+
 
 @dataclass(frozen=True)
 class TreeShape:
@@ -38,7 +44,7 @@ class TreeShape:
     # and extended) would save less target time than that depth costs to draft, as measured in this run
     early_stop: bool = True
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for key in ("depth", "top_k"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -62,8 +68,8 @@ class EagleDrafter(Drafter):
     name = "eagle2"
     needs_features = True
 
-    def __init__(self, head, target, shape: TreeShape = TreeShape(), draft_vocab: torch.Tensor | None = None,
-                 verify_cost=None, lookup: int = 0):
+    def __init__(self, head: torch.nn.Module, target: Any, shape: TreeShape = TreeShape(),
+                 draft_vocab: torch.Tensor | None = None, verify_cost: VerifyCost | None = None, lookup: int = 0):
         """head: specviz.models.heads.EagleHead; target: the target model (its embedding and LM head are reused).
         draft_vocab: (Vd,) token ids the head may propose (None = all). verify_cost: n -> seconds, for "auto".
         lookup: graft up to this many tokens of prompt lookup (n-gram) onto the tree (0: none); see _graft_lookup."""
@@ -83,18 +89,18 @@ class EagleDrafter(Drafter):
         self._attach(target)
         self.committed = 0  # head-cache entries that belong to committed tokens
         self.pending: tuple[torch.Tensor, list[int]] | None = None  # features and tokens not yet fed
-        self.last = None  # (H,) head output of the last committed entry: it predicts the root's successor
+        self.last: torch.Tensor | None = None  # (H,) head output of the last committed entry: it predicts the root's successor
         self.depth_cost = DraftTiming(cold=1)  # one more depth; the run's first expansion is cold, not counted
         self.lookup = lookup
         self.lookup_hits, self.lookup_tries = 1, 2  # grafted tokens accepted / tried, from a Beta(1, 1) prior
         self.grafted: list[int] = []  # this step's grafted tokens that the budget kept (a path from the root)
 
-    def options(self) -> dict:
+    def options(self) -> dict[str, Any]:
         return {"depth": self.shape.depth, "top_k": self.shape.top_k, "total_tokens": self.shape.total_tokens,
                 "early_stop": self.shape.early_stop and self.verify_cost is not None,
                 "draft_vocab": None if self.vocab is None else int(self.vocab.numel()), "lookup": self.lookup}
 
-    def _attach(self, target) -> None:
+    def _attach(self, target: Any) -> None:
         """The head's drafting pieces: `project`, hidden (P, H) -> logits over the draft vocabulary (P, Vd), the
         drafting hot spot; and the head's cache (the lean layer's, else transformers')."""
         # A 4-bit head's projection stays in draft_dtype (`projection_dtype`, set where it was loaded; bf16 where the
@@ -103,8 +109,8 @@ class EagleDrafter(Drafter):
         # on a 2-core AVX-512 EPYC)
         self.project_dtype = getattr(self.head, "projection_dtype", self.dtype)
         projection = rows_projection(target.get_output_embeddings().weight, self.vocab, self.project_dtype)
-        self.project = lambda hidden: projection(hidden.to(self.project_dtype))
-        self.fast = fastdecoder.for_eagle(self.head)  # None: the head's own (transformers) layer
+        self.project: Callable[[torch.Tensor], torch.Tensor] = lambda hidden: projection(hidden.to(self.project_dtype))
+        self.fast: fastdecoder.FastEagleHead | fastdecoder.FastEagle3Head | None = fastdecoder.for_eagle(self.head)  # None: the head's own (transformers) layer
         self.cache = new_cache(self.fast, self.head.config)
 
     def _crop(self, length: int) -> None:
@@ -118,6 +124,7 @@ class EagleDrafter(Drafter):
 
     def observe(self, outcome: Outcome) -> None:
         # The root and each accepted node now have true features; pair them with the tokens that follow them.
+        assert outcome.features is not None  # needs_features: the loop passes them
         self.pending = (outcome.features, outcome.committed)
         if self.grafted:
             hits, tries = accepted_along(self.grafted, outcome)
@@ -148,7 +155,7 @@ class EagleDrafter(Drafter):
         if self.last is None or depth <= 0:
             return DraftTree()
         candidates: list[Candidate] = []
-        build: list[dict] = []
+        build: list[dict[str, Any]] = []
         frontier = self._children(self.last[None], [None], candidates, shape.top_k)
         entries: list[int] = []  # head-cache entry index -> candidate cid, for the tree mask
         for d in range(1, depth + 1):
@@ -177,7 +184,8 @@ class EagleDrafter(Drafter):
         nodes are point masses, like every node of this tree.
         Lookup: the last 3 (else 2) tokens found earlier in the context; a 1-token match is too weak a signal."""
         rate = self.lookup_rate
-        path, parent, log_score = [], ROOT, 0.0
+        path: list[Candidate] = []
+        parent, log_score = ROOT, 0.0
         for d, token in enumerate(lookup(ids, min(self.lookup, depth), max_ngram=3, min_ngram=2), 1):
             log_score += math.log(rate)
             node = next((c for c in candidates if c.parent == parent and c.depth == d and c.token == token), None)
@@ -197,13 +205,14 @@ class EagleDrafter(Drafter):
         bound = sum(math.exp(c.log_score) for c in kept)
         return self.depth_cost.exceeds(bound * self.verify_cost(1))
 
-    def _children(self, hidden: torch.Tensor, parents: list, candidates: list[Candidate], k: int) -> list[Candidate]:
+    def _children(self, hidden: torch.Tensor, parents: Sequence[Candidate | None], candidates: list[Candidate],
+                  k: int) -> list[Candidate]:
         """top-k tokens of q for each parent: hidden (P, H) → new candidates."""
         log_q = torch.log_softmax(self.project(hidden).float(), dim=-1)  # (P, Vd)
         values, ids = log_q.topk(k, dim=-1)
         if self.vocab is not None:
             ids = self.vocab.to(ids.device)[ids]
-        new = []
+        new: list[Candidate] = []
         for parent, vals, toks in zip(parents, values.tolist(), ids.tolist()):
             base = 0.0 if parent is None else parent.log_score
             for lq, tok in zip(vals, toks):
@@ -226,7 +235,7 @@ class EagleDrafter(Drafter):
         for row, c in enumerate(kept):
             c.entry = n_before + row
             entries.append(c.cid)
-            node = c
+            node: Candidate | None = c
             while node is not None and node.entry >= 0:
                 mask[0, 0, row, self.committed + node.entry] = 0.0
                 node = candidates[node.parent] if node.parent != ROOT else None
@@ -236,35 +245,44 @@ class EagleDrafter(Drafter):
         return out
 
     def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.embed(tokens).to(self.dtype)
+        embedded: torch.Tensor = self.embed(tokens)
+        return embedded.to(self.dtype)
 
-    def _head(self, features: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor, mask=None) -> torch.Tensor:
+    def _head(self, features: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor,
+              mask: torch.Tensor | None = None) -> torch.Tensor:
         """features, embeds (T, H), positions (1, T), mask None or (1, 1, T, S) → predicted features (T, H);
         extends self.cache."""
+        predicted: torch.Tensor
         if self.fast is not None:
-            return self.fast(features, embeds, positions, self.cache, mask)
-        return self.head(features[None], embeds[None], positions, self.cache, mask)[0]
+            predicted = self.fast(features, embeds, positions, self.cache, mask)
+        else:
+            predicted = self.head(features[None], embeds[None], positions, self.cache, mask)[0]
+        return predicted
 
     def _hidden_of(self, c: Candidate, candidates: list[Candidate]) -> torch.Tensor:
         """The feature that precedes candidate c: the head's prediction at its parent (or at the root)."""
-        return self.last if c.parent == ROOT else candidates[c.parent].hidden
+        hidden = self.last if c.parent == ROOT else candidates[c.parent].hidden
+        assert hidden is not None  # the root is caught up, and a parent is expanded before its children
+        return hidden
 
     @property
     def lookup_rate(self) -> float:
         """The share of grafted tokens accepted so far in this run (with its Beta(1, 1) prior)."""
         return self.lookup_hits / self.lookup_tries
 
-    def _rerank(self, candidates: list[Candidate], build: list[dict], grafted: list[Candidate] = ()) -> DraftTree:
+    def _rerank(self, candidates: list[Candidate], build: list[dict[str, Any]],
+                grafted: Sequence[Candidate] = ()) -> DraftTree:
         ranked = sorted(candidates, key=lambda c: (-c.log_score, c.depth))
         budget = self.shape.total_tokens
-        if budget == "auto":  # the cut that maximises expected tokens per second on this machine
+        if isinstance(budget, str):  # "auto": the cut that maximises expected tokens per second on this machine
+            assert self.verify_cost is not None  # tree_options measures it for "auto"
             budget = best_budget([c.log_score for c in ranked], self.verify_cost)
         chosen = ranked[:budget]
         chosen_ids = {c.cid for c in chosen}
         # a parent always scores at least its child, but guard ties: drop nodes whose parent was cut
         chosen = [c for c in chosen if c.parent == ROOT or c.parent in chosen_ids]
         chosen.sort(key=lambda c: (c.depth, -c.log_score))  # parents before children; better siblings first
-        tree, node_of = DraftTree(), {}
+        tree, node_of = DraftTree(), dict[int, int]()
         for c in chosen:
             if c.parent != ROOT and c.parent not in node_of:
                 continue
@@ -277,7 +295,7 @@ class EagleDrafter(Drafter):
         return tree
 
     @staticmethod
-    def _stage(depth: int, frontier: list[Candidate], kept: list[Candidate]) -> dict:
+    def _stage(depth: int, frontier: list[Candidate], kept: list[Candidate]) -> dict[str, Any]:
         return {
             "stage": "expand",
             "depth": depth,
@@ -297,12 +315,12 @@ def accepted_along(path: list[int], outcome: Outcome) -> tuple[int, int]:
     return hits, min(len(path), hits + 1)
 
 
-def _described(c: Candidate) -> dict:
+def _described(c: Candidate) -> dict[str, Any]:
     return {"cid": c.cid, "parent_cid": c.parent, "token": c.token, "q": None if c.q is None else round(c.q, 6),
             "score": round(math.exp(c.log_score), 8)}
 
 
-def best_budget(log_scores: list[float], verify_cost) -> int:
+def best_budget(log_scores: list[float], verify_cost: VerifyCost) -> int:
     """The number of nodes N that maximises expected tokens per second: (1 + Σ top-N path scores) / cost(N + 1).
 
     The path score (product of q along the path) estimates the chance that the node is accepted, so the sum
@@ -316,14 +334,14 @@ def best_budget(log_scores: list[float], verify_cost) -> int:
     return best
 
 
-def build(models, k: int, options: dict) -> EagleDrafter:
+def build(models: LoadedModels, k: int, options: dict[str, Any]) -> EagleDrafter:
     heads = head_of(models, "eagle", options, "eagle2", "specviz train eagle")
     vocab = draft_vocabulary(heads, options.pop("draft_vocab", default_draft_vocab("eagle2", heads)))
     shape, graft, cost = tree_options(models, options, "eagle2")
     return EagleDrafter(heads, models.target, shape, draft_vocab=vocab, verify_cost=cost, lookup=graft)
 
 
-def tree_options(models, options: dict, name: str) -> tuple[TreeShape, int, object]:
+def tree_options(models: LoadedModels, options: dict[str, Any], name: str) -> tuple[TreeShape, int, VerifyCost | None]:
     """The dynamic-tree drafters' shared options, taken out of `options`: the tree's shape (depth, top_k,
     total_tokens, early_stop), lookup=N (prompt lookup grafted on) and, for total_tokens=auto, the measured verify
     cost it sizes the tree by (else None). Any option left is an error."""

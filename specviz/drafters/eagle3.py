@@ -12,25 +12,36 @@ exactly the target's.
 """
 from __future__ import annotations
 
-from specviz.drafters.eagle import HEAD, TREE_OPTIONS, EagleDrafter, TreeShape, tree_options
+from typing import TYPE_CHECKING, Any, cast
+
+import torch
+
+from specviz.drafters.eagle import HEAD, TREE_OPTIONS, EagleDrafter, TreeShape, VerifyCost, tree_options
 from specviz.drafters.spec import DrafterSpec, head_of
 from specviz.errors import SpecvizError
 from specviz.kernels import fastdecoder
 from specviz.kernels.fastlinear import rows_projection
 
+if TYPE_CHECKING:
+    from specviz.models.eagle3 import Eagle3Head
+    from specviz.models.loading import LoadedModels
+
 
 class Eagle3Drafter(EagleDrafter):
     name = "eagle3"
+    head: Eagle3Head
 
-    def __init__(self, head, target, shape: TreeShape = TreeShape(), verify_cost=None, lookup: int = 0):
+    def __init__(self, head: Eagle3Head, target: Any, shape: TreeShape = TreeShape(), verify_cost: VerifyCost | None = None,
+                 lookup: int = 0):
         """head: specviz.models.eagle3.Eagle3Head (its draft vocabulary comes with it, as d2t)."""
         ids = head.draft_ids()
-        identity = len(ids) == target.config.vocab_size and bool((head.d2t == 0).all())
+        d2t = head.get_buffer("d2t")  # (Vd,) target id - draft id
+        identity = len(ids) == target.config.vocab_size and bool((d2t == 0).all())
         self.feature_layers = tuple(head.aux_layers)  # the engine passes these layers' inputs as the features
         super().__init__(head, target, shape, draft_vocab=None if identity else ids, verify_cost=verify_cost,
                          lookup=lookup)
 
-    def _attach(self, target) -> None:
+    def _attach(self, target: Any) -> None:
         head = self.head
         # a 4-bit head's projection stays in draft_dtype, as eagle2's (specviz/drafters/eagle.py says why)
         self.project_dtype = getattr(head, "projection_dtype", self.dtype)
@@ -48,20 +59,22 @@ class Eagle3Drafter(EagleDrafter):
         elif self.cache is not None:
             self.cache = tuple(t[:, :, :length] for t in self.cache)
 
-    def _head(self, features, embeds, positions, mask=None):
+    def _head(self, features: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor,
+              mask: torch.Tensor | None = None) -> torch.Tensor:
         """features (T, 3·H) fused target features or (T, H) the head's own outputs fed back; embeds (T, H) →
         h (T, H) before the final norm; extends the cache."""
         if self.fast is not None:
             return super()._head(features, embeds, positions, mask)
         out, self.cache = self.head(features[None], embeds[None], positions, self.cache, mask)
-        return out[0]
+        predicted: torch.Tensor = out[0]
+        return predicted
 
-    def options(self) -> dict:
+    def options(self) -> dict[str, Any]:
         return {**super().options(), "aux_layers": list(self.feature_layers)}
 
 
-def build(models, k: int, options: dict) -> Eagle3Drafter:
-    head = head_of(models, "eagle3", options, "eagle3", "specviz train eagle3")  # a published or locally trained one
+def build(models: LoadedModels, k: int, options: dict[str, Any]) -> Eagle3Drafter:
+    head = cast("Eagle3Head", head_of(models, "eagle3", options, "eagle3", "specviz train eagle3"))  # published or trained here
     shape, graft, cost = tree_options(models, options, "eagle3")
     if head.draft_vocab_size < shape.top_k:
         raise SpecvizError(f"eagle3 ranks {shape.top_k} candidates per position but the head's draft vocabulary has "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import torch
 
@@ -12,11 +13,14 @@ from specviz.decoding.drafter import Drafter, DraftRequest, Outcome
 from specviz.decoding.tree import ROOT, DraftTree
 from specviz.decoding.verify import Typical, top_n
 from specviz.drafters.base import DRAFT_VOCAB, check_total_tokens, check_vocab_covers
-from specviz.drafters.eagle import HEAD, best_budget
+from specviz.drafters.eagle import HEAD, VerifyCost, best_budget
 from specviz.drafters.options import construct, default_draft_vocab, draft_vocabulary
 from specviz.drafters.spec import DrafterSpec, Option, head_of
 from specviz.errors import SpecvizError
 from specviz.kernels.fastlinear import rows_projection
+
+if TYPE_CHECKING:
+    from specviz.models.loading import LoadedModels
 
 # Each path lists, per depth, the rank of the token taken from that depth's head: [0, 1] is head 0's best
 # token followed by head 1's second best. 20 nodes: small enough that verifying them stays cheap on a CPU.
@@ -28,24 +32,24 @@ DEFAULT_TREE = (
 )
 
 
-def check_tree(paths, num_heads: int) -> tuple[tuple[int, ...], ...]:
+def check_tree(paths: Iterable[Iterable[int]], num_heads: int) -> tuple[tuple[int, ...], ...]:
     """Paths sorted parents-first; every prefix must be present and no deeper than the number of heads."""
-    paths = tuple(sorted({tuple(p) for p in paths}, key=lambda p: (len(p), p)))
-    for p in paths:
+    ordered = tuple(sorted({tuple(p) for p in paths}, key=lambda p: (len(p), p)))
+    for p in ordered:
         if not p or len(p) > num_heads or min(p) < 0:
             raise SpecvizError(f"Medusa tree path {list(p)}: needs 1..{num_heads} non-negative ranks")
-        if len(p) > 1 and p[:-1] not in paths:
+        if len(p) > 1 and p[:-1] not in ordered:
             raise SpecvizError(f"Medusa tree path {list(p)} has no parent {list(p[:-1])} in the tree")
-    return paths
+    return ordered
 
 
 class MedusaDrafter(Drafter):
     name = "medusa"
     needs_features = True
 
-    def __init__(self, heads, target, tree=DEFAULT_TREE, draft_vocab: torch.Tensor | None = None,
-                 typical: bool = False, epsilon: float = 0.09, delta: float = 0.3, total_tokens=None,
-                 verify_cost=None):
+    def __init__(self, heads: Any, target: Any, tree: Iterable[Iterable[int]] = DEFAULT_TREE,
+                 draft_vocab: torch.Tensor | None = None, typical: bool = False, epsilon: float = 0.09,
+                 delta: float = 0.3, total_tokens: int | str | None = None, verify_cost: VerifyCost | None = None):
         """typical=True: Medusa's typical acceptance at temperature > 0. It is not lossless, so the run's
         events are all marked lossy; the default is the lossless rule.
         total_tokens: None keeps the whole fixed tree; an int or "auto" (with verify_cost: n -> seconds) keeps
@@ -58,7 +62,7 @@ class MedusaDrafter(Drafter):
         self.vocab = draft_vocab
         self.dtype = next(heads.parameters()).dtype  # specviz.models.draft_dtype: bf16 on CPUs with bf16 products
         # heads that share the target's LM head project onto its draft-vocabulary rows, sliced once here
-        self.project = None
+        self.project: Callable[[torch.Tensor], torch.Tensor] | None = None
         if not heads.own_projection:
             self.project = rows_projection(self.lm_head, draft_vocab, self.dtype)  # (K, H) -> (K, Vd)
         self.total_tokens = total_tokens
@@ -66,9 +70,9 @@ class MedusaDrafter(Drafter):
         self.paths = check_tree(tree, heads.num_heads)
         self.max_rank = max(max(p) for p in self.paths) + 1
         check_vocab_covers("medusa", draft_vocab, self.max_rank)
-        self.feature = None  # (H,) the target's feature just before the root
+        self.feature: torch.Tensor | None = None  # (H,) the target's feature just before the root
 
-    def options(self) -> dict:
+    def options(self) -> dict[str, Any]:
         return {"heads": self.heads.num_heads, "tree_nodes": len(self.paths), "typical_acceptance": self.lossy,
                 "total_tokens": self.total_tokens,
                 "draft_vocab": None if self.vocab is None else int(self.vocab.numel())}
@@ -77,6 +81,7 @@ class MedusaDrafter(Drafter):
         self.feature = None if features is None or features.shape[0] == 0 else features[-1]
 
     def observe(self, outcome: Outcome) -> None:
+        assert outcome.features is not None  # needs_features: the loop passes them
         self.feature = outcome.features[-1]
 
     @torch.inference_mode()
@@ -94,39 +99,40 @@ class MedusaDrafter(Drafter):
         if self.vocab is not None:
             ranked = self.vocab.to(ranked.device)[ranked]
         probs, ranked = probs.tolist(), ranked.tolist()
-        score = {(): 1.0}
+        score: dict[tuple[int, ...], float] = {(): 1.0}
         for path in self.paths:  # parents first, so the parent's score is known
             score[path] = score[path[:-1]] * probs[len(path) - 1][path[-1]]
         paths = [p for p in self.paths if len(p) <= request.max_depth]
         paths = self._prune(paths, score)
         tops = [self._top(q[head], request.n_top) for head in range(q.shape[0])]
-        node_of: dict[tuple, int] = {}
+        node_of: dict[tuple[int, ...], int] = {}
         for path in paths:
             head, rank = len(path) - 1, path[-1]
             parent = ROOT if len(path) == 1 else node_of[path[:-1]]
             node_of[path] = tree.add(ranked[head][rank], parent, q=probs[head][rank], score=score[path], q_top=tops[head])
         return tree
 
-    def _prune(self, paths: list, score: dict) -> list:
+    def _prune(self, paths: list[tuple[int, ...]], score: dict[tuple[int, ...], float]) -> list[tuple[int, ...]]:
         """Keep the best `total_tokens` paths by score (a parent never scores below its child)."""
         if self.total_tokens is None:
             return paths
         ranked = sorted(paths, key=lambda p: (-score[p], len(p)))
-        if self.total_tokens == "auto":
+        if isinstance(self.total_tokens, str):  # "auto"
+            assert self.verify_cost is not None  # build measures it for "auto"
             keep = best_budget([math.log(max(score[p], 1e-30)) for p in ranked], self.verify_cost)
         else:
             keep = self.total_tokens
         chosen = set(ranked[:keep])
         return [p for p in paths if p in chosen and all(p[:i] in chosen for i in range(1, len(p)))]
 
-    def _top(self, q_head: torch.Tensor, n: int) -> list:
+    def _top(self, q_head: torch.Tensor, n: int) -> list[list[Any]]:
         pairs = top_n(q_head, n)
         if self.vocab is not None:
             pairs = [[int(self.vocab[i]), p] for i, p in pairs]
         return pairs
 
 
-def build(models, k: int, options: dict) -> MedusaDrafter:
+def build(models: LoadedModels, k: int, options: dict[str, Any]) -> MedusaDrafter:
     heads = head_of(models, "medusa", options, "medusa", "specviz train medusa")
     vocab = draft_vocabulary(heads, options.pop("draft_vocab", default_draft_vocab("medusa", heads)))
     options.setdefault("total_tokens", "auto")  # the fixed tree, cut to what pays off on this machine
@@ -134,7 +140,7 @@ def build(models, k: int, options: dict) -> MedusaDrafter:
     return construct(MedusaDrafter, "medusa", options, heads, models.target, draft_vocab=vocab, verify_cost=cost)
 
 
-def _default(option: str):
+def _default(option: str) -> Any:
     return inspect.signature(MedusaDrafter).parameters[option].default
 
 

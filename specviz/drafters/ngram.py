@@ -3,6 +3,8 @@
 It has no q: each proposed token is a point mass, so verification accepts it with probability p(x)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import torch
 
 from specviz.decoding.drafter import Drafter, DraftRequest
@@ -10,6 +12,9 @@ from specviz.decoding.tree import DraftTree
 from specviz.drafters.options import construct
 from specviz.drafters.spec import DrafterSpec, K, Option
 from specviz.errors import SpecvizError
+
+if TYPE_CHECKING:
+    from specviz.models.loading import LoadedModels
 
 
 class NgramDrafter(Drafter):
@@ -22,7 +27,7 @@ class NgramDrafter(Drafter):
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
 
-    def options(self) -> dict:
+    def options(self) -> dict[str, Any]:
         return {"k": self.k, "max_ngram": self.max_ngram, "min_ngram": self.min_ngram}
 
     def propose(self, request: DraftRequest) -> DraftTree:
@@ -54,7 +59,7 @@ def lookup_match(ids: torch.Tensor, k: int, max_ngram: int, min_ngram: int) -> t
     return 0, []
 
 
-def build(models, k: int, options: dict) -> NgramDrafter:
+def build(models: LoadedModels, k: int, options: dict[str, Any]) -> NgramDrafter:
     return construct(NgramDrafter, "ngram", options, k=k)
 
 

@@ -3,17 +3,23 @@ a clear message for one it does not take (specviz/drafters/spec.py declares what
 from __future__ import annotations
 
 import inspect
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from specviz.decoding.drafter import Drafter
 from specviz.errors import SpecvizError
 
+if TYPE_CHECKING:
+    import torch
 
-def parse_spec(spec: str) -> tuple[str, dict]:
+D = TypeVar("D", bound=Drafter)
+
+
+def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
     """'eagle2:draft_vocab=full:total_tokens=32' -> ('eagle2', {'draft_vocab': 'full', 'total_tokens': 32}).
 
     A drafter with options is a variant that the CLI, the API and the bench can run beside the default one."""
     name, *parts = spec.strip().split(":")
-    options: dict = {}
+    options: dict[str, Any] = {}
     for part in parts:
         key, eq, value = part.partition("=")
         if not eq or not key:
@@ -25,7 +31,7 @@ def parse_spec(spec: str) -> tuple[str, dict]:
 BOOLEANS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
 
 
-def _option_value(text: str):
+def _option_value(text: str) -> int | float | bool | str:
     for kind in (int, float):
         try:
             return kind(text)
@@ -40,7 +46,7 @@ def _option_value(text: str):
 EAGLE_DRAFT_VOCAB = 4096
 
 
-def default_draft_vocab(name: str, heads):
+def default_draft_vocab(name: str, heads: object) -> int | str:
     """The draft_vocab choice a drafter gets when none is given (see EAGLE_DRAFT_VOCAB)."""
     trained = getattr(heads, "draft_vocab", None)
     if name == "eagle2" and trained is not None and len(trained) > EAGLE_DRAFT_VOCAB and not _sorted_by_id(trained):
@@ -48,14 +54,14 @@ def default_draft_vocab(name: str, heads):
     return "trained"
 
 
-def _sorted_by_id(vocab) -> bool:
+def _sorted_by_id(vocab: torch.Tensor) -> bool:
     return len(vocab) > 1 and bool((vocab[1:] > vocab[:-1]).all())
 
 
-def draft_vocabulary(heads, choice="trained"):
+def draft_vocabulary(heads: object, choice: int | str = "trained") -> torch.Tensor | None:
     """The token ids a head may draft: "trained" (what it was trained with), "full" (None: every token), or N
     (the N most frequent, a prefix of a frequency-ordered trained vocabulary)."""
-    trained = getattr(heads, "draft_vocab", None)  # a draft model has one only if it was shipped with one
+    trained: torch.Tensor | None = getattr(heads, "draft_vocab", None)  # a draft model has one only if shipped with one
     if choice == "trained":
         return trained
     if choice == "full":
@@ -73,7 +79,7 @@ def draft_vocabulary(heads, choice="trained"):
     raise SpecvizError(f"draft_vocab must be 'trained', 'full' or a positive number of tokens, got {choice!r}")
 
 
-def construct(cls, name: str, options: dict, *args, **fixed) -> Drafter:
+def construct(cls: Callable[..., D], name: str, options: dict[str, Any], *args: Any, **fixed: Any) -> D:
     """cls(*args, **fixed, **options), with a clear message for an option the drafter does not take."""
     parameters = list(inspect.signature(cls).parameters)
     accepted = set(parameters[len(args):]) - set(fixed)  # not the ones given positionally

@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from specviz.decoding.drafter import Drafter
 from specviz.errors import SpecvizError
+
+if TYPE_CHECKING:
+    import torch
+
+    from specviz.models.loading import LoadedModels
 
 
 @dataclass(frozen=True)
@@ -25,7 +30,7 @@ class Option:
     open_interval: bool = False  # low < value < high, as for a probability that must not be 0 or 1
     served: bool = True  # a service's client may set it (not a folder on the server, not a Python structure)
 
-    def check(self, drafter: str, value, served: bool = False) -> None:
+    def check(self, drafter: str, value: Any, served: bool = False) -> None:
         """A SpecvizError that names the drafter, the option and what it takes, when `value` does not fit."""
         if self.type is object or (isinstance(value, str) and value in self.words):
             return
@@ -89,7 +94,7 @@ class DrafterSpec:
     def option(self, name: str) -> Option | None:
         return next((o for o in self.options if o.name == name), None)
 
-    def check(self, options: dict, served: bool = False) -> None:
+    def check(self, options: dict[str, Any], served: bool = False) -> None:
         """Every option known and of the right type and range; `served`: as a service's client sent them (the
         options it may not set are refused, and numbers are held to their `high`)."""
         offered = [o for o in self.options if o.served or not served]
@@ -106,12 +111,12 @@ class DrafterSpec:
             if option.name in options:
                 option.check(self.name, options[option.name], served)
 
-    def available(self, models) -> bool:
+    def available(self, models: LoadedModels) -> bool:
         """Can it run on these models (the draft model and the heads may be missing)?"""
         return self.needs is None or getattr(models, self.needs, None) is not None
 
 
-def head_of(models, part: str, options: dict, drafter: str, train: str):
+def head_of(models: LoadedModels, part: str, options: dict[str, Any], drafter: str, train: str) -> torch.nn.Module:
     """The head a drafter drafts with: the one in `head=FOLDER` (taken out of options), else the loaded one; a
     clear message when there is none. `train`: the command that makes one."""
     head = models.head(part, options.pop("head", None))
@@ -121,7 +126,7 @@ def head_of(models, part: str, options: dict, drafter: str, train: str):
     return head
 
 
-def to_markdown(specs) -> str:
+def to_markdown(specs: Iterable[DrafterSpec]) -> str:
     """docs/drafters.md: every registered drafter, what it needs and its options (`specviz drafters` prints it)."""
     lines = ["# Drafters", "", "Written by `specviz drafters --markdown > docs/drafters.md` from each drafter's spec",
              "(specviz/drafters/); a test checks that it is current. `served`: a client of `specviz serve` may set it,",

@@ -5,6 +5,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -35,7 +36,7 @@ class LoadedModels:
     name: str
     target: torch.nn.Module
     draft: torch.nn.Module | None
-    tokenizer: object
+    tokenizer: Any  # a transformers tokenizer (PreTrainedTokenizerBase)
     device: torch.device
     dtype: torch.dtype
     eagle: torch.nn.Module | None = None  # specviz.models.heads.EagleHead
