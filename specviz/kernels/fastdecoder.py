@@ -48,22 +48,27 @@ ONE_OP_MAX_TOKENS = 16
 
 
 class KVCache:
-    """Keys and values of every layer in preallocated (1, kv_heads, capacity, head_dim) buffers.
+    """Keys and values of every layer in one preallocated (2, layers, kv_heads, capacity, head_dim) buffer; `keys[l]`
+    and `values[l]` are its (1, kv_heads, capacity, head_dim) views, each contiguous.
 
     Positions [0, length) are valid. A forward writes its T new entries at [length, length + T) in every layer and
-    then advances the length; the capacity doubles when it runs out. Buffers are made and changed under
-    inference_mode (forwards run under it; the engine's surgery after verification does not)."""
+    then advances the length; the capacity doubles when it runs out. One buffer lets the surgery after a tree verify
+    move every layer's entries in one operation. Buffers are made and changed under inference_mode (forwards run
+    under it; the engine's surgery after verification does not)."""
 
     @torch.inference_mode()
     def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device, capacity: int = 512):
         self.length = 0
-        shape = (1, kv_heads, capacity, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self._views(torch.zeros(2, layers, kv_heads, capacity, head_dim, dtype=dtype, device=device))
+
+    def _views(self, both: torch.Tensor) -> None:
+        self.both = both  # (2, layers, kv_heads, capacity, head_dim): keys, then values
+        self.keys = [both[0, n : n + 1] for n in range(both.shape[1])]
+        self.values = [both[1, n : n + 1] for n in range(both.shape[1])]
 
     @property
     def capacity(self) -> int:
-        return self.keys[0].shape[2]
+        return self.both.shape[3]
 
     def get_seq_length(self) -> int:
         return self.length
@@ -73,12 +78,10 @@ class KVCache:
         needed = self.length + new_tokens
         if needed <= self.capacity:
             return
-        capacity = max(needed, 2 * self.capacity)
-        for buffers in (self.keys, self.values):
-            for i, old in enumerate(buffers):
-                grown = old.new_zeros(old.shape[0], old.shape[1], capacity, old.shape[3])
-                grown[:, :, : self.length] = old[:, :, : self.length]
-                buffers[i] = grown
+        old = self.both
+        grown = old.new_zeros(*old.shape[:3], max(needed, 2 * self.capacity), old.shape[4])
+        grown[:, :, :, : self.length] = old[:, :, :, : self.length]
+        self._views(grown)
 
     def crop(self, length: int) -> None:
         """Keep positions [0, length)."""
@@ -87,13 +90,11 @@ class KVCache:
     @torch.inference_mode()
     def keep(self, past_len: int, keep: list[int]) -> None:
         """After a forward over root + nodes, keep the root (at past_len) and the nodes `keep` (their entries sit at
-        past_len + 1 + i), in that order, right after the root."""
+        past_len + 1 + i), in that order, right after the root: every layer's keys and values in one gather."""
         if keep != list(range(len(keep))):
-            source = torch.tensor([past_len + 1 + i for i in keep], device=self.keys[0].device)
+            source = torch.tensor([past_len + 1 + i for i in keep], device=self.both.device)
             target = torch.arange(past_len + 1, past_len + 1 + len(keep), device=source.device)
-            for buffers in (self.keys, self.values):
-                for kv in buffers:
-                    kv.index_copy_(2, target, kv.index_select(2, source))
+            self.both.index_copy_(3, target, self.both.index_select(3, source))
         self.crop(past_len + 1 + len(keep))
 
 
