@@ -125,6 +125,13 @@ class Run:
         with self._changed:
             self._waiters.append(wake)
 
+    def off_change(self, wake: Callable[[], None]) -> None:
+        """No longer call wake() (its listener left, or stopped waiting): a client that reconnects in a loop to a
+        run that waits long leaves nothing behind."""
+        with self._changed:
+            if wake in self._waiters:
+                self._waiters.remove(wake)
+
 
 class Scheduler:
     """The bounded queue, one engine worker thread per device, and the reaper.

@@ -42,12 +42,18 @@ async def follow(scheduler: Scheduler, run: Run, first: int, owner: bool = True
                     yield None, {"type": "cancelled", "run_id": run.id if owner else None}
                 return
             changed = asyncio.Event()
-            run.on_change(functools.partial(loop.call_soon_threadsafe, changed.set))
-            if seq < len(run.events) or run.done or scheduler.position(run) != told:
-                continue  # it changed while the waiter was being registered
+            wake = functools.partial(loop.call_soon_threadsafe, changed.set)
+            run.on_change(wake)
+            quiet = False
             try:
+                if seq < len(run.events) or run.done or scheduler.position(run) != told:
+                    continue  # it changed while the waiter was being registered
                 await asyncio.wait_for(changed.wait(), KEEPALIVE_S)
             except asyncio.TimeoutError:
+                quiet = True
+            finally:
+                run.off_change(wake)  # woken, timed out or gone: the run holds no waiter of this listener
+            if quiet:
                 yield None, {"type": "keepalive"}
     finally:
         scheduler.leave(run, owner)

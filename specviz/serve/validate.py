@@ -73,11 +73,22 @@ RunBody = create_model("RunBody", __base__=RunParameters, __doc__=RunParameters.
     f.name: (FIELD_TYPES[f.name], Field(f.default, description=FIELD_HELP[f.name])) for f in fields(DecodeSettings)})
 
 
-class ChatBody(BaseModel):
-    """POST /v1/chat/completions: OpenAI's request; unknown OpenAI fields are ignored, `specviz` picks the
-    drafter ({"drafter": "eagle2", "k": 4})."""
+# OpenAI request fields that would change the completion, each with the values that change nothing: set to
+# anything else, the request is refused rather than answered as if they were not there. Other fields (user,
+# metadata, store, stream_options, ...) change nothing here and are ignored.
+CHAT_UNSUPPORTED = {"n": (None, 1), "stop": (None, "", []), "logit_bias": (None, {}), "presence_penalty": (None, 0),
+                    "frequency_penalty": (None, 0), "logprobs": (None, False), "top_logprobs": (None, 0),
+                    "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
+                    "function_call": (None, "none"), "response_format": (None, {"type": "text"}),
+                    "prediction": (None,), "audio": (None,), "modalities": (None, ["text"]),
+                    "reasoning_effort": (None,), "web_search_options": (None,)}
 
-    model_config = ConfigDict(extra="ignore")
+
+class ChatBody(BaseModel):
+    """POST /v1/chat/completions: OpenAI's request, `specviz` picking the drafter ({"drafter": "eagle2", "k":
+    4}); OpenAI fields that would change the completion (CHAT_UNSUPPORTED) are refused, others ignored."""
+
+    model_config = ConfigDict(extra="allow")
     model: str | None = None
     messages: list[Message]
     stream: bool = False
@@ -183,6 +194,10 @@ def check_numbers(body: RunBody, limits: Limits) -> None:
 
 def chat_run_body(body: ChatBody, default_drafter: str, limits: Limits) -> RunBody:
     """The run an OpenAI chat request asks for."""
+    for name, value in (body.model_extra or {}).items():
+        if name in CHAT_UNSUPPORTED and value not in CHAT_UNSUPPORTED[name]:
+            raise ClientError(f"{name} is not supported by this service (it would change the completion); leave "
+                              f"it out or send {CHAT_UNSUPPORTED[name][-1]!r}")
     extra = dict(body.specviz)
     drafter = extra.pop("drafter", default_drafter)
     k = extra.pop("k", 4)
