@@ -46,8 +46,11 @@ def cmd_serve(args) -> int:
                            f"(or ${TOKEN_ENV}), or --insecure-no-auth to do it without one")
     if min(args.max_queue, args.max_new_tokens_limit, args.max_connections) < 1:
         raise SpecvizError("--max-queue, --max-new-tokens-limit and --max-connections must be >= 1")
-    if args.keep_mb < 0 or args.keep_s < 0 or args.header_timeout_s <= 0:
-        raise SpecvizError("--keep-mb and --keep-s must be >= 0, --header-timeout-s > 0")
+    if args.keep_mb < 0 or args.keep_s < 0 or min(args.header_timeout_s, args.body_timeout_s, args.write_timeout_s) <= 0:
+        raise SpecvizError("--keep-mb and --keep-s must be >= 0, --header-timeout-s, --body-timeout-s and "
+                           "--write-timeout-s > 0")
+    if args.min_body_rate < 0:
+        raise SpecvizError("--min-body-rate must be >= 0 (0: no floor)")
     hosts = tuple(args.allowed_host or ())
     if args.host not in ("0.0.0.0", "::", ""):
         hosts += (args.host,)  # the address it listens on is a name its clients may use
@@ -76,7 +79,9 @@ def cmd_serve(args) -> int:
 
     # open event streams get a few seconds to end on Ctrl-C, then the service stops (cancelling what is queued)
     Server(service.server_config(args.host, args.port, max_connections=args.max_connections,
-                                 header_timeout_s=args.header_timeout_s, timeout_graceful_shutdown=3)).run()
+                                 header_timeout_s=args.header_timeout_s, body_timeout_s=args.body_timeout_s,
+                                 min_body_rate=args.min_body_rate, write_timeout_s=args.write_timeout_s,
+                                 timeout_graceful_shutdown=3)).run()
     return 0
 
 
@@ -119,6 +124,12 @@ def register(sub) -> None:
                      "waiting longest without a request is closed (default 512)")
     srv.add_argument("--header-timeout-s", type=float, default=10, help="a connection whose request headers have "
                      "not all arrived this long after they began is closed (default 10)")
+    srv.add_argument("--body-timeout-s", type=float, default=10, help="a request whose body has not all arrived "
+                     "this long after its headers is answered 408 and closed (default 10)")
+    srv.add_argument("--min-body-rate", type=float, default=1024, help="bytes/s: a request body arriving slower "
+                     "than this on average (after its first second) is answered 408 and closed (default 1024)")
+    srv.add_argument("--write-timeout-s", type=float, default=30, help="a response (an event stream) whose client "
+                     "has read nothing for this long is closed; a viewer resumes with Last-Event-ID (default 30)")
     srv.add_argument("--allowed-host", action="append", default=None, metavar="NAME",
                      help="a Host name clients may use besides the loopback names and --host; repeat for several; "
                           "* for any (default: loopback only)")
