@@ -399,3 +399,25 @@ def test_the_auto_budget_grows_the_tree_where_the_verify_cost_curve_is_flat():
         whole = [nodes for nodes, grown in sizes[name] if grown == 10]
         assert len(whole) >= 10 and set(whole) == {kept}, (name, sizes[name])
     assert all(nodes == grown for nodes, grown in sizes["flat"])  # every candidate kept, also in the short steps
+
+
+@pytest.mark.parametrize("length", [49152, 49152 + 77, 4096, 1000, 300, 7])
+def test_the_blockwise_top_k_and_argmax_give_torchs_values_and_first_maximum(length):
+    """sampling.row_topk and row_argmax, which the greedy test and the step event use on every row of a verify:
+    torch.topk's values (largest first) and argmax's index, the first of equal maxima, on rows with ties
+    (probabilities rounded to 4 decimals, so many equal values), a maximum in the tail past the last whole block,
+    and peaked and flat rows."""
+    from specviz.decoding import sampling
+    generator = torch.Generator().manual_seed(length)
+    for trial in range(150):
+        row = torch.softmax(torch.randn(length, generator=generator) * (1 + trial % 7), -1)
+        if trial % 3 == 0:
+            row = row.round(decimals=4)
+        if trial % 5 == 0:
+            row[-1] = row.max() + 1  # the maximum in the tail (or the last block)
+        if trial % 7 == 0:
+            row[length // 3] = row[length // 2] = row.max()  # equal maxima: argmax takes the first
+        for k in (1, 2, 5):
+            values, ids = sampling.row_topk(row, k)
+            assert torch.equal(values, torch.topk(row, k).values) and torch.equal(row[ids], values)
+        assert sampling.row_argmax(row) == int(row.argmax())

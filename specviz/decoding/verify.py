@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -36,7 +37,7 @@ class NodeTest:
     alpha: float
     u: float | None  # None when greedy or typical (no random draw decides the test)
     accepted: bool  # typical: passed the threshold (the step keeps the longest passing prefix, see verify_typical)
-    residual_top: list | None = None  # top-N of the residual after a rejection: [[token, prob], ...]
+    residual_top: list[list[Any]] | None = None  # top-N of the residual after a rejection: [[token, prob], ...]
     rule: str = CHAIN  # one of events.RULES
     threshold: float | None = None  # typical: the threshold p(x) had to exceed
 
@@ -47,14 +48,14 @@ class Verdict:
     tests: list[NodeTest] = field(default_factory=list)
     token: int = -1  # the replacement or bonus token that ends the step
     kind: str = "bonus"  # "replacement" after a rejection, "bonus" after a fully accepted path
-    final_dist_top: list | None = None  # top-N of the distribution `token` was sampled from
+    final_dist_top: list[list[Any]] | None = None  # top-N of the distribution `token` was sampled from
 
 
-def top_n(probs: torch.Tensor, n: int) -> list:
+def top_n(probs: torch.Tensor, n: int) -> list[list[Any]]:
     """[[token, prob], ...] for the n most likely tokens of a (V,) distribution."""
     if n <= 0:
         return []
-    values, ids = torch.topk(probs, min(n, probs.shape[-1]))
+    values, ids = sampling.row_topk(probs, min(n, probs.shape[-1]))
     return [[int(i), round(float(v), 6)] for i, v in zip(ids.tolist(), values.tolist())]
 
 
@@ -84,7 +85,7 @@ def verify(
         verdict.final_dist_top = top_n(p[node + 1], n_top)
         top = verdict.final_dist_top
         # the argmax, read off the top-n where its first entry is strictly the largest (else ties: argmax's first)
-        verdict.token = top[0][0] if len(top) > 1 and top[0][1] > top[1][1] else int(p[node + 1].argmax())
+        verdict.token = top[0][0] if len(top) > 1 and top[0][1] > top[1][1] else sampling.row_argmax(p[node + 1])
     return verdict
 
 
@@ -163,7 +164,7 @@ def verify_typical(tree: DraftTree, probs: torch.Tensor, rule: Typical, n_top: i
         p_x = probs[torch.tensor(parents), torch.tensor(tree.tokens)]  # (n,)
         passed = (p_x > thresholds[parents]).tolist()
         p_x, thresholds = p_x.tolist(), thresholds.tolist()
-        reached = []  # nodes whose ancestors all passed
+        reached: list[bool] = []  # nodes whose ancestors all passed
         for i, parent in enumerate(tree.parents):
             if parent == ROOT or (passed[parent] and reached[parent]):
                 verdict.tests.append(NodeTest(i, tree.tokens[i], p_x[i], None, float(passed[i]), None, passed[i],
@@ -195,10 +196,10 @@ def _longest_passing_prefix(tree: DraftTree, passed: list[bool], p_x: list[float
     return best
 
 
-def _greedy_pick(tree, children, p_here, verdict) -> int | None:
+def _greedy_pick(tree: DraftTree, children: list[int], p_here: torch.Tensor, verdict: Verdict) -> int | None:
     if not children:  # a leaf (every step of `none`): nothing to test, the argmax comes once, as the verdict's token
         return None
-    best = int(p_here.argmax())
+    best = sampling.row_argmax(p_here)
     for c in children:
         accepted = tree.tokens[c] == best
         verdict.tests.append(
@@ -210,7 +211,8 @@ def _greedy_pick(tree, children, p_here, verdict) -> int | None:
     return None
 
 
-def _sampled_pick(tree, children, p_here, verdict, generator, n_top) -> int | None:
+def _sampled_pick(tree: DraftTree, children: list[int], p_here: torch.Tensor, verdict: Verdict,
+                  generator: torch.Generator, n_top: int) -> int | None:
     residual = p_here
     for c in children:
         x = tree.tokens[c]
