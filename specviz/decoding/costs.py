@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -29,14 +30,14 @@ def full_tree(n_nodes: int, branching: int) -> DraftTree:
     return tree
 
 
-def fitting_context(model, sizes, context_len: int) -> int:
+def fitting_context(model: Any, sizes: Sequence[int], context_len: int) -> int:
     """The context length, shortened so that context + the largest n fits the model's positions."""
-    positions = getattr(model.config, "max_position_embeddings", None) or 2**31
+    positions: int = getattr(model.config, "max_position_embeddings", None) or 2**31
     return max(1, min(context_len, positions - max(sizes) - 1))
 
 
 @torch.inference_mode()
-def verify_costs(model, sizes, context_len: int = 256, repeats: int = 5, branching: int = 0,
+def verify_costs(model: Any, sizes: Sequence[int], context_len: int = 256, repeats: int = 5, branching: int = 0,
                  chain: bool = True) -> dict[str, dict[str, float]]:
     """Median ms of one target forward over n new tokens (the root + n - 1 drafted nodes) after `context_len`
     cached tokens, run as the engine runs it (logits for every new token), for each n in sizes.
@@ -51,7 +52,7 @@ def verify_costs(model, sizes, context_len: int = 256, repeats: int = 5, branchi
     vocab = model.get_input_embeddings().weight.shape[0]
     cache = target.new_cache()
     target.forward(torch.randint(vocab, (context_len,), generator=generator).tolist(), cache, logits=False)
-    inputs = {}  # (shape, n) -> (ids, position_ids, mask)
+    inputs: dict[tuple[str, int], tuple[list[int], torch.Tensor | None, torch.Tensor | None]] = {}  # (shape, n) -> (ids, position_ids, mask)
     for n in sizes:
         ids = torch.randint(vocab, (n,), generator=generator).tolist()
         if chain:
@@ -60,7 +61,7 @@ def verify_costs(model, sizes, context_len: int = 256, repeats: int = 5, branchi
             tree = full_tree(n - 1, branching)
             inputs["tree", n] = (ids, tree.position_ids(context_len, device=device),
                                  tree.attention_mask(context_len, dtype=model.dtype, device=device))
-    times: dict[tuple, list[float]] = {key: [] for key in inputs}
+    times: dict[tuple[str, int], list[float]] = {key: [] for key in inputs}
     for _ in range(repeats + 1):  # round by round over every input, so drift touches them alike; round 0 warms up
         for key, (ids, position_ids, mask) in inputs.items():
             synchronize(device)
@@ -75,7 +76,7 @@ def verify_costs(model, sizes, context_len: int = 256, repeats: int = 5, branchi
     return costs
 
 
-def verify_curve(models) -> dict[int, float]:
+def verify_curve(models: Any) -> dict[int, float]:
     """n -> seconds of one tree-shaped verify forward of `models.target` (a specviz.models.LoadedModels), for
     the drafters whose budget follows it ("auto"): measured on first use and kept on `models` as
     `models.verify_curve`, so it is measured once per loaded model (the app measures it when it loads one)."""
@@ -86,7 +87,7 @@ def verify_curve(models) -> dict[int, float]:
     return curve
 
 
-def interpolate(curve: dict[int, float]):
+def interpolate(curve: dict[int, float]) -> Callable[[int], float]:
     """n -> seconds, linear between measured sizes, extrapolated linearly past the last one (a curve of one
     size is flat)."""
     xs = sorted(curve)

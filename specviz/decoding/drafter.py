@@ -3,6 +3,7 @@ target accepted. Every topology in specviz/drafters implements it; so can a draf
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -52,6 +53,6 @@ class Drafter:
     def observe(self, outcome: Outcome) -> None:
         """Called after every verification."""
 
-    def options(self) -> dict:
+    def options(self) -> dict[str, Any]:
         """Settings shown in the start event."""
         return {}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator, overload
 
 import torch
 
@@ -32,14 +32,14 @@ TREE_ROOM = 160  # cache positions reserved past the prompt and the budget for a
 class Result:
     text: str
     token_ids: list[int]
-    stats: dict
+    stats: dict[str, Any]
     stop_reason: str
 
 
 class TokenText:
     """Token id → display text, memoised (one decode per distinct token)."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self.memo: dict[int, str] = {}
 
@@ -49,14 +49,18 @@ class TokenText:
             text = self.memo[token] = self.tokenizer.decode([token])
         return text
 
-    def top(self, pairs: list | None) -> list | None:
+    @overload
+    def top(self, pairs: list[list[Any]]) -> list[list[Any]]: ...
+    @overload
+    def top(self, pairs: None) -> None: ...
+    def top(self, pairs: list[list[Any]] | None) -> list[list[Any]] | None:
         return None if pairs is None else [[t, self(t), p] for t, p in pairs]
 
 
 class Detokenizer:
     """Text that became final as tokens are committed (a token may end in half a UTF-8 character)."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self.ids: list[int] = []
         self.emitted = ""
@@ -77,8 +81,8 @@ class Detokenizer:
         return delta
 
 
-def eos_ids(model, tokenizer) -> set[int]:
-    ids = set()
+def eos_ids(model: Any, tokenizer: Any) -> set[int]:
+    ids: set[int] = set()
     for source in (getattr(model, "generation_config", None), model.config, tokenizer):
         value = getattr(source, "eos_token_id", None)
         if value is not None:
@@ -87,8 +91,8 @@ def eos_ids(model, tokenizer) -> set[int]:
 
 
 def decode(
-    target_model,
-    tokenizer,
+    target_model: Any,
+    tokenizer: Any,
     drafter: Drafter,
     prompt_ids: list[int],
     settings: DecodeSettings,
@@ -122,7 +126,7 @@ def decode(
     yield from run.steps(prompt_ids)
 
 
-def _check_lengths(prompt_ids, max_new_tokens: int, max_positions: int) -> None:
+def _check_lengths(prompt_ids: list[int], max_new_tokens: int, max_positions: int) -> None:
     if not prompt_ids:
         raise SpecvizError("the prompt is empty")
     if max_new_tokens <= 0:
@@ -139,7 +143,7 @@ def _check_lengths(prompt_ids, max_new_tokens: int, max_positions: int) -> None:
 class _Run:
     """The state of one decode: caches, committed ids, the random generator, the metrics."""
 
-    def __init__(self, target: Target, tokenizer, drafter: Drafter, settings: DecodeSettings,
+    def __init__(self, target: Target, tokenizer: Any, drafter: Drafter, settings: DecodeSettings,
                  cancelled: Callable[[], bool]):
         self.target = target
         self.cancelled = cancelled
@@ -245,7 +249,7 @@ class _Run:
                                           logits=logits, temperature=rule_settings.temperature)
         return hidden, p, verdict
 
-    def _truncate(self, new: list[int], kinds: list[str], budget: int):
+    def _truncate(self, new: list[int], kinds: list[str], budget: int) -> tuple[list[int], list[str], str | None]:
         """Stop at the first end-of-sequence token or at the token budget."""
         for i, token in enumerate(new):
             if token in self.eos:
@@ -254,13 +258,14 @@ class _Run:
             return new[:budget], kinds[:budget], "max_new_tokens"
         return new, kinds, None
 
-    def _annotate(self, stage: dict) -> dict:
+    def _annotate(self, stage: dict[str, Any]) -> dict[str, Any]:
         """Add the text of each candidate token of a tree-building stage."""
         if "candidates" in stage:
             stage = dict(stage, candidates=[dict(c, text=self.text(c["token"])) for c in stage["candidates"]])
         return stage
 
-    def _step_event(self, tree, p, verdict, new, kinds, past_len, step_started, drafted, verified, started) -> ev.Step:
+    def _step_event(self, tree: DraftTree, p: torch.Tensor, verdict: Verdict, new: list[int], kinds: list[str], past_len: int,
+                    step_started: float, drafted: float, verified: float, started: float) -> ev.Step:
         text, n_top = self.text, self.settings.n_top
         depths = tree.depths()
         p_of_node = p[torch.tensor(tree.parents, dtype=torch.long) + 1, torch.tensor(tree.tokens, dtype=torch.long)].tolist() if len(tree) else []

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Union
+from typing import Any, Iterable, Union
 
 from specviz.atomic import replacing
 
@@ -21,15 +21,15 @@ RULES = (CHAIN, POINT_MASS, GREEDY, TYPICAL)
 FULL, COUNTS = "full", "counts"  # the levels of detail a Start announces for its run's steps
 
 # A top-N list: [[token_id, text, prob], ...], most likely first.
-TopN = list
+TopN = list[list[Any]]
 
 
 @dataclass
 class Start:
     model: str
     drafter: str
-    sampling: dict  # {"temperature", "top_p", "top_k"}
-    options: dict  # drafter settings (k, tree parameters, ...)
+    sampling: dict[str, Any]  # {"temperature", "top_p", "top_k"}
+    options: dict[str, Any]  # drafter settings (k, tree parameters, ...)
     seed: int
     max_new_tokens: int
     prompt_text: str
@@ -95,15 +95,15 @@ class Step:
     position: int  # sequence position of the root token
     committed: list[Committed]
     text_delta: str  # text that became final in this step
-    timing: dict  # {"draft_ms", "verify_ms", "step_ms", "elapsed_s", "tokens_per_s"} (what the engine measured)
+    timing: dict[str, Any]  # {"draft_ms", "verify_ms", "step_ms", "elapsed_s", "tokens_per_s"} (what the engine measured)
     drafted: int | None = None  # drafted tokens verified in this step (None: not reported)
     accepted: int | None = None  # of them, accepted and committed
     nodes: list[DraftNode] = field(default_factory=list)
-    build: list[dict] = field(default_factory=list)  # tree construction stages (EAGLE-2), may be empty
+    build: list[dict[str, Any]] = field(default_factory=list)  # tree construction stages (EAGLE-2), may be empty
     target: list[TargetRow] = field(default_factory=list)  # the target's top-N at the root and each accepted node
     tests: list[Test] = field(default_factory=list)
     accepted_path: list[int] = field(default_factory=list)
-    final: dict | None = None  # {"token", "text", "kind", "dist_top"}: the replacement or bonus and its distribution
+    final: dict[str, Any] | None = None  # {"token", "text", "kind", "dist_top"}: the replacement or bonus and its distribution
     lossy: bool = False
     type: str = "step"
 
@@ -113,7 +113,7 @@ class Done:
     text: str
     token_ids: list[int]
     stop_reason: str  # "eos" | "max_new_tokens"
-    stats: dict
+    stats: dict[str, Any]
     text_delta: str = ""
     type: str = "done"
 
@@ -121,11 +121,11 @@ class Done:
 Event = Union[Start, Step, Done]
 
 
-def to_dict(event: Event) -> dict:
+def to_dict(event: Event) -> dict[str, Any]:
     return asdict(event)
 
 
-def from_dict(data: dict) -> Event:
+def from_dict(data: dict[str, Any]) -> Event:
     """The event object of one event's JSON (what to_dict gives): how a client of the service gets the same
     objects the engine yields."""
     kind = data.get("type")
@@ -144,14 +144,14 @@ def from_dict(data: dict) -> Event:
     })
 
 
-def write_trace(events: Iterable[Event | dict], path: str | Path) -> None:
+def write_trace(events: Iterable[Event | dict[str, Any]], path: str | Path) -> None:
     """One JSON object a line; written to a temporary file and renamed, so a failure leaves nothing half-written."""
     with replacing(path) as temp, open(temp, "w", encoding="utf-8") as f:
         for e in events:
             f.write(json.dumps(e if isinstance(e, dict) else to_dict(e), ensure_ascii=False) + "\n")
 
 
-def read_trace(path: str | Path) -> list[dict]:
+def read_trace(path: str | Path) -> list[dict[str, Any]]:
     from specviz.errors import SpecvizError
 
     events = []
@@ -171,17 +171,17 @@ def read_trace(path: str | Path) -> list[dict]:
     return events
 
 
-def rule_of(test: dict, greedy: bool, lossy: bool) -> str:
+def rule_of(test: dict[str, Any], greedy: bool, lossy: bool) -> str:
     """The rule that decided a test (one of RULES): its `rule`, or, in a trace written before tests carried it, what
     its numbers and the run's flags imply (no u: greedy at temperature 0, else the run's lossy typical rule)."""
     if test.get("rule"):
-        return test["rule"]
+        return str(test["rule"])
     if test["u"] is None:
         return TYPICAL if lossy and not greedy else GREEDY
     return POINT_MASS if test["q"] is None else CHAIN
 
 
-def replayed_text(events: Iterable[dict]) -> tuple[str, list[int]]:
+def replayed_text(events: Iterable[dict[str, Any]]) -> tuple[str, list[int]]:
     """Rebuild the generated text and token ids from the step events alone."""
     text, ids = "", []
     for e in events:
@@ -203,7 +203,7 @@ _top = {
 _top_or_null = {"anyOf": [_top, {"type": "null"}]}
 
 
-def _obj(props: dict, required=None) -> dict:
+def _obj(props: dict[str, Any], required: Iterable[str] | None = None) -> dict[str, Any]:
     """An object with these properties, all required unless `required` names the ones that are."""
     return {"type": "object", "properties": props, "required": list(props if required is None else required)}
 
@@ -332,7 +332,7 @@ SCHEMA = {
 }
 
 
-def validate(event: Event | dict) -> None:
+def validate(event: Event | dict[str, Any]) -> None:
     """Raise jsonschema.ValidationError when an event does not follow the documented schema."""
     import jsonschema
 

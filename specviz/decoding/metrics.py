@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -16,7 +17,8 @@ class Metrics:
     reached: list[int] = field(default_factory=list)
     accepted_at: list[int] = field(default_factory=list)
 
-    def observe(self, max_depth: int, n_drafted: int, n_accepted: int, n_committed: int, draft_s: float, verify_s: float):
+    def observe(self, max_depth: int, n_drafted: int, n_accepted: int, n_committed: int, draft_s: float,
+                verify_s: float) -> None:
         self.steps += 1
         self.new_tokens += n_committed
         self.drafted += n_drafted
@@ -31,7 +33,7 @@ class Metrics:
         for d in range(n_accepted):
             self.accepted_at[d] += 1
 
-    def summary(self, wall_s: float) -> dict:
+    def summary(self, wall_s: float) -> dict[str, Any]:
         return {
             "steps": self.steps,
             "new_tokens": self.new_tokens,

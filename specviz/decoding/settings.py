@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 from specviz.decoding.sampling import Sampling
 from specviz.errors import SpecvizError
 
 
-def _setting(default, help: str):
+def _setting(default: Any, help: str) -> Any:
     return field(default=default, metadata={"help": help})
 
 
@@ -24,7 +25,7 @@ class DecodeSettings:
     seed: int = _setting(0, "every random draw of a run (sampling, the acceptance test's u) comes from it")
     n_top: int = _setting(5, "top-N kept in events for p, q and residuals (0: none)")
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
             raise SpecvizError(f"max_new_tokens must be a whole number > 0, got {self.max_new_tokens!r}")
         if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
@@ -44,5 +45,5 @@ class DecodeSettings:
 
 
 DECODE_FIELDS = tuple(f.name for f in fields(DecodeSettings))
-FIELD_TYPES = {f.name: {"int": int, "float": float}[f.type] for f in fields(DecodeSettings)}
+FIELD_TYPES = {f.name: {"int": int, "float": float}[str(f.type)] for f in fields(DecodeSettings)}  # annotations are strings here
 FIELD_HELP = {f.name: f.metadata["help"] for f in fields(DecodeSettings)}

@@ -1,6 +1,8 @@
 """The target model as the loop uses it: one forward over new tokens gives the logits and the features."""
 from __future__ import annotations
 
+from typing import Any, Literal, overload
+
 import torch
 
 from specviz.errors import SpecvizError
@@ -13,7 +15,7 @@ class Target:
     """The target model split into its decoder and LM head, so one forward gives both the logits and the
     features (the hidden states that enter the LM head) that EAGLE drafts from."""
 
-    def __init__(self, model, vocab_size: int | None = None):
+    def __init__(self, model: Any, vocab_size: int | None = None):
         postprocessing = logit_postprocessing(model.config)  # the split would be wrong for such models
         if postprocessing is not None:
             raise SpecvizError(f"unsupported target: its logits are post-processed ({postprocessing}); specviz needs logits = lm_head(hidden)")
@@ -25,12 +27,22 @@ class Target:
         self.vocab_size = vocab_size  # ids past it (padding rows a draft lacks) are never generated
         self.max_positions = getattr(model.config, "max_position_embeddings", None) or 2**31
 
-    def new_cache(self):
+    def new_cache(self) -> Any:
         """An empty KV cache of the kind `forward` fills."""
         return new_cache(self.fast, self.model.config)
 
+    @overload
+    def forward(self, ids: list[int], cache: Any, position_ids: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None, logits: Literal[True] = True,
+                layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    @overload
+    def forward(self, ids: list[int], cache: Any, position_ids: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None, *, logits: Literal[False], layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, None]: ...
+
     @torch.inference_mode()
-    def forward(self, ids: list[int], cache, position_ids=None, mask=None, logits=True, layers: tuple[int, ...] = ()):
+    def forward(self, ids: list[int], cache: Any, position_ids: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+                logits: bool = True, layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
         """ids of T new tokens → features (T, H) and logits (T, V) as float32 (None when logits=False).
         cache: from `new_cache()`. The features are the final hidden states (the LM head's input), or with
         `layers` the inputs of those decoder layers side by side, (T, len(layers) * H), what an EAGLE-3 head

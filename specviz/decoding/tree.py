@@ -7,6 +7,7 @@ committed token, which is fed to the target together with the nodes).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,11 +26,12 @@ class DraftTree:
     # The draft's path score (product of q along the path) where a drafter ranks nodes; else None.
     scores: list[float | None] = field(default_factory=list)
     # Top-N of the draft distribution each node was drawn from, as [token, prob] pairs, for display.
-    q_top: list[list | None] = field(default_factory=list)
+    q_top: list[list[list[Any]] | None] = field(default_factory=list)
     # Construction stages for the UI (EAGLE-2 expansion and rerank); drafters may leave it empty.
-    build: list[dict] = field(default_factory=list)
+    build: list[dict[str, Any]] = field(default_factory=list)
 
-    def add(self, token: int, parent: int, q: float | None = None, q_dist=None, score=None, q_top=None) -> int:
+    def add(self, token: int, parent: int, q: float | None = None, q_dist: torch.Tensor | None = None,
+            score: float | None = None, q_top: list[list[Any]] | None = None) -> int:
         assert parent < len(self.tokens), "parents must come before their children"
         self.tokens.append(int(token))
         self.parents.append(int(parent))
@@ -72,11 +74,12 @@ class DraftTree:
         kids = self.children()
         return [self.path_to(i) for i in range(len(self)) if not kids[i]]
 
-    def position_ids(self, past_len: int, device=None) -> torch.Tensor:
+    def position_ids(self, past_len: int, device: torch.device | str | None = None) -> torch.Tensor:
         """(1, n + 1) positions of the root (at past_len) and of each node (past_len + depth)."""
         return torch.tensor([[past_len] + [past_len + d for d in self.depths()]], device=device)
 
-    def attention_mask(self, past_len: int, dtype=torch.float32, device=None) -> torch.Tensor:
+    def attention_mask(self, past_len: int, dtype: torch.dtype = torch.float32,
+                       device: torch.device | str | None = None) -> torch.Tensor:
         """(1, 1, n + 1, past_len + n + 1) additive mask: every input sees the cached context, the root and
         its own ancestors (and itself), nothing else. Row 0 is the root."""
         n = len(self)
