@@ -18,11 +18,12 @@ from specviz.serve.http import Limits, Service
 VIEWERS, STALLED = 30, 4
 
 
+@pytest.mark.slow  # thirty clients parsing a 300-step run: 10-20 s on two cores
 def test_a_room_of_viewers_is_served_while_a_few_never_read(tiny_models):
-    service = Service({"tiny": tiny_models}, limits=Limits(max_new_tokens=1500))
+    service = Service({"tiny": tiny_models}, limits=Limits(max_new_tokens=300))
     with small_send_buffers(Running(service, max_connections=VIEWERS + STALLED + 3, write_timeout_s=1.0)) as running:
         port = int(running.url.rsplit(":", 1)[1])
-        created = post(running.url, {"prompt": "abc abc abc", "model": "tiny", "max_new_tokens": 1500, "temperature": 1.0,
+        created = post(running.url, {"prompt": "abc abc abc", "model": "tiny", "max_new_tokens": 300, "temperature": 1.0,
                                      "seed": 3, "n_top": 20, "share": True}, headers={"X-Specviz-Client": "presenter"})
         share_id, run_id = created.json()["share_id"], created.json()["run_id"]
         stalled = [raw(port, watch_request(share_id), rcvbuf=4096) for _ in range(STALLED)]

@@ -120,7 +120,7 @@ def test_the_token_is_checked_before_the_body_is_read(tiny_models):
 
 
 def shared_run(url: str, tokens: int) -> tuple[str, str]:
-    """A finished shared run with many events (the tiny model's top-20 lists make each step a few KB)."""
+    """A finished shared run with many events (the tiny model's top-20 lists make each step 1.5 KB)."""
     created = httpx.post(url + "/v1/runs", json={"prompt": "abc abc abc", "model": "tiny", "max_new_tokens": tokens,
                                                  "temperature": 1.0, "seed": 3, "n_top": 20, "share": True},
                          headers={"X-Specviz-Client": "presenter"}, timeout=10).json()
@@ -151,10 +151,10 @@ def watch_request(share_id: str, last: int | None = None) -> bytes:
 
 
 def test_viewers_that_never_read_make_room_and_the_cap_full_of_readers_answers_503(tiny_models):
-    service = Service({"tiny": tiny_models}, limits=Limits(max_new_tokens=1500))
+    service = Service({"tiny": tiny_models}, limits=Limits(max_new_tokens=300))
     with small_send_buffers(Running(service, max_connections=6, header_timeout_s=2.0)) as running:
         port = port_of(running)
-        _, share_id = shared_run(running.url, 1500)
+        _, share_id = shared_run(running.url, 300)
         stalled = [raw(port, watch_request(share_id), rcvbuf=4096) for _ in range(6)]  # they never read
         try:
             time.sleep(2.5)  # their writes have been paused for longer than STALLED_S
@@ -194,10 +194,10 @@ def listen(url: str, run_id: str, client: str, stop: threading.Event) -> None:
 
 
 def test_a_viewer_closed_for_not_reading_resumes_with_last_event_id(tiny_models):
-    service = Service({"tiny": tiny_models}, limits=Limits(max_new_tokens=1500))
+    service = Service({"tiny": tiny_models}, limits=Limits(max_new_tokens=300))
     with small_send_buffers(Running(service, write_timeout_s=1.0)) as running:
         port = port_of(running)
-        _, share_id = shared_run(running.url, 1500)
+        _, share_id = shared_run(running.url, 300)
         whole = httpx.get(f"{running.url}/v1/watch/{share_id}/events", timeout=30).text
         expected = [int(line[4:]) for line in whole.splitlines() if line.startswith("id: ")]
         s = raw(port, watch_request(share_id), rcvbuf=4096)
