@@ -88,10 +88,10 @@ def cmd_fetch(args) -> int:
 
 def cmd_drafters(args) -> int:
     from specviz.drafters import REGISTRY
-    from specviz.drafters.spec import to_markdown
+    from specviz.drafters.spec import to_markdown, to_table
 
-    if args.markdown:
-        print(to_markdown(REGISTRY.values()))
+    if args.markdown or args.table:
+        print((to_markdown if args.markdown else to_table)(REGISTRY.values()))
         return 0
     for spec in REGISTRY.values():
         needs = f" (needs {spec.needs})" if spec.needs else ""
@@ -122,4 +122,5 @@ def register(sub) -> None:
     fe.set_defaults(run=cmd_fetch)
     dr = sub.add_parser("drafters", help="the drafters, what each needs and its options (name:key=value)")
     dr.add_argument("--markdown", action="store_true", help="as docs/drafters.md")
+    dr.add_argument("--table", action="store_true", help="as the README's drafter table")
     dr.set_defaults(run=cmd_drafters)

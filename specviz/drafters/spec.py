@@ -126,6 +126,16 @@ def head_of(models: LoadedModels, part: str, options: dict[str, Any], drafter: s
     return head
 
 
+def to_table(specs: Iterable[DrafterSpec]) -> str:
+    """The README's drafter table: every registered drafter, what it does, the loaded part it needs and the names
+    of its options (`specviz drafters --table`; docs/drafters.md gives what each option takes)."""
+    lines = ["| drafter | what it does | needs | options |", "|---|---|---|---|"]
+    for spec in specs:
+        options = ", ".join(f"`{o.name}`" for o in spec.options) or "none"
+        lines.append(f"| `{spec.name}` | {spec.help} | {f'`{spec.needs}`' if spec.needs else ''} | {options} |")
+    return "\n".join(lines)
+
+
 def to_markdown(specs: Iterable[DrafterSpec]) -> str:
     """docs/drafters.md: every registered drafter, what it needs and its options (`specviz drafters` prints it)."""
     lines = ["# Drafters", "", "Written by `specviz drafters --markdown > docs/drafters.md` from each drafter's spec",
