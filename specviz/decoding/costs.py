@@ -2,6 +2,7 @@
 curve): the bench reports it, and the tree drafters' "auto" budget is chosen from it."""
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from typing import Any, Callable, Sequence
@@ -89,11 +90,12 @@ def verify_curve(models: Any) -> dict[int, float]:
 
 def interpolate(curve: dict[int, float]) -> Callable[[int], float]:
     """n -> seconds, linear between measured sizes, extrapolated linearly past the last one (a curve of one
-    size is flat)."""
+    size is flat). Each n is computed once (a tree budget asks for every n up to its candidate count each step)."""
     xs = sorted(curve)
     if not xs:
         raise ValueError("an empty cost curve")
 
+    @functools.lru_cache(maxsize=1024)
     def cost(n: int) -> float:
         if n <= xs[0] or len(xs) == 1:
             return curve[xs[0]]
