@@ -224,7 +224,7 @@ class Topology:
     lossless: str
     published: str  # the paper's headline speedup, with model and hardware
     source: str
-    weights: str | None = None  # the shipped folder under specviz/assets/, if any
+    weights: str | None = None  # the shipped folder under assets/, if any
 
 
 TOPOLOGIES = (

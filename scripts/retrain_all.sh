@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Retrain the three shipped drafters from the cached self-distillation data, each in its own time box, into a
-# staging folder; then ship (copy into specviz/assets/) each one whose held-out top-1 agreement beats the shipped one.
+# staging folder; then ship (copy into assets/) each one whose held-out top-1 agreement beats the shipped one.
 #   scripts/retrain_all.sh [EAGLE_MIN MEDUSA_MIN DRAFT_MIN]      (logs and checkpoints in runs/retrain/)
 # A budget of 0 skips that drafter. RESUME=1 continues each from its checkpoint in runs/retrain/ (on whatever data
 # is cached now); a budget then counts the earlier minutes too, and the learning rate restarts from where the
@@ -8,7 +8,7 @@
 # DATA_DIR=folder trains on the data cached there (`train data --data-dir`); EAGLE_ARGS adds options to the EAGLE
 # stage, overriding the defaults below. The shipped EAGLE head's last stage (40 minutes from the head before it,
 # docs/training.md) is, in this form:
-#   DATA_DIR=runs/data EAGLE_ARGS="--init specviz/assets/eagle-smollm2-135m --steps 20000 --lr 3e-4 --warmup 50 --loss-vocab 4096" \
+#   DATA_DIR=runs/data EAGLE_ARGS="--init assets/eagle-smollm2-135m --steps 20000 --lr 3e-4 --warmup 50 --loss-vocab 4096" \
 #       scripts/retrain_all.sh 40 0 0
 set -uo pipefail  # a failed stage leaves its staging folder empty; the others still ship
 cd "$(dirname "$0")/.."
@@ -31,7 +31,7 @@ $PY - "$STAGE" <<'PY'
 import json, shutil, sys
 from pathlib import Path
 
-stage, assets = Path(sys.argv[1]), Path("specviz/assets")
+stage, assets = Path(sys.argv[1]), Path("assets")
 def top1(folder):
     config = json.loads((folder / "config.json").read_text())
     val = (config.get("specviz") or config)["val"]["fp16 (shipped)"]

@@ -381,7 +381,7 @@ def test_the_real_smollm2_cache_loads_offline(monkeypatch):
         pytest.skip("smollm2-135m is not in the default cache")
     loaded = models.load("smollm2-135m", device="cpu")  # must not try to download anything
     assert loaded.vocab_size == 49152
-    # the drafters trained for this target ship in specviz/assets/ and come with the preset
+    # the drafters trained for this target ship in assets/ and come with the preset
     shipped = {kind for kind, folder in models.PRESETS["smollm2-135m"].shipped if (loading.ASSETS / folder).is_dir()}
     assert (loaded.draft is not None) == ("draft" in shipped)
     assert (loaded.eagle is not None) == ("eagle" in shipped) and (loaded.medusa is not None) == ("medusa" in shipped)

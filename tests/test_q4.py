@@ -755,7 +755,7 @@ def test_every_drafter_greedy_equals_none_with_q4_weights(smol_q4, drafter):
     assert not any(type(m) is torch.nn.Linear for m in smol_q4.target.model.layers.modules())  # all 210 are 4-bit
     assert quantized.q8_head(smol_q4.target) is not None  # and the LM head 8-bit
     if drafter not in drafters.available(smol_q4):
-        pytest.skip(f"no shipped {drafter} weights in specviz/assets/")
+        pytest.skip(f"no shipped {drafter} weights in assets/")
     alone = specviz.generate(REAL_PROMPT, models=smol_q4, drafter="none", max_new_tokens=48)
     drafted = specviz.generate(REAL_PROMPT, models=smol_q4, drafter=drafter, max_new_tokens=48)
     assert drafted.token_ids == alone.token_ids and len(alone.token_ids) > 0

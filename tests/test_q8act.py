@@ -484,7 +484,7 @@ def test_every_drafter_greedy_equals_none_on_8_bit_activations(smol_q4q8, drafte
     assert len(linears) == 210 and all(m.activations == "q8" for m in linears)
     assert quant.q8_head(smol_q4q8.target).linear.activations == "q8"
     if drafter not in drafters.available(smol_q4q8):
-        pytest.skip(f"no shipped {drafter} weights in specviz/assets/")
+        pytest.skip(f"no shipped {drafter} weights in assets/")
     alone = specviz.generate(REAL_PROMPT, models=smol_q4q8, drafter="none", max_new_tokens=48)
     drafted = specviz.generate(REAL_PROMPT, models=smol_q4q8, drafter=drafter, max_new_tokens=48)
     assert drafted.token_ids == alone.token_ids and len(alone.token_ids) > 0

@@ -26,8 +26,9 @@ def layout_map(text: str) -> list[str]:
 
 
 def packages() -> set[str]:
-    """specviz's packages and its folder of shipped weights, as the map writes them: `specviz/cli/`."""
-    folders = {p.parent for p in (ROOT / "specviz").glob("*/__init__.py")} | {ROOT / "specviz" / "assets"}
+    """specviz's packages and its folder of shipped weights (assets/, package data through the link specviz/assets),
+    as the map writes them: `specviz/cli/`."""
+    folders = {p.parent for p in (ROOT / "specviz").glob("*/__init__.py")} | {ROOT / "assets"}
     return {f"{folder.relative_to(ROOT)}/" for folder in folders}
 
 

@@ -71,7 +71,7 @@ def test_cli_bad_input_is_one_line_not_a_traceback():
 @pytest.mark.parametrize("drafter", ["eagle2", "medusa", "draft"])
 def test_shipped_drafters_greedy_equal_the_target_alone(smol, drafter):
     if drafter not in drafters.available(smol):
-        pytest.skip(f"no shipped {drafter} weights in specviz/assets/")
+        pytest.skip(f"no shipped {drafter} weights in assets/")
     ids = api.encode_prompt(smol.tokenizer, PROMPTS[0])
     reference = smol.target.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False)[0, len(ids) :].tolist()
     result = specviz.generate(PROMPTS[0], models=smol, drafter=drafter, max_new_tokens=32)

@@ -115,7 +115,7 @@ def test_published_figures_carry_their_sources_and_the_eagle_name_is_the_papers(
     assert "EAGLE-3" in teaching.EAGLE3_NOTE and "training-time test" in teaching.EAGLE3_NOTE
     for t in teaching.TOPOLOGIES:
         if t.weights:
-            assert teaching.shipped_weights_mb(t.weights) > 0.5, f"{t.weights} is not in specviz/assets/"
+            assert teaching.shipped_weights_mb(t.weights) > 0.5, f"{t.weights} is not in assets/"
 
 
 # ---------------------------------------------------------------------------------------------- pages

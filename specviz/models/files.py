@@ -38,5 +38,5 @@ class Preset:
     target: ModelFile
     draft: ModelFile | None
     description: str
-    # Trained drafters shipped with specviz (specviz/assets/): {"eagle" | "eagle3" | "medusa" | "draft": folder name}
+    # Trained drafters shipped with specviz (assets/): {"eagle" | "eagle3" | "medusa" | "draft": folder name}
     shipped: tuple[tuple[str, str], ...] = ()

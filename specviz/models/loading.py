@@ -148,7 +148,7 @@ def load(model: str = "smollm2-135m", draft_model: str | None = None, device: st
 
 
 def load_shipped(preset: Preset, target: torch.nn.Module, assets: Path = ASSETS) -> dict:
-    """The trained drafters shipped for a preset (specviz/assets/), on the target's device, in draft_dtype."""
+    """The trained drafters shipped for a preset (assets/), on the target's device, in draft_dtype."""
     return {kind: load_trained(kind, assets / name, target) for kind, name in preset.shipped
             if (assets / name / "model.safetensors").is_file()}
 

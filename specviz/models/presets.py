@@ -49,7 +49,7 @@ PRESETS: dict[str, Preset] = {
         Preset(
             name="smollm2-135m",
             target=SMOLLM2_135M,
-            draft=None,  # its draft is the distilled one shipped in specviz/assets/
+            draft=None,  # its draft is the distilled one shipped in assets/
             description="SmolLM2-135M-Instruct, small enough for any CPU; drafters trained for it ship with specviz",
             shipped=(("eagle", "eagle-smollm2-135m"), ("eagle3", "eagle3-smollm2-135m"), ("medusa", "medusa-smollm2-135m"), ("draft", "draft-smollm2-135m")),
         ),

@@ -115,7 +115,7 @@ def train_draft(cfg: TrainConfig, target=None) -> dict:
         "(p from the cached target features); the draft sees token ids only.",
         f"Draft vocabulary: the {len(vocab)} most frequent target tokens of the training data, by falling frequency "
         f"(`{DRAFT_VOCAB_FILE}`); the drafter proposes only those (`draft:draft_vocab=full` lifts it).",
-        "Build it with `specviz.models.heads.build_draft_model(target, 'specviz/assets/draft-smollm2-135m')`.",
+        "Build it with `specviz.models.heads.build_draft_model(target, 'assets/draft-smollm2-135m')`.",
         "Shipped fp16; validation numbers are measured before and after rounding to fp16.",
     ]
     write_provenance(cfg, "Small independent draft for SmolLM2-135M-Instruct", history, metrics, notes)

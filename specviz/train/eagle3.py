@@ -128,7 +128,7 @@ def eagle2_baseline(target, val_set, cfg: TrainConfig) -> tuple[str, dict] | Non
     from specviz.models.heads import EagleHead
 
     head = EagleHead.load(folder, target.config).float().eval()
-    return f"EAGLE-2 head (specviz/assets/{folder.name})", evaluate_eagle2(head, target, eval_batches(val_set, cfg),
+    return f"EAGLE-2 head (assets/{folder.name})", evaluate_eagle2(head, target, eval_batches(val_set, cfg),
                                                                     head.draft_vocab)
 
 

@@ -1,6 +1,6 @@
 """Export a target and its shipped drafters in the layouts vLLM loads.
 
-    python -m specviz.train.export_vllm --out DIR [--model smollm2-135m] [--assets specviz/assets] [--tokens 3]
+    python -m specviz.train.export_vllm --out DIR [--model smollm2-135m] [--assets assets] [--tokens 3]
 
 writes three folders:
 * DIR/target: the converted target as vLLM resolves it (`architectures: ["LlamaForCausalLM"]`; the cache's
