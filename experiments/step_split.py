@@ -3,6 +3,7 @@
 MT-bench questions at 128 tokens and divided by the steps. The draft is what the step's time leaves over.
 
     .venv/bin/python experiments/step_split.py eagle2:lookup=4 [--questions 8] [--prompts FILE] [--weights auto|fp32|q4|q4q8]
+        [--cpu-time]; several drafters, comma-separated (none,eagle2), alternate question by question
 """
 import argparse
 import collections
@@ -70,25 +71,34 @@ def main(argv) -> int:
         torch.set_num_threads(1)
     loaded = models.load("smollm2-135m", weights=args.weights)
     questions = [json.loads(line)["turns"][0] for line in open(args.prompts) if line.strip()][: args.questions]
+    drafters = args.drafter.split(",")
     seconds = collections.defaultdict(float)
     for owner, name, label in PARTS + drafter_parts():
         timed(owner, name, label, seconds)
-    specviz.generate(questions[0], models=loaded, drafter=args.drafter, max_new_tokens=16)  # warm-up
-    seconds.clear()
-    wall, steps = 0.0, 0
+    split = {d: collections.defaultdict(float) for d in drafters}  # drafter -> label -> seconds (wall: the step)
+    steps = dict.fromkeys(drafters, 0)
+    for drafter in drafters:
+        specviz.generate(questions[0], models=loaded, drafter=drafter, max_new_tokens=16)  # warm-up
     for question in questions:
-        started = CLOCK()
-        result = specviz.generate(question, models=loaded, drafter=args.drafter, max_new_tokens=128)
-        wall += CLOCK() - started
-        steps += result.stats["steps"]
-    print(f"{args.drafter} ({args.weights} weights): {steps} steps, {1e3 * wall / steps:.2f} ms a step")
-    for label, s in sorted(seconds.items(), key=lambda kv: -kv[1]):
-        print(f"  {label:36s} {1e3 * s / steps:6.2f} ms a step")
+        for drafter in drafters:  # alternated question by question, so a slow spell touches them alike
+            seconds.clear()
+            started = CLOCK()
+            result = specviz.generate(question, models=loaded, drafter=drafter, max_new_tokens=128)
+            split[drafter]["wall"] += CLOCK() - started
+            steps[drafter] += result.stats["steps"]
+            for label, s in seconds.items():
+                split[drafter][label] += s
     top = ("target forward (prefill included)", "draft (propose, observe)", "acceptance test", "step event",
            "KV-cache surgery", "detokenise", "p for display")
-    rest = wall - sum(seconds[label] for label in top)
-    print(f"  {'the rest of the loop':36s} {1e3 * rest / steps:6.2f} ms a step")
-    print(f"  {'the loop besides forward and draft':36s} {1e3 * (rest + sum(seconds[t] for t in top[2:])) / steps:6.2f} ms a step")
+    for drafter in drafters:
+        parts, n = split[drafter], steps[drafter]
+        wall = parts.pop("wall")
+        print(f"{drafter} ({args.weights} weights): {n} steps, {1e3 * wall / n:.2f} ms a step")
+        for label, s in sorted(parts.items(), key=lambda kv: -kv[1]):
+            print(f"  {label:36s} {1e3 * s / n:6.2f} ms a step")
+        rest = wall - sum(parts[label] for label in top)
+        print(f"  {'the rest of the loop':36s} {1e3 * rest / n:6.2f} ms a step")
+        print(f"  {'the loop besides forward and draft':36s} {1e3 * (rest + sum(parts[t] for t in top[2:])) / n:6.2f} ms a step")
     return 0
 
 
