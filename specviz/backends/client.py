@@ -4,7 +4,8 @@
     for event in client.stream("Explain KV caches.", drafter="eagle2", max_new_tokens=64):
         ...
 
-A dropped connection is resumed with Last-Event-ID (every event arrives once); closing the iterator early
+A dropped connection is resumed with Last-Event-ID (every event arrives once); a service whose connections are all
+busy (503) is asked again after its Retry-After (at most 10 s, `retries` times); closing the iterator early
 cancels the run, so the remote device is free again within one step."""
 from __future__ import annotations
 
@@ -36,10 +37,15 @@ class Client:
     # --------------------------------------------------------------------------------------- requests
 
     def _request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
-        try:
-            response = httpx.request(method, self.url + path, headers=self.headers, timeout=self.timeout, **kwargs)
-        except httpx.HTTPError as err:
-            raise SpecvizError(f"cannot reach the specviz service at {self.url}: {err}") from err
+        for attempt in range(self.retries + 1):
+            try:
+                response = httpx.request(method, self.url + path, headers=self.headers, timeout=self.timeout, **kwargs)
+            except httpx.HTTPError as err:
+                raise SpecvizError(f"cannot reach the specviz service at {self.url}: {err}") from err
+            wait = _busy_for(response)
+            if wait is None or attempt == self.retries:
+                break
+            time.sleep(wait)
         if response.status_code >= 400:
             raise SpecvizError(f"the service refused the request ({response.status_code}): {_message(response)}")
         body: dict[str, Any] = response.json()
@@ -92,6 +98,11 @@ class Client:
             try:
                 with httpx.stream("GET", self.url + path, headers=headers,
                                   timeout=self.timeout) as response:
+                    wait = _busy_for(response)
+                    if wait is not None and failures < self.retries:  # every connection busy: come back
+                        failures += 1
+                        time.sleep(wait)
+                        continue
                     if response.status_code >= 400:
                         response.read()
                         raise SpecvizError(f"the service refused the stream ({response.status_code}): "
@@ -138,6 +149,20 @@ class Client:
         finally:
             if not finished:
                 self.cancel(run_id)  # closed early or failed: free the remote device
+
+
+BUSY_WAIT_MAX_S = 10.0  # the longest a Retry-After is honoured before the next try
+
+
+def _busy_for(response: httpx.Response) -> float | None:
+    """Seconds to wait before trying again where the service had no connection free (503: it read nothing of the
+    request, so sending it again is safe), else None."""
+    if response.status_code != 503:
+        return None
+    try:
+        return min(BUSY_WAIT_MAX_S, max(0.0, float(response.headers.get("Retry-After", "1"))))
+    except ValueError:
+        return 1.0
 
 
 def _message(response: httpx.Response) -> str:
