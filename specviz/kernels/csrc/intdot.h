@@ -69,7 +69,9 @@ inline __m512 specviz_cvtepi32_ps(__m512i v) {
 #define SPECVIZ_INTDOT_X86 1
 #define SPECVIZ_TARGET_AVX2 __attribute__((target("avx2,fma")))
 #define SPECVIZ_TARGET_VNNI __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vnni")))
-#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
+// Compilers from GCC 11 and Clang 12 on ship AMX themselves, so their toolchains' assemblers know the instructions.
+#if defined(__x86_64__) && defined(__linux__) && \
+    ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11))
 // AMX tiles, written as instructions (any GCC or Clang whose assembler knows them; the compiler needs no -mamx), on
 // Linux, which hands out the tile state on request (arch_prctl, csrc/intdot.cpp); AT&T syntax, the compiler's default:
 // tile numbers are part of the instruction, so these take them as literals. "memory": a tile load reads and a
