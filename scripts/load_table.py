@@ -41,9 +41,8 @@ sys.path.insert(0, str(ROOT))  # run as a file from anywhere: find specviz
 
 import torch  # noqa: E402
 
+from specviz.backends import open_backend  # noqa: E402
 from specviz.backends.client import Client  # noqa: E402
-from specviz.backends.service import ServiceBackend  # noqa: E402
-from specviz.backends.vllm import VllmBackend  # noqa: E402
 from specviz.bench import servers  # noqa: E402
 from specviz.bench.loadtable import SHIPPED, parse_load_table  # noqa: E402
 from specviz.bench.probes import cpu_name  # noqa: E402
@@ -66,7 +65,7 @@ class Lane:
 
 
 def vllm_lane(label: str, url: str) -> Lane:
-    backend = VllmBackend.connect(url, detokenize=False)  # only the tokens are counted: no extra requests while timed
+    backend = open_backend(f"vllm+{url}", detokenize=False)  # only the tokens are counted: no extra requests while timed
     return Lane(label, "vLLM", lambda prompt, n, client: backend.stream(prompt, max_new_tokens=n, temperature=0.0))
 
 
@@ -272,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     started: list[servers.Server] = []
     try:
         plain_url, eagle3_url, specviz_url = start_servers(args, started)
-        service = ServiceBackend.connect(specviz_url)
+        service = open_backend(specviz_url)
         lanes = [vllm_lane("vLLM: plain", plain_url), vllm_lane("vLLM: EAGLE-3 (depth 3)", eagle3_url)]
         lanes += [specviz_lane(specviz_url, service.name, d) for d in args.drafters.split(",") if d]
         prompts = [p.text for p in load_prompts(MT_BENCH)]

@@ -27,7 +27,7 @@ def _load(model: str, draft_model: str | None, device: str, weights: str):
 def stream(
     prompt: str,
     model: str | None = None,
-    drafter: str = "ngram",
+    drafter: str | None = None,
     *,
     settings: DecodeSettings | None = None,
     draft_model: str | None = None,
@@ -46,8 +46,9 @@ def stream(
     `models` takes already-loaded models (a specviz.models.LoadedModels, or `loaded(target, tokenizer, draft)`);
     otherwise `model`/`draft_model` name a preset, a local folder or a hub id, loaded with `weights` (see
     specviz.models.load: "auto" runs a preset's own 4-bit GGUF blocks on the CPU). `backend` runs it elsewhere: a
-    specviz.backends.Backend, or "http://host:8000" for a `specviz serve` service (the token from
-    $SPECVIZ_BACKEND_TOKEN); the events are the same."""
+    specviz.backends.Backend, or an address for specviz.backends.open_backend ("http://host:8000" for a `specviz
+    serve` service, the token from $SPECVIZ_BACKEND_TOKEN; "vllm+http://host:8000" for a vLLM server); the events
+    are the same. drafter None: the backend's own default (ngram on our engine)."""
     settings = settings_of(settings, decode)
     if isinstance(backend, str):
         backend = open_backend(backend, model=model, token=os.environ.get(TOKEN_ENV))

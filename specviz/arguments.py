@@ -9,7 +9,6 @@ from specviz.errors import SpecvizError
 from specviz.models.quantized import CHOICES as WEIGHT_CHOICES
 
 DEFAULT_MODEL = "smollm2-135m"
-DEFAULT_DRAFTER = "ngram"
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -30,8 +29,9 @@ def add_weights_arg(parser: argparse.ArgumentParser) -> None:
 def add_decoding_args(parser: argparse.ArgumentParser, defaults: DecodeSettings = DecodeSettings(), drafter: bool = True) -> None:
     """The fields of DecodeSettings as options, named after them (n_top stays the library's default)."""
     if drafter:
-        parser.add_argument("--drafter", default=DEFAULT_DRAFTER, help="a drafter (`specviz drafters` lists them), optionally "
-                            "with options: eagle2:total_tokens=16:draft_vocab=full, eagle3:head=FOLDER")
+        parser.add_argument("--drafter", default=None, help="a drafter (`specviz drafters` lists them), optionally "
+                            "with options: eagle2:total_tokens=16:draft_vocab=full, eagle3:head=FOLDER (default: the "
+                            "backend's own: ngram on our engine; an engine that drafts as it was started takes none)")
     for name in DECODE_FIELDS:
         if name != "n_top":
             parser.add_argument(f"--{name.replace('_', '-')}", type=FIELD_TYPES[name], default=getattr(defaults, name),

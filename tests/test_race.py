@@ -161,7 +161,7 @@ def test_the_run_store_is_bounded_and_keeps_the_recently_used():
 def race_app(tiny_model_dir, monkeypatch):
     """The app with the tiny model as target and draft; the process-wide model and finished races start empty."""
     load = m.load
-    monkeypatch.setattr(m, "load", lambda name, progress=None: load(name, draft_model=name, progress=progress))
+    monkeypatch.setattr(m, "load", lambda name, **options: load(name, **{**options, "draft_model": name}))
     monkeypatch.setenv(state.ENV_MODEL, str(tiny_model_dir))
     state.st.cache_resource.clear()  # the loaded model (loaded again with its draft) and the finished races
     yield

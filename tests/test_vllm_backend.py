@@ -20,6 +20,7 @@ def test_a_run_is_one_step_per_chunk_with_vllms_own_counts():
     with Served() as server:
         backend = open_backend("vllm+" + server.url)
         assert isinstance(backend, VllmBackend) and backend.detail == COUNTS and backend.speculative is True
+        assert not backend.capabilities.tree and not backend.capabilities.drafter_choice
         assert backend.drafters() == ["vllm"] and "no q or tree" in backend.where()
         events = list(backend.stream("Say hello.", drafter="vllm", max_new_tokens=6, temperature=0.0))
         body = server.app.state.requests[-1]
@@ -163,20 +164,20 @@ def test_the_race_gets_a_vllm_lane_beside_ours(tiny_model_dir, monkeypatch):
     app_py = str(Path(__file__).resolve().parents[1] / "app.py")
     with Served() as server:
         monkeypatch.setenv(ENV_MODEL, str(tiny_model_dir))
-        monkeypatch.setenv("SPECVIZ_RACE_VLLM", server.url)
+        monkeypatch.setenv("SPECVIZ_RACE_BACKEND", "vllm+" + server.url)
         at = AppTest.from_file(app_py, default_timeout=120)
-        at.query_params["drafters"] = "none,vLLM"
+        at.query_params["drafters"] = "none,vllm"
         at.query_params["max_tokens"] = "6"
         at.run()
         at.switch_page("app/pages/race.py")
         at.run()
-        assert "vLLM" in at.multiselect(key="race_drafters").options
+        assert "vllm" in at.multiselect(key="race_drafters").options
         at.button(key="race_run").click()
         at.run()
         assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
         runs = {d: events for (_, d), events in at.session_state["race_cache"].items()}
-        assert list(runs) == ["none", "vLLM"]
-        assert runs["vLLM"][0]["engine"] == "vllm" and runs["vLLM"][-1]["token_ids"] == [t for s in STEPS for t in s]
+        assert list(runs) == ["none", "vllm"]
+        assert runs["vllm"][0]["engine"] == "vllm" and runs["vllm"][-1]["token_ids"] == [t for s in STEPS for t in s]
         assert len(at.get("iframe")) == 1  # the lanes, ours and vLLM's, replay together
 
 

@@ -49,19 +49,19 @@ def run_section() -> None:
     st.caption("Temperature, top-p, top-k, K and seed come from the sidebar. The same run from a shell, with more "
                "prompts and tokens for numbers you can rely on:")
     st.code(command, language="bash")
-    if shared.remote:
+    if not shared.capabilities.bench:
         st.info(f"The engine runs {shared.where()}: a bench times the engine where it runs, so run this command on "
                 "that machine and load its report (--json-out) below.")
         return
     if not st.button("Run the bench", key="bench_run", type="primary"):
         return
     bar = st.progress(0.0, text="waiting for the model…")
-    if not shared.lock.acquire(blocking=False):
-        st.info("Another session is decoding on this model; the bench starts when it finishes…")
-        shared.lock.acquire()
-    try:  # holding the model's lock: no other session's decode runs in between and skews the timings
-        report = bench.run_bench(shared.models, bench.load_prompts(limit=limit), run_settings, command=command,
-                                 progress=lambda done, total, label: bar.progress(done / total, text=f"{label} ({done}/{total})"))
+    waiting = st.empty()
+    try:  # the bench holds the engine: no other session's decode runs in between and skews the timings
+        report = bench.run_bench(shared, bench.load_prompts(limit=limit), run_settings, command=command,
+                                 progress=lambda done, total, label: bar.progress(done / total, text=f"{label} ({done}/{total})"),
+                                 on_wait=lambda _: waiting.info("Another session is decoding on this model; the "
+                                                                "bench starts when it finishes…"))
         st.session_state[REPORT] = (report, "this session's run")
         st.session_state["bench_source"] = SOURCES[0]
     except SpecvizError as err:
@@ -69,7 +69,7 @@ def run_section() -> None:
     except Exception as err:  # an engine bug should read as a message, not a traceback
         st.error(f"The bench failed ({type(err).__name__}): {err}")
     finally:
-        shared.lock.release()
+        waiting.empty()
         bar.empty()
 
 

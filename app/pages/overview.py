@@ -57,12 +57,13 @@ st.markdown("The loaded target model's per-token latency on this machine, and ho
 shared, settings = state.current()
 if shared is None:
     st.warning("Load a model in the sidebar to measure it.")
-elif shared.remote:
+elif not shared.capabilities.bandwidth_probe:
     st.info(f"The engine runs {shared.where()}: this measurement reads the weights in this process, so it is "
             "offered where the app runs the engine itself (`make run` on the engine's machine).")
 elif st.button("Measure this machine", key="ov_measure"):
     progress = st.progress(0.0, text="measuring memory copy bandwidth (a 256 MB tensor copy)…")
-    bandwidth = probes.BandwidthProbe(shared.models.device).measure() * 1e9  # bytes/s, as the bench measures it
+    models = shared.models_here()
+    bandwidth = probes.BandwidthProbe(models.device).measure() * 1e9  # bytes/s, as the bench measures it
     progress.progress(0.3, text="timing the target: 8 plain autoregressive steps…")
     events = state.run_decode(shared, state.DEFAULT_PROMPT, settings, drafter="none", max_new_tokens=8,
                               temperature=0.0, on_event=lambda e, evs: progress.progress(
@@ -74,10 +75,10 @@ elif st.button("Measure this machine", key="ov_measure"):
         st.session_state["ov_measured"] = {
             "model": shared.name,
             "bandwidth": bandwidth,
-            "weights": probes.streamed_weight_bytes(shared.models.target),  # what one step reads, as in the bench
+            "weights": probes.streamed_weight_bytes(models.target),  # what one step reads, as in the bench
             "ms_per_token": sum(s["timing"]["verify_ms"] for s in steps) / len(steps),
             "steps": len(steps),
-            "device": str(shared.models.device),
+            "device": str(models.device),
         }
 measured = st.session_state.get("ov_measured")
 if measured:

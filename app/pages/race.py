@@ -25,29 +25,29 @@ def finished_runs() -> lanes.RunStore:
     return lanes.RunStore()
 
 
-VLLM_LANE = "vLLM"  # the lane of a vLLM server beside ours (it drafts with what its server was started with)
-ENV_VLLM_LANE = "SPECVIZ_RACE_VLLM"  # http://host:8000: a vLLM server whose lane the race offers
+ENV_LANE = "SPECVIZ_RACE_BACKEND"  # an engine's address (vllm+http://host:8000) whose lane the race offers
 
 
-def vllm_lane():
-    """The vLLM server to race beside this model, from the page's field (it starts at $SPECVIZ_RACE_VLLM), or
-    None. Its lane shows what vLLM reports: committed tokens per verify step, no tree."""
-    with st.expander("A vLLM lane", expanded=bool(st.session_state.get("race_vllm"))):
-        st.session_state.setdefault("race_vllm", os.environ.get(ENV_VLLM_LANE, ""))
-        url = st.text_input("vLLM server (http://host:port, the same model, started as docs/vllm.md says)",
-                            key="race_vllm").strip()
-        if not url:
+def other_engine():
+    """Another engine to race beside this model, from the page's address field (it starts at
+    $SPECVIZ_RACE_BACKEND), or None. Its lane runs the drafter it drafts with by default (a vLLM server: the method
+    it was started with) and shows what its events carry (vLLM's: committed tokens per verify step, no tree)."""
+    with st.expander("Another engine's lane", expanded=bool(st.session_state.get("race_engine"))):
+        st.session_state.setdefault("race_engine", os.environ.get(ENV_LANE, ""))
+        address = st.text_input("Engine address (vllm+http://host:port for a vLLM server started as docs/vllm.md "
+                                "says, on the same model)", key="race_engine").strip()
+        if not address:
             return None
         try:
-            return vllm_backend(url)
+            return engine_at(address)
         except SpecvizError as err:
             st.error(str(err))
             return None
 
 
 @st.cache_resource(show_spinner=False, ttl=30)
-def vllm_backend(url: str):
-    return open_backend("vllm+" + url.removeprefix("vllm+"), token=os.environ.get(state.ENV_BACKEND_TOKEN))
+def engine_at(address: str):
+    return open_backend(address, token=os.environ.get(state.ENV_BACKEND_TOKEN))
 
 
 def plain(text: str) -> str:
@@ -271,8 +271,11 @@ with box:
 if shared is None:
     st.stop()
 
-extra = vllm_lane()  # a vLLM server's lane beside ours, when one is given
-drafters = shared.drafters() + shared.variants() + ([VLLM_LANE] if extra is not None else [])
+extra = other_engine()  # another engine's lane beside ours, when one is given
+lanes_of = {d: (shared, d) for d in shared.drafters() + shared.variants()}  # lane -> (backend, drafter)
+if extra is not None:
+    lanes_of.setdefault(extra.engine, (extra, None))  # None: the drafter that engine runs by default
+drafters = list(lanes_of)
 prefill_from_url(drafters)
 follow_sidebar(settings)
 for key, default in (("race_prompt", state.DEFAULT_PROMPT), ("race_drafters", drafters),
@@ -302,7 +305,7 @@ def run_key(drafter: str) -> tuple:
 
 
 def store_key(drafter: str) -> tuple:
-    return (extra if drafter == VLLM_LANE else shared).where(), run_key(drafter), drafter
+    return lanes_of[drafter][0].where(), run_key(drafter), drafter
 
 
 for d in chosen:  # runs another session already finished with the same settings cost nothing
@@ -331,7 +334,7 @@ if go_clicked or again:
             bar.progress(min((i + made / max_new) / len(todo), 1.0),
                          text=f"decoding {drafter} ({i + 1} of {len(todo)}): {made} / {max_new} tokens; the lanes "
                               "replay once every run is decoded")
-        lane_backend, lane_drafter = (extra, "vllm") if drafter == VLLM_LANE else (shared, drafter)
+        lane_backend, lane_drafter = lanes_of[drafter]
         events = state.run_decode(lane_backend, prompt, race_settings, on_event=tick, drafter=lane_drafter,
                                   max_new_tokens=int(max_new))
         if events is None:

@@ -3,30 +3,55 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from specviz.backends.base import FULL, Events, OnWait, Prompt, events, run, settings_of
+from specviz.backends.base import Backend, Capabilities, Events, OnWait, Prompt, settings_of
 from specviz.decoding import engine
+from specviz.decoding.costs import verify_curve
 from specviz.decoding.prompt import encode_prompt
 from specviz.decoding.settings import DecodeSettings
 from specviz.drafters import available, make_drafter, variants
+from specviz.errors import SpecvizError
 from specviz.models.quantized import WEIGHT_WORDS
 
 if TYPE_CHECKING:
     from specviz.models.loading import LoadedModels
+    from specviz.models.wheels import ProgressCallback
+
+PREFIX = "local:"
+DEFAULT_DRAFTER = "ngram"  # a run that names none
 
 
-class LocalBackend:
-    """specviz.models.LoadedModels behind the Backend protocol, with a lock so that runs never overlap (the
+class LocalBackend(Backend):
+    """specviz.models.LoadedModels behind the Backend base, with a lock so that runs never overlap (the
     app's sessions share one; the service's scheduler runs one per device anyway). A run holds the lock from its
     first event until its generator is exhausted, closed or raises."""
 
-    remote = False
-    detail = FULL
+    engine = "specviz"
+    capabilities = Capabilities(bench=True, bandwidth_probe=True, verify_cost=True)
 
     def __init__(self, models: LoadedModels):
         self.models = models  # a specviz.models.LoadedModels; read-only once loaded
         self.lock = threading.Lock()
+
+    @classmethod
+    def open(cls, address: str, model: str | None = None, token: str | None = None, *, device: str = "auto",
+             weights: str = "auto", draft_model: str | None = None, progress: ProgressCallback | None = None,
+             warm: bool = False) -> LocalBackend:
+        """"local:MODEL": a preset, a model folder or a hub id, loaded (and fetched) here (specviz.models.load).
+        warm: measure the verify-cost curve now where a tree drafter reads it, not in the first run. A token is
+        not needed here."""
+        name = address.removeprefix(PREFIX)
+        if not name:
+            raise SpecvizError(f"{PREFIX} names a model: {PREFIX}smollm2-135m (a preset) or {PREFIX}/path/to/model")
+        if model is not None and model != name:
+            raise SpecvizError(f"{address} loads the model {name!r}, not {model!r}")
+        from specviz.models import load
+
+        loaded = load(name, draft_model=draft_model, device=device, weights=weights, progress=progress)
+        if warm and (loaded.eagle is not None or loaded.medusa is not None):
+            verify_curve(loaded)
+        return cls(loaded)
 
     @property
     def name(self) -> str:
@@ -54,40 +79,50 @@ class LocalBackend:
         return f"in this process on {self.device} ({self.dtype}; {WEIGHT_WORDS[self.weights]})"
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "engine": "specviz", "device": self.device, "dtype": self.dtype,
+        return {"name": self.name, "engine": self.engine, "device": self.device, "dtype": self.dtype,
                 "weights": self.weights,
                 "detail": self.detail, "drafters": self.drafters() + self.variants(), "where": self.where()}
 
-    def stream(self, prompt: Prompt, on_wait: OnWait | None = None, *,
-               drafter: str = "ngram", settings: DecodeSettings | None = None,
-               drafter_options: dict[str, Any] | None = None, chat: bool = True, client_id: str | None = None,
-               cancelled: Callable[[], bool] | None = None, **decode: Any) -> Events:
-        """The run, holding the lock; on_wait(None) is called once if another run holds it, before waiting.
-        Close the generator when you stop early: closing is what releases the lock at once. `cancelled` is read
-        between the prompt's prefill chunks, where no event comes for long: True ends the run there (no done
-        event)."""
-        settings = settings_of(settings, decode)
-        models = self.models
+    def models_here(self) -> LoadedModels:
+        return self.models
+
+    @contextlib.contextmanager
+    def exclusive(self, on_wait: OnWait | None = None) -> Iterator[LocalBackend]:
+        """Holds the lock for the whole block; the backend it gives decodes on the same models with a lock of its
+        own, which no one else sees (so its runs never wait for the one held here)."""
+        self._acquire(on_wait)
+        try:
+            yield LocalBackend(self.models)
+        finally:
+            self.lock.release()
+
+    def _acquire(self, on_wait: OnWait | None) -> None:
+        """The lock; on_wait(None) is called once if another run holds it, before waiting."""
         if not self.lock.acquire(blocking=False):
             if on_wait is not None:
                 on_wait(None)
             self.lock.acquire()
+
+    def stream(self, prompt: Prompt, on_wait: OnWait | None = None, *, drafter: str | None = None,
+               settings: DecodeSettings | None = None, drafter_options: dict[str, Any] | None = None,
+               chat: bool = True, client_id: str | None = None, cancelled: Callable[[], bool] | None = None,
+               **decode: Any) -> Events:
+        """The run, holding the lock. Close the generator when you stop early: closing is what releases the lock
+        at once. `cancelled` is read between the prompt's prefill chunks, where no event comes for long: True ends
+        the run there (no done event). client_id: one process, one viewer; not used."""
+        settings = settings_of(settings, decode)
+        models = self.models
+        self._acquire(on_wait)
         try:  # making a drafter may measure the verify-cost curve: never beside another run
             prompt_ids = encode_prompt(models.tokenizer, prompt, chat)
-            the_drafter = make_drafter(drafter, models, k=settings.k, options=drafter_options)
+            the_drafter = make_drafter(drafter or DEFAULT_DRAFTER, models, k=settings.k, options=drafter_options)
             prompt_text = prompt if isinstance(prompt, str) else models.tokenizer.decode(prompt_ids)
             yield from engine.decode(models.target, models.tokenizer, the_drafter, prompt_ids, settings, models.name,
                                      prompt_text, models.vocab_size, cancelled)
         finally:
             self.lock.release()
 
-    def events(self, prompt: Prompt, on_wait: OnWait | None = None, **kwargs: Any) -> contextlib.closing[Events]:
-        return events(self, prompt, on_wait=on_wait, **kwargs)
 
-    def run(self, prompt: Prompt, **kwargs: Any) -> list[dict[str, Any]]:
-        return run(self, prompt, **kwargs)
-
-
-def as_local(models: LocalBackend | LoadedModels) -> LocalBackend:
-    """A LocalBackend as it is, or loaded models (specviz.models.LoadedModels) behind a new one."""
-    return models if isinstance(models, LocalBackend) else LocalBackend(models)
+def as_local(models: Backend | LoadedModels) -> Backend:
+    """A backend as it is, or loaded models (specviz.models.LoadedModels) behind a new LocalBackend."""
+    return models if isinstance(models, Backend) else LocalBackend(models)

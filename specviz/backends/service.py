@@ -2,24 +2,31 @@
 queues every client's runs itself."""
 from __future__ import annotations
 
-import contextlib
 from dataclasses import asdict
 from typing import Any, Callable
 
-from specviz.backends.base import FULL, Events, OnWait, Prompt, events, run, settings_of
+from specviz.backends.base import Backend, Capabilities, Events, OnWait, Prompt, no_options, settings_of
 from specviz.backends.client import Client
 from specviz.decoding.settings import DecodeSettings
 from specviz.errors import SpecvizError
 
 
-class ServiceBackend:
-    remote = True
-    detail = FULL
-    models = None  # the weights are on the service
-    lock = None
+class ServiceBackend(Backend):
+    """The same events as our engine in this process, full detail; runs can have watch links. The weights are on
+    the service: the bench and the bandwidth probe run there (`specviz bench` on its machine)."""
+
+    engine = "specviz"  # our engine decodes there
+    capabilities = Capabilities(watch=True, verify_cost=True)
 
     def __init__(self, url: str, row: dict[str, Any], token: str | None = None):
         self.url, self.row, self.token = url, row, token  # row: the service's /v1/models entry for the model
+        self.names = [str(row["name"])]  # every model the service runs (connect fills it in)
+
+    @classmethod
+    def open(cls, address: str, model: str | None = None, token: str | None = None, **options: Any) -> ServiceBackend:
+        """"http://host:port" (or https): the service's model `model` (default: its first)."""
+        no_options(cls.engine, options, "the service loads its own models")
+        return cls.connect(address, model=model, token=token)
 
     @classmethod
     def connect(cls, url: str, model: str | None = None, token: str | None = None) -> ServiceBackend:
@@ -27,7 +34,9 @@ class ServiceBackend:
         names = [r["name"] for r in rows]
         if model is not None and model not in names:
             raise SpecvizError(f"the service at {url} has no model {model!r}; it runs: {', '.join(names)}")
-        return cls(url, rows[names.index(model) if model is not None else 0], token)
+        backend = cls(url, rows[names.index(model) if model is not None else 0], token)
+        backend.names = names
+        return backend
 
     @property
     def name(self) -> str:
@@ -40,6 +49,9 @@ class ServiceBackend:
     @property
     def dtype(self) -> str:
         return str(self.row["dtype"])
+
+    def served(self) -> list[str]:
+        return list(self.names)
 
     def drafters(self) -> list[str]:
         return [d for d in self.row["drafters"] if ":" not in d]
@@ -55,22 +67,17 @@ class ServiceBackend:
                 "detail": self.detail, "drafters": list(self.row["drafters"]), "where": self.where()}
 
     def stream(self, prompt: Prompt, on_wait: OnWait | None = None, *,
-               drafter: str = "ngram", settings: DecodeSettings | None = None,
+               drafter: str | None = None, settings: DecodeSettings | None = None,
                drafter_options: dict[str, Any] | None = None, chat: bool = True, client_id: str | None = None,
                on_shared: Callable[[str], None] | None = None, **decode: Any) -> Events:
         """The run on the service; on_wait(position) is called while it waits in the service's queue.
         on_shared: the run gets a read-only watch link, and on_shared(share_id) is called before its events."""
         fields = asdict(settings_of(settings and settings.decode_settings(), decode))
         client = Client(self.url, token=self.token, client_id=client_id)
-        yield from client.stream(prompt, on_queued=on_wait, on_shared=on_shared, model=self.name, drafter=drafter,
-                                 drafter_options=drafter_options or {}, chat=chat, **fields)
+        chosen = {"drafter": drafter} if drafter is not None else {}  # else the service's default
+        yield from client.stream(prompt, on_queued=on_wait, on_shared=on_shared, model=self.name,
+                                 drafter_options=drafter_options or {}, chat=chat, **chosen, **fields)
 
     def watch(self, share_id: str, on_wait: OnWait | None = None, client_id: str | None = None) -> Events:
         """Another client's shared run, read-only: every event from its first, however late this viewer comes."""
         yield from Client(self.url, token=self.token, client_id=client_id).watch(share_id, on_queued=on_wait)
-
-    def events(self, prompt: Prompt, on_wait: OnWait | None = None, **kwargs: Any) -> contextlib.closing[Events]:
-        return events(self, prompt, on_wait=on_wait, **kwargs)
-
-    def run(self, prompt: Prompt, **kwargs: Any) -> list[dict[str, Any]]:
-        return run(self, prompt, **kwargs)

@@ -20,14 +20,13 @@ Start the server as docs/vllm.md says; `vllm+http://host:8000` (or `SPECVIZ_BACK
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from typing import Any, Iterator
 
 import httpx
 
-from specviz.backends.base import COUNTS, Events, OnWait, Prompt, events, run, settings_of
+from specviz.backends.base import COUNTS, Backend, Capabilities, Events, OnWait, Prompt, no_options, settings_of
 from specviz.decoding import events as ev
 from specviz.decoding.settings import DecodeSettings
 from specviz.errors import SpecvizError
@@ -40,11 +39,12 @@ STARTING = ("A vLLM server that is still starting takes connections only once it
             "CPU): wait until its log says 'Application startup complete'")
 
 
-class VllmBackend:
-    remote = True
-    detail = COUNTS
-    models = None  # the weights are in the vLLM server
-    lock = None
+class VllmBackend(Backend):
+    """Counts only: no tree, no q; one drafting method, the one its server was started with; vLLM batches the
+    runs of every client itself."""
+
+    engine = "vllm"
+    capabilities = Capabilities(detail=COUNTS, tree=False, q_values=False, drafter_choice=False, batching=True)
 
     def __init__(self, url: str, model: str, token: str | None = None, speculative: bool | None = None,
                  timeout_s: float = 30.0, silence_s: float = 120.0, detokenize: bool = True):
@@ -54,6 +54,15 @@ class VllmBackend:
         self.silence_s = silence_s  # a run whose stream sends nothing for this long is taken as stuck
         self.detokenize = detokenize  # each token's own text from /detokenize (False: a timed run asks nothing extra)
         self._texts: dict[int, str] = {}  # token id -> text, from the server's /detokenize
+        self.names = [model]  # every model the server serves (connect fills it in)
+
+    @classmethod
+    def open(cls, address: str, model: str | None = None, token: str | None = None, *, silence_s: float = 120.0,
+             detokenize: bool = True, timeout_s: float = 10.0, **options: Any) -> VllmBackend:
+        """"vllm+http://host:port": the server's model `model` (default: its first)."""
+        no_options(cls.engine, options, "the vLLM server loads its own model and drafts as it was started")
+        return cls.connect(address, model=model, token=token, timeout_s=timeout_s, silence_s=silence_s,
+                           detokenize=detokenize)
 
     @classmethod
     def connect(cls, url: str, model: str | None = None, token: str | None = None, timeout_s: float = 10.0,
@@ -87,15 +96,21 @@ class VllmBackend:
             speculative = "vllm:spec_decode_num_drafts" in metrics
         except httpx.HTTPError:
             speculative = None
-        return cls(url, model or names[0], token, speculative, **options)
+        backend = cls(url, model or names[0], token, speculative, **options)
+        backend.names = [str(n) for n in names]
+        return backend
 
     @property
     def name(self) -> str:
         return self.model
 
+    def served(self) -> list[str]:
+        return list(self.names)
+
     def drafters(self) -> list[str]:
-        """vLLM drafts with what the server was started with (its --speculative-config); one lane."""
-        return ["vllm"]
+        """vLLM drafts with what the server was started with (its --speculative-config): one method, named after
+        the engine (a run's Start says drafter "vllm")."""
+        return [self.engine]
 
     def variants(self) -> list[str]:
         return []
@@ -105,17 +120,17 @@ class VllmBackend:
         return f"on vLLM at {self.url} ({how}; it reports accepted counts per step, no q or tree)"
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.model, "engine": "vllm", "device": "vllm", "dtype": "as served", "detail": self.detail,
+        return {"name": self.model, "engine": self.engine, "device": "vllm", "dtype": "as served", "detail": self.detail,
                 "drafters": self.drafters(), "where": self.where(), "speculative": self.speculative}
 
     def stream(self, prompt: Prompt | list[int], on_wait: OnWait | None = None, *,
-               drafter: str = "vllm", settings: DecodeSettings | None = None,
+               drafter: str | None = None, settings: DecodeSettings | None = None,
                drafter_options: dict[str, Any] | None = None, chat: bool = True, client_id: str | None = None,
                **decode: Any) -> Events:
         settings = settings_of(settings and settings.decode_settings(), decode)
-        if drafter != "vllm" or drafter_options:
-            raise SpecvizError(f"vLLM drafts with the method its server was started with; run drafter 'vllm' "
-                               f"(got {drafter!r}{' with options' if drafter_options else ''})")
+        if drafter not in (None, self.engine) or drafter_options:
+            raise SpecvizError(f"vLLM drafts with the method its server was started with: name no drafter, or "
+                               f"{self.engine!r} (got {drafter!r}{' with options' if drafter_options else ''})")
         body = self._body(prompt, settings, chat)
         path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
         started = time.perf_counter()
@@ -191,11 +206,11 @@ class VllmBackend:
 
     def _start(self, prompt: Prompt | list[int], prompt_ids: list[int], settings: DecodeSettings) -> ev.Start:
         text = prompt if isinstance(prompt, str) else json.dumps(prompt, ensure_ascii=False)
-        return ev.Start(model=self.model, drafter="vllm", sampling={"temperature": settings.temperature,
+        return ev.Start(model=self.model, drafter=self.engine, sampling={"temperature": settings.temperature,
                         "top_p": settings.top_p, "top_k": settings.top_k}, options={"server": self.url},
                         seed=settings.seed, max_new_tokens=settings.max_new_tokens, prompt_text=text,
                         prompt_token_ids=list(prompt_ids), device="vllm", dtype="as served", detail=COUNTS,
-                        engine="vllm")
+                        engine=self.engine)
 
     def _step(self, number: int, position: int, ids: list[int], delta: str, step_s: float, elapsed: float,
               new_tokens: int) -> ev.Step:
@@ -227,12 +242,6 @@ class VllmBackend:
         except (httpx.HTTPError, ValueError):
             return [""] * (len(ids) - 1) + [delta]
         return [self._texts[t] for t in ids]
-
-    def events(self, prompt: Prompt, on_wait: OnWait | None = None, **kwargs: Any) -> contextlib.closing[Events]:
-        return events(self, prompt, on_wait=on_wait, **kwargs)
-
-    def run(self, prompt: Prompt, **kwargs: Any) -> list[dict[str, Any]]:
-        return run(self, prompt, **kwargs)
 
 
 def stats_of(steps: int, new_tokens: int, wall: float, spec: dict[str, Any] | None) -> dict[str, Any]:

@@ -5,7 +5,8 @@ import time
 from dataclasses import replace
 from typing import Callable
 
-from specviz.backends.local import LocalBackend, as_local
+from specviz.backends.base import Backend, OnWait
+from specviz.backends.local import as_local
 from specviz.bench import llamacpp
 from specviz.bench.peers import peer_arguments, run_peer
 from specviz.bench.probes import BandwidthProbe
@@ -23,12 +24,12 @@ from specviz.errors import SpecvizError
 ProgressCallback = Callable[[int, int, str], None]
 
 
-def run_drafter(backend: LocalBackend | object, name: str, prompt: Prompt, prompt_ids: list[int], settings: BenchSettings,
+def run_drafter(backend, name: str, prompt: Prompt, prompt_ids: list[int], settings: BenchSettings,
                 repeat: int = 0) -> Run:
     """Decode with our engine through its backend, consuming its event stream like every other client; time the
-    whole stream. backend: a LocalBackend, or loaded models."""
+    whole stream. backend: one whose capabilities include the bench, or loaded models."""
     backend = as_local(backend)
-    device = backend.models.target.device
+    device = backend.models_here().target.device
     stream = backend.stream(prompt_ids, drafter=name, settings=settings.decode_settings())
     start = next(stream)  # the drafter is built and the prompt taken: the decode's own time starts here
     synchronize(device)
@@ -62,13 +63,16 @@ def chosen_drafters(models, requested: tuple[str, ...]) -> list[str]:
     return ["none"] + [n for n in dict.fromkeys(names) if n != "none"]
 
 
-def run_bench(models, prompts: list[Prompt], settings: BenchSettings | None = None,
-              progress: ProgressCallback | None = None, command: str = "") -> dict:
-    """Run the whole benchmark on our engine in this process (a LocalBackend, or loaded models: a
-    specviz.models.LoadedModels) and return the report. The peers run on the same model objects; vLLM lanes
-    (settings.vllm) on running servers."""
-    backend = as_local(models)
-    models = backend.models
+def run_bench(backend, prompts: list[Prompt], settings: BenchSettings | None = None,
+              progress: ProgressCallback | None = None, command: str = "", on_wait: OnWait | None = None) -> dict:
+    """Run the whole benchmark on our engine in this process and return the report. backend: a backend whose
+    capabilities include the bench (its engine is held for the whole bench: on_wait(None) is called if another
+    run holds it first), or loaded models (specviz.models.LoadedModels). The peers run on the same model
+    objects; vLLM lanes (settings.vllm) on running servers."""
+    backend = as_local(backend)
+    if not backend.capabilities.bench:
+        raise SpecvizError(f"a bench times the engine where it runs: run `specviz bench` on the machine of the engine "
+                           f"{backend.where()}")
     settings = settings or BenchSettings()
     if settings.repeats < 1:
         raise SpecvizError(f"repeats must be >= 1, got {settings.repeats}")
@@ -77,6 +81,13 @@ def run_bench(models, prompts: list[Prompt], settings: BenchSettings | None = No
     if not prompts:
         raise SpecvizError("no prompts to run")
     check_unique_ids(prompts)
+    with backend.exclusive(on_wait) as held:  # no other run in between to skew the timings
+        return _bench(held, prompts, settings, progress, command)
+
+
+def _bench(backend: Backend, prompts: list[Prompt], settings: BenchSettings, progress: ProgressCallback | None,
+           command: str) -> dict:
+    models = backend.models_here()
     drafters = chosen_drafters(models, settings.drafters)
     for name in drafters:
         make_drafter(name, models, k=settings.k)  # fail before measuring anything

@@ -4,7 +4,7 @@ own, with its output in a log file, and is ready when its HTTP API answers; one 
 time is a SpecvizError that quotes the end of its log.
 
     with start_vllm("runs/vllm/target", speculative={"method": "eagle3", ...}, log=Path("vllm.log")) as server:
-        backend = VllmBackend.connect(server.url)
+        backend = open_backend(f"vllm+{server.url}")
 """
 from __future__ import annotations
 

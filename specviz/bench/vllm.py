@@ -48,10 +48,10 @@ class VllmLanes:
     """The lanes, connected: a server that is not there, or is still starting, fails here, before any decode."""
 
     def __init__(self, lanes: list[tuple[str, str]]):
-        from specviz.backends.vllm import VllmBackend  # httpx: only where vLLM lanes are asked for
+        from specviz.backends import open_backend  # httpx: only where vLLM lanes are asked for
 
         # no /detokenize requests inside a timed run: the bench needs only the ids
-        self.backends = {PREFIX + label: VllmBackend.connect(url, detokenize=False) for label, url in lanes}
+        self.backends = {PREFIX + label: open_backend(f"vllm+{url}", detokenize=False) for label, url in lanes}
         self.info = {name: {"url": b.url, "model": b.model, "speculative": b.speculative}
                      for name, b in self.backends.items()}
 

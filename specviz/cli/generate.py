@@ -5,7 +5,7 @@ import json
 import os
 import sys
 
-from specviz.arguments import DEFAULT_DRAFTER, DEFAULT_MODEL, add_decoding_args, add_model_args, decode_settings
+from specviz.arguments import DEFAULT_MODEL, add_decoding_args, add_model_args, decode_settings
 from specviz.atomic import check_writable
 from specviz.decoding.settings import DecodeSettings
 from specviz.errors import SpecvizError
@@ -13,30 +13,15 @@ from specviz.errors import SpecvizError
 
 def cmd_generate(args) -> int:
     from specviz import api
-    from specviz.decoding import events
+    from specviz.backends import open_backend
 
     if args.trace:
         check_writable(args.trace)  # before the decode, not after it
-    loaded = None
-    if args.backend:
-        if args.weights != "auto":
-            raise SpecvizError("--weights is the local target's: a --backend service loads its own")
-    else:
-        from specviz import models
-
-        loaded = models.load(args.model, draft_model=args.draft_model, device=args.device, weights=args.weights)
-    on_vllm = (args.backend or "").startswith("vllm+")  # it serves its own model and drafts as it was started
-    stream = api.stream(
-        args.prompt,
-        model=None if on_vllm and args.model == DEFAULT_MODEL else args.model,
-        drafter="vllm" if on_vllm and args.drafter == DEFAULT_DRAFTER else args.drafter,
-        settings=DecodeSettings(**decode_settings(args)),
-        draft_model=args.draft_model,
-        chat=not args.raw,
-        device=args.device,
-        backend=args.backend,
-        models=loaded,
-    )
+    backend = open_backend(args.backend or f"local:{args.model}", token=os.environ.get(api.TOKEN_ENV),
+                           model=args.model if args.backend and args.model != DEFAULT_MODEL else None,
+                           **local_options(args))
+    stream = api.stream(args.prompt, drafter=args.drafter, settings=DecodeSettings(**decode_settings(args)),
+                        chat=not args.raw, backend=backend)
     collected = []
     for event in stream:
         collected.append(event)
@@ -44,6 +29,8 @@ def cmd_generate(args) -> int:
             print(event.text_delta, end="", flush=True)
     done = collected[-1]
     if args.trace:
+        from specviz.decoding import events
+
         try:
             events.write_trace(collected, args.trace)
         except OSError as err:
@@ -55,12 +42,18 @@ def cmd_generate(args) -> int:
         s = done.stats
         rate = "n/a" if s["acceptance_rate"] is None else f"{s['acceptance_rate']:.2f}"
         print(
-            f"[{args.drafter}] {s['new_tokens']} tokens in {s['steps']} steps, τ = {s['tau']:.2f} (counts the "
+            f"[{args.drafter or collected[0].drafter}] {s['new_tokens']} tokens in {s['steps']} steps, τ = {s['tau']:.2f} (counts the "
             f"replacement/bonus token), acceptance {rate}, {s['tokens_per_s']:.1f} tokens/s",
             file=sys.stderr,
         )
     return 0
 
+
+def local_options(args) -> dict:
+    """The options of the model loaded here that differ from their defaults (a remote backend refuses them: it
+    loads its own)."""
+    given = {"device": (args.device, "auto"), "weights": (args.weights, "auto"), "draft_model": (args.draft_model, None)}
+    return {name: value for name, (value, default) in given.items() if value != default}
 
 
 def cmd_models(args) -> int:
@@ -110,8 +103,9 @@ def register(sub) -> None:
     gen.add_argument("--json", action="store_true", help='print one JSON object {"text", "token_ids", "stats"}')
     gen.add_argument("--raw", action="store_true", help="do not apply the chat template")
     gen.add_argument("--backend", default=os.environ.get("SPECVIZ_BACKEND"),
-                     help="decode elsewhere: http://host:port (a `specviz serve` service) or vllm+http://host:port (a vLLM "
-                          "server; its drafter is `vllm`) (default: $SPECVIZ_BACKEND, else in this process)")
+                     help="the engine's address: local:MODEL (in this process), http://host:port (a `specviz serve` "
+                          "service; --model picks among its models) or vllm+http://host:port (a vLLM server, which "
+                          "drafts as it was started) (default: $SPECVIZ_BACKEND, else local:MODEL with --model)")
     gen.set_defaults(run=cmd_generate)
 
     mod = sub.add_parser("models", help="list the presets, their sizes and whether each is fetched")
