@@ -133,3 +133,29 @@ def test_a_fetch_that_ends_without_the_files_is_a_failure(tmp_path, monkeypatch)
     job = Fetches().start("smollm2-135m")
     job.thread.join(10)
     assert job.finished and job.error.startswith("KeyboardInterrupt")
+
+
+def test_a_bench_holds_the_engine_it_is_given(tiny_models):
+    """The bench waits for a run that holds the engine (saying so once), and no session's run starts while it
+    measures: it holds the backend's own lock, not a lock of its own."""
+    from specviz import bench
+
+    shared = LocalBackend(tiny_models)
+    busy = shared.stream("Say hello.", drafter="ngram", max_new_tokens=4)
+    next(busy)  # another session's run holds the engine
+    waited, seen, reports = [], [], []
+    settings = bench.quick_settings(drafters=("ngram",), max_new_tokens=4, peers=False, llama_cpp=False,
+                                    verify_sizes=(), warmup=False)
+
+    def progress(done, total, label):
+        seen.append(shared.lock.locked())
+
+    worker = threading.Thread(target=lambda: reports.append(bench.run_bench(
+        shared, bench.load_prompts(limit=1), settings, progress, on_wait=waited.append)))
+    worker.start()
+    time.sleep(0.5)
+    assert waited == [None] and not reports  # it waits for the run, and says so
+    busy.close()
+    worker.join(timeout=120)
+    assert reports and seen and all(seen)  # measured holding the shared lock
+    assert not shared.lock.locked()
