@@ -144,7 +144,7 @@ def test_the_guided_path_in_a_browser(server):
 
             follow_guide(page, "Topologies compared")
             expect(page.get_by_role("heading", name="What the acceptance numbers mean")).to_be_visible()
-            expect(page.get_by_text("τ (mean acceptance length)")).to_be_visible()  # the live run's numbers
+            expect(page.get_by_text("τ (tokens per target forward)")).to_be_visible()  # the live run's numbers
             shot(page, "5-topologies")
 
             follow_guide(page, "Topology race")
