@@ -42,14 +42,21 @@ enum AmxStatus : int64_t { kAmxRuns = 0, kAmxAbsent = 1, kAmxRefused = 2, kAmxDi
 // all its threads, and a tile instruction without it faults as an illegal instruction. Asked once; a kernel too
 // old to know the request, or one that refuses it (a hypervisor that hides the state), leaves the VNNI path, and
 // so do tile products that differ from VNNI's (with a warning: that would be a bug to report).
+// AVX-512 F, BW and VNNI (and AVX2 with FMA, which the same path's quantization uses).
+bool has_vnni() {
+#ifdef SPECVIZ_INTDOT_X86
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
+}
+
 int64_t amx_status() {
 #ifdef SPECVIZ_INTDOT_AMX
   static const int64_t status = [] {
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-    const bool vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                      __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx2") &&
-                      __builtin_cpu_supports("fma");
-    if (!vnni || !__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return kAmxAbsent;
+    if (!has_vnni() || !__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return kAmxAbsent;
     if (!((edx >> 24) & 1) || !((edx >> 25) & 1)) return kAmxAbsent;
     constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
     if (syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) != 0) return kAmxRefused;
@@ -69,10 +76,7 @@ bool cpu_has(int64_t path) {
 #ifdef SPECVIZ_INTDOT_X86
   if (path == kAvx2) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   if (path == kAvx512 || path == kAmx) {
-    const bool vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                      __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx2") &&
-                      __builtin_cpu_supports("fma");
-    if (path == kAmx) return vnni && amx_status() == kAmxRuns;  // its sums are scaled, single rows run, as on VNNI
+    if (path == kAmx) return has_vnni() && amx_status() == kAmxRuns;  // its sums are scaled, single rows run, as on VNNI
     return vnni;
   }
 #endif
