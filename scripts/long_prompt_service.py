@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import threading
 import time
 
 import httpx
 import psutil
+from soak_service import served  # run as a file from the repository root: scripts/ is on the path
 
 SENTENCE = "The committee met on a Tuesday to read the minutes of the previous meeting, line by line. "
 
@@ -115,24 +115,12 @@ def main() -> int:
     from specviz import models
 
     prompt = long_prompt(str(models.model_dir(args.model)), args.tokens)
-    server = None
-    if args.url is None:
-        server = subprocess.Popen([sys.executable, "-m", "specviz", "serve", "--model", args.model, "--port",
-                                   str(args.port), *args.serve_args.split()], stderr=subprocess.PIPE, text=True)
-        for line in server.stderr:
-            if "ready on" in line:
-                break
-        args.url, args.pid = f"http://127.0.0.1:{args.port}", server.pid
-    try:
+    with served(args):
         report = {"tokens": args.tokens, "cancels": [cancel_once(args.url, prompt, args.cancel_after)
                                                      for _ in range(args.cancels)]}
         if args.runs:
             report["memory"] = memory(args.url, args.pid, prompt, args.runs)
         print(json.dumps(report, indent=1))
-    finally:
-        if server is not None:
-            server.terminate()
-            server.wait(timeout=30)
     return 0
 
 

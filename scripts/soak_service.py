@@ -11,6 +11,7 @@ baseline), at the end, at their largest and once settled; what each kind of requ
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import subprocess
@@ -18,6 +19,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from typing import Iterator
 
 import httpx
 import psutil
@@ -173,6 +175,18 @@ def main() -> int:
     parser.add_argument("--half-open", type=int, default=0, metavar="N",
                         help="instead of runs: N connections that send half a header, and a new client's wait")
     args = parser.parse_args()
+    with served(args):
+        model = httpx.get(args.url + "/v1/models").json()["models"][0]["name"]
+        report = half_open(args.url, args.pid, args.half_open) if args.half_open else \
+            soak(args.url, args.pid, model, args.runs, args.clients)
+        print(json.dumps(report, indent=1))
+    return 0
+
+
+@contextlib.contextmanager
+def served(args) -> Iterator[None]:
+    """args.url and args.pid of the service to measure: the one given, else a `specviz serve` started here on
+    args.port with args.model and args.serve_args, stopped on the way out."""
     server = None
     if args.url is None:
         server = subprocess.Popen([sys.executable, "-m", "specviz", "serve", "--model", args.model, "--port",
@@ -182,15 +196,11 @@ def main() -> int:
                 break
         args.url, args.pid = f"http://127.0.0.1:{args.port}", server.pid
     try:
-        model = httpx.get(args.url + "/v1/models").json()["models"][0]["name"]
-        report = half_open(args.url, args.pid, args.half_open) if args.half_open else \
-            soak(args.url, args.pid, model, args.runs, args.clients)
-        print(json.dumps(report, indent=1))
+        yield
     finally:
         if server is not None:
             server.terminate()
             server.wait(timeout=30)
-    return 0
 
 
 if __name__ == "__main__":
