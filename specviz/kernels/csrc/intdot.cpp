@@ -77,7 +77,7 @@ bool cpu_has(int64_t path) {
   if (path == kAvx2) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   if (path == kAvx512 || path == kAmx) {
     if (path == kAmx) return has_vnni() && amx_status() == kAmxRuns;  // its sums are scaled, single rows run, as on VNNI
-    return vnni;
+    return has_vnni();
   }
 #endif
   return path == kPortable;
