@@ -2,7 +2,8 @@
 streams a short greedy run whose events are the engine's event types, fails with a clear SpecvizError for a
 drafter it does not have and for an address where nothing answers, frees its engine when the stream is closed
 early, and its events carry what its capabilities declare and no more. The remote ones run against their
-stand-ins: a `specviz serve` in this process (tests/serving.py) and the vLLM stand-in (tests/fake_vllm.py).
+stand-ins: a `specviz serve` in this process (tests/serving.py), the vLLM stand-in (tests/fake_vllm.py) and the
+llama-server stand-in (tests/fake_llamacpp.py).
 
 A new engine adds its case to ENGINES (tests/test_toy_backend.py shows one that lives outside the package)."""
 from __future__ import annotations
@@ -12,6 +13,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Callable, ContextManager
 
+import fake_llamacpp
 import pytest
 from fake_vllm import Served
 from serving import Running, free_port
@@ -53,10 +55,17 @@ def vllm_engine(tiny_model_dir, tiny_models):
         yield "vllm+" + server.url, {}
 
 
+@contextlib.contextmanager
+def llamacpp_engine(tiny_model_dir, tiny_models):
+    with fake_llamacpp.Served() as server:
+        yield "llama+" + server.url, {}
+
+
 ENGINES = {
     "local": Engine(local_engine, lambda tmp: f"local:{tmp / 'no-model-here'}"),
     "service": Engine(service_engine, lambda tmp: f"http://127.0.0.1:{free_port()}"),
     "vllm": Engine(vllm_engine, lambda tmp: f"vllm+http://127.0.0.1:{free_port()}"),
+    "llamacpp": Engine(llamacpp_engine, lambda tmp: f"llama+http://127.0.0.1:{free_port()}"),
 }
 
 

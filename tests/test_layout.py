@@ -26,10 +26,12 @@ ALLOWED = {
     "specviz.api": BELOW_BACKENDS | {"specviz.backends"},
     "specviz.arguments": BELOW_BACKENDS,  # the command-line options several command families share
     "specviz.train": BELOW_BACKENDS,
-    "specviz.bench": BELOW_BACKENDS | {"specviz.backends", "specviz.api", "specviz.arguments"},
+    "specviz.observatory": BELOW_BACKENDS,  # a running server's /metrics, read and summed
+    "specviz.llamacpp": BELOW_BACKENDS | {"specviz.backends", "specviz.api", "specviz.train"},  # llama-server: built, run, fed our drafters
+    "specviz.bench": BELOW_BACKENDS | {"specviz.backends", "specviz.api", "specviz.arguments", "specviz.llamacpp"},
     "specviz.serve": BELOW_BACKENDS | {"specviz.backends", "specviz.api", "specviz.arguments", "specviz.bench"},
     "specviz.cli": BELOW_BACKENDS | {"specviz.backends", "specviz.api", "specviz.arguments", "specviz.bench",
-                                     "specviz.serve", "specviz.train"},
+                                     "specviz.serve", "specviz.train", "specviz.llamacpp"},
     "specviz.__main__": {"specviz.cli"},
     "specviz": {"specviz.api", "specviz.backends", "specviz.decoding"},
 }

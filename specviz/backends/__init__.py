@@ -5,9 +5,11 @@ base class (base.py), so a page never knows which it has, only what it can show 
     service.py  a `specviz serve` service over HTTP (the same events, the same detail), through client.py,
                 the service's Python client (`specviz.Client`)
     vllm.py     an unmodified `vllm serve` over its OpenAI API (per step only accepted counts and tokens)
+    llamacpp.py an unmodified llama-server over its native API (per step drafted and accepted counts and tokens)
 
 `open_backend(address)` is the only way to get one: "local:MODEL" (a preset or a model folder),
-"http://host:port" (a specviz service), "vllm+http://host:port" (a vLLM server). A new engine is one module here
+"http://host:port" (a specviz service), "vllm+http://host:port" (a vLLM server), "llama+http://host:port" (a
+llama-server). A new engine is one module here
 (a Backend subclass with an `open` classmethod) and one `register` line below.
 """
 from __future__ import annotations
@@ -41,6 +43,8 @@ register("http://", "specviz.backends.service:ServiceBackend.open")
 register("https://", "specviz.backends.service:ServiceBackend.open")
 register("vllm+http://", "specviz.backends.vllm:VllmBackend.open")
 register("vllm+https://", "specviz.backends.vllm:VllmBackend.open")
+register("llama+http://", "specviz.backends.llamacpp:LlamaCppBackend.open")
+register("llama+https://", "specviz.backends.llamacpp:LlamaCppBackend.open")
 
 
 def open_backend(address: str, model: str | None = None, token: str | None = None, **options: Any) -> Backend:
@@ -51,7 +55,7 @@ def open_backend(address: str, model: str | None = None, token: str | None = Non
     if prefix is None:
         raise SpecvizError(f"unknown backend address {address!r}: give local:MODEL (a preset or a model folder), the "
                            "URL of a `specviz serve` service (http://host:port) or of a vLLM server "
-                           f"(vllm+http://host:port); addresses start with {', '.join(sorted(OPENERS))}")
+                           f"(vllm+http://host:port) or of a llama-server (llama+http://host:port); addresses start with {', '.join(sorted(OPENERS))}")
     return _opener(OPENERS[prefix])(address, model=model, token=token, **options)
 
 
