@@ -25,6 +25,7 @@ PAGES = [
     st.Page("app/pages/cost.py", title="Cost and scale", icon=":material/payments:"),
     st.Page("app/pages/lossless.py", title="Is it really lossless?", icon=":material/balance:"),
     st.Page("app/pages/benchmarks.py", title="Benchmarks", icon=":material/bar_chart:"),
+    st.Page("app/pages/observatory.py", title="Server observatory", icon=":material/monitoring:"),
 ]
 # The pages live in app/pages/, not in a pages/ folder beside this script: Streamlit would also run the files of
 # such a folder as pages of their own (without this script's sidebar) and, on a fresh server, drop the first
