@@ -12,6 +12,7 @@ import torch
 from specviz.arguments import add_decoding_args, add_model_args, add_weights_arg, decode_settings, int_list
 from specviz.atomic import check_writable, write_atomically
 from specviz.bench import QUICK_SIZES, BenchSettings, load_prompts, quick_settings, run_bench, to_markdown, validate
+from specviz.bench.llamaserver import parse_configs
 from specviz.bench.vllm import parse_lanes
 from specviz.errors import SpecvizError
 
@@ -63,6 +64,11 @@ def build_bench_parser() -> argparse.ArgumentParser:
     p.add_argument("--vllm", default="", metavar="URL[=LABEL],...",
                    help="running vLLM servers as lanes beside ours (each with the speculative method it was started "
                         "with: plain, ngram, draft model, EAGLE-3; docs/vllm.md), e.g. http://127.0.0.1:8001=eagle3")
+    p.add_argument("--llama-server", nargs="*", default=[], metavar="CONFIG",
+                   help="llama.cpp's llama-server (built by `make llamacpp`) as lanes, one started per configuration: "
+                        "plain, ngram-simple, ngram-mod, ngram-map-k, ngram-cache, draft-simple (our draft model), "
+                        "draft-eagle3 (our EAGLE-3 head), each with options after a colon, e.g. "
+                        "draft-eagle3:p_min=0.6,n_max=3 or plain:threads=1 (docs/llamacpp.md)")
     p.add_argument("--verify-sizes", default=None, help="n for the verify-cost curve, e.g. 1,2,4,8 (0 to skip)")
     p.add_argument("--context-len", type=int, default=256, help="cached tokens before each timed verify forward")
     p.add_argument("--bandwidth-mb", type=int, default=256, help="size of the tensor copied to measure memory bandwidth")
@@ -89,6 +95,7 @@ def settings_from_args(args) -> BenchSettings:
         peers=not args.no_peers,
         llama_cpp=not args.no_llama_cpp,
         vllm=tuple(parse_lanes(args.vllm)),
+        llama_server=tuple(label for label, _, _ in parse_configs(args.llama_server)),
         verify_sizes=sizes,
         context_len=args.context_len,
         bandwidth_mb=args.bandwidth_mb,

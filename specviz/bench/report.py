@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from specviz.analysis import predicted_speedup
 from specviz.bench import numerics
+from specviz.bench.llamaserver import LlamaServerLanes, llama_server_markdown, llama_server_report
 from specviz.bench.probes import (
     draft_dtypes,
     machine_info,
@@ -131,7 +132,8 @@ def llama_cpp_report(info: dict, grouped: dict[str, MethodRuns], drafters: list[
 
 
 def build_report(models, prompts, encoded, settings, drafters, peers, runs, chain_curve, tree_curve, bandwidth, command,
-                 llama_cpp: dict | None = None, vllm_lanes: VllmLanes | None = None) -> dict:
+                 llama_cpp: dict | None = None, vllm_lanes: VllmLanes | None = None,
+                 llama_servers: LlamaServerLanes | None = None) -> dict:
     """bandwidth: {prompt id: [GB/s measured before each of its `none` runs]}; llama_cpp: the llama.cpp peers'
     description (specviz.bench.llamacpp), their runs among `runs` when they ran; vllm_lanes: the vLLM servers
     that ran beside ours (specviz.bench.vllm), their runs among `runs`."""
@@ -188,6 +190,8 @@ def build_report(models, prompts, encoded, settings, drafters, peers, runs, chai
         "head_to_head": head_to_head,
         **({"llama_cpp": llama_cpp_report(llama_cpp, grouped, drafters, greedy)} if llama_cpp is not None else {}),
         **({"vllm": vllm_report(vllm_lanes, grouped, drafters, greedy)} if vllm_lanes is not None else {}),
+        **({"llama_server": llama_server_report(llama_servers, grouped, drafters, greedy)}
+           if llama_servers is not None else {}),
         "outputs_match_none": (not bad) if greedy else None,
         "mismatching_prompts": bad,
         "verify_cost_ms": chain_curve,
@@ -346,6 +350,7 @@ def to_markdown(report: dict) -> str:
                                                       for h in report["head_to_head"]])
     lines += llama_cpp_markdown(report.get("llama_cpp"), m.get("weights", "fp32"))
     lines += vllm_markdown(report.get("vllm"))
+    lines += llama_server_markdown(report.get("llama_server"))
     if report["verify_cost_ms"]:
         sizes = list(report["verify_cost_ms"])
         lines += ["", f"## Verify cost (ms of one target forward over n new tokens, {c['context_len']} tokens cached; median)", ""]

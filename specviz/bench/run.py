@@ -5,9 +5,12 @@ import time
 from dataclasses import replace
 from typing import Callable
 
+import torch
+
 from specviz.backends.base import Backend, OnWait
 from specviz.backends.local import as_local
 from specviz.bench import llamacpp
+from specviz.bench.llamaserver import LlamaServerLanes, parse_configs
 from specviz.bench.peers import peer_arguments, run_peer
 from specviz.bench.probes import BandwidthProbe
 from specviz.bench.prompts import Prompt, check_unique_ids
@@ -97,7 +100,21 @@ def _bench(backend: Backend, prompts: list[Prompt], settings: BenchSettings, pro
     n_ctx = max(map(len, encoded)) + settings.max_new_tokens + settings.k + 16  # room for a last draft past the budget
     llama, llama_info = llamacpp.llama_cpp_peers(models, settings, n_ctx)
     theirs = list(llamacpp.NAMES) if llama is not None else []
-    methods = drafters + list(peers) + theirs + (lanes.names if lanes else [])
+    servers = None
+    if settings.llama_server:  # started here, stopped when the bench ends (or fails)
+        servers = LlamaServerLanes(parse_configs(settings.llama_server), models.name, torch.get_num_threads(),
+                                   n_ctx + 64)
+    try:
+        return _measure(backend, models, prompts, encoded, settings, progress, command, drafters, peers, lanes,
+                        llama, llama_info, theirs, servers)
+    finally:
+        if servers is not None:
+            servers.close()
+
+
+def _measure(backend, models, prompts, encoded, settings, progress, command, drafters, peers, lanes, llama,
+             llama_info, theirs, servers) -> dict:
+    methods = drafters + list(peers) + theirs + (lanes.names if lanes else []) + (servers.names if servers else [])
     total = (len(methods) if settings.warmup else 0) + len(prompts) * settings.repeats * len(methods) + bool(settings.verify_sizes)
     done = 0
 
@@ -112,6 +129,8 @@ def _bench(backend: Backend, prompts: list[Prompt], settings: BenchSettings, pro
             return llama.run(method, prompt, ids, run_settings, repeat)
         if lanes and method in lanes.backends:
             return lanes.run(method, prompt, ids, run_settings, repeat)
+        if servers and method in servers.backends:
+            return servers.run(method, prompt, ids, run_settings, repeat)
         if method in peer_args:
             return run_peer(models, method, peer_args[method], prompt, ids, run_settings, repeat)
         return run_drafter(backend, method, prompt, ids, run_settings, repeat)
@@ -139,4 +158,4 @@ def _bench(backend: Backend, prompts: list[Prompt], settings: BenchSettings, pro
                              settings.tree_branching)
         tick("verify cost")
     return build_report(models, prompts, encoded, settings, drafters, list(peers), runs, costs["chain"], costs["tree"],
-                        bandwidth, command, llama_info, lanes)
+                        bandwidth, command, llama_info, lanes, servers)

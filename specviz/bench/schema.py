@@ -52,6 +52,23 @@ _VLLM = {  # the report's optional "vllm" section (specviz/bench/vllm.py)
     },
 }
 
+_LLAMA_SERVER = {  # the report's optional "llama_server" section (specviz/bench/llamaserver.py)
+    "type": "object",
+    "required": ["lanes", "ours_over"],
+    "properties": {
+        "lanes": {"type": "object", "additionalProperties": {
+            "type": "object",
+            "required": ["spec_type", "options", "threads", "command", "tokens_per_s", "tau", "acceptance_rate",
+                         "llamacpp_mean_length", "per_position_acceptance", "speedup_vs_none", "outputs_equal_none",
+                         "parted_from_none"],
+            "properties": {**_VLLM["properties"]["lanes"]["additionalProperties"]["properties"],  # type: ignore[index]
+                           "spec_type": {"type": "string"}, "options": {"type": "object"},
+                           "threads": {"type": "integer", "minimum": 1}, "command": {"type": "string"},
+                           "llamacpp_mean_length": _NULLABLE_NUMBER}}},
+        "ours_over": {"type": "object", "additionalProperties": {"type": "object", "additionalProperties": _SUMMARY}},
+    },
+}
+
 BENCH_SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "specviz bench report",
@@ -153,6 +170,7 @@ BENCH_SCHEMA = {
             },
         },
         "vllm": _VLLM,  # optional: reports of runs without vLLM lanes lack it
+        "llama_server": _LLAMA_SERVER,  # optional: reports of runs without llama-server lanes lack it
         "outputs_match_none": {"type": ["boolean", "null"]},
         "mismatching_prompts": {"type": "array", "items": {"type": "string"}},
         "verify_cost_ms": _CURVE,

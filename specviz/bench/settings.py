@@ -27,6 +27,7 @@ class BenchSettings(DecodeSettings):
     bandwidth_mb: int = 256  # size of the tensor copied to measure memory bandwidth
     bandwidth_repeats: int = 5
     vllm: tuple[tuple[str, str], ...] = ()  # (label, URL) of running vLLM servers, each a lane (specviz.bench.vllm)
+    llama_server: tuple[str, ...] = ()  # llama-server configurations the bench starts, each a lane (bench/llamaserver.py)
 
 
 def quick_settings(**overrides) -> BenchSettings:
