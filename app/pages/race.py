@@ -35,7 +35,8 @@ def other_engine():
     with st.expander("Another engine's lane", expanded=bool(st.session_state.get("race_engine"))):
         st.session_state.setdefault("race_engine", os.environ.get(ENV_LANE, ""))
         address = st.text_input("Engine address (vllm+http://host:port for a vLLM server started as docs/vllm.md "
-                                "says, on the same model)", key="race_engine").strip()
+                                "says, llama+http://host:port for a llama-server as docs/llamacpp.md says, on the "
+                                "same model)", key="race_engine").strip()
         if not address:
             return None
         try:
