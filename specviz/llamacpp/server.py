@@ -40,15 +40,16 @@ class LlamaServer:
 
     def __init__(self, binary: Path, gguf: Path, *, threads: int = 1, ctx: int = 2048, spec_type: str = "none",
                  draft: Path | None = None, draft_max: int | None = None, draft_min: int | None = None,
-                 p_min: float | None = None, extra: tuple[str, ...] = (), ready_s: float = 120.0):
+                 p_min: float | None = None, extra: tuple[str, ...] = (), ready_s: float = 120.0,
+                 host: str = "127.0.0.1", port: int | None = None):
         if spec_type not in SPEC_TYPES:
             raise SpecvizError(f"unknown llama.cpp --spec-type {spec_type!r}; one of {', '.join(SPEC_TYPES)}")
         if spec_type.startswith("draft-") and draft is None:
             raise SpecvizError(f"--spec-type {spec_type} needs a draft GGUF")
         self.binary, self.gguf, self.ready_s = Path(binary), Path(gguf), ready_s
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        args = [str(self.binary), "-m", str(self.gguf), "--host", "127.0.0.1", "--port", str(self.port),
+        self.port = port or free_port()
+        self.url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{self.port}"
+        args = [str(self.binary), "-m", str(self.gguf), "--host", host, "--port", str(self.port),
                 "-t", str(threads), "-tb", str(threads), "-c", str(ctx), "-np", "1", "--metrics", "--no-webui",
                 "--cache-ram", "0"]
         if spec_type != "none":
@@ -101,6 +102,11 @@ class LlamaServer:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+
+    def wait(self) -> int:
+        """Until the server exits (in the foreground: `specviz llamacpp serve`); its exit status."""
+        assert self.process is not None
+        return self.process.wait()
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
