@@ -454,3 +454,18 @@ def acceptance_histogram_figure(histograms: dict[str, list[int]], title: str = "
                       xaxis={"title": "drafted tokens accepted in the step", "dtick": 1},
                       yaxis={"title": "share of the steps that drafted", "tickformat": ".0%"})
     return fig
+
+
+def step_histogram(steps: list[dict], done: dict | None = None) -> list[int]:
+    """A run's acceptance histogram (specviz.analysis.acceptance_histogram): from its trees, else the one its engine
+    reported (vLLM), else from the drafted and accepted counts its steps carry (llama.cpp)."""
+    from specviz.analysis import acceptance_histogram
+
+    counts = acceptance_histogram(steps, done)
+    drafting = [s for s in steps if s.get("drafted") and not s.get("nodes")]
+    if counts or not drafting:
+        return counts
+    out = [0] * (max(s["drafted"] for s in drafting) + 1)
+    for s in drafting:
+        out[sum(c["kind"] == "accepted" for c in s["committed"])] += 1
+    return out

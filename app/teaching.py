@@ -53,11 +53,11 @@ HISTOGRAM_NOTE = (
     "that is all or nothing puts its drafting steps at 0 (a wrong continuation) and at the whole copied span, with "
     "little between, and a step where it found no match drafts nothing and is not in the histogram at all. "
     "Per-position acceptance gives the same information per depth. The histogram's mean plus one is vLLM's mean "
-    "acceptance length, 1 + accepted ÷ steps that drafted; τ divides by every step, so τ = 1 + accepted ÷ all steps "
-    "(less at an end-of-sequence cut), and the two agree only when every step drafts. In the default-settings bench "
-    "at T = 0 (`docs/results/bench-default-t0.json`) `ngram` drafted in 3,604 of its 6,405 steps: 1.82 against τ "
-    "1.46. A request where the drafter drafts and misses shows as a pile at 0; one where it finds nothing to draft "
-    "shows only in the count beside the histogram.")
+    "acceptance length (llama.cpp's mean length), 1 + accepted ÷ steps that drafted; τ divides by every step, so "
+    "τ = 1 + accepted ÷ all steps (less at an end-of-sequence cut), and the two agree only when every step drafts. "
+    "In the default-settings bench at T = 0 (`docs/results/bench-default-t0.json`) `ngram` drafted in 3,604 of its "
+    "6,405 steps: 1.82 against τ 1.46. A request where the drafter drafts and misses shows as a pile at 0; one where "
+    "it finds nothing to draft shows only in the count beside the histogram.")
 
 TYPICAL_NOTE = (
     "**Medusa's typical acceptance (lossy).** Not a rejection test: there is no u and no α. With P = softmax(logits "
@@ -462,6 +462,16 @@ def check_answer(question: Question, guess) -> tuple[bool, str]:
 
 
 ENGINE_NAMES = {"vllm": "vLLM", "llamacpp": "llama.cpp"}  # a Start's engine, as a page names it
+ENGINE_ROUNDING = {"vllm": "vLLM's kernels round otherwise",  # why its greedy text may part from ours
+                   "llamacpp": "llama.cpp quantizes the activations to 8 bits and sums in its own order"}
+
+
+def other_engine_note(lane: str, engine: str) -> str:
+    """Why a lane another engine decoded is compared with `none`'s greedy text for information only."""
+    name = ENGINE_NAMES.get(engine, engine)
+    return (f"`{lane}` ran on {name}, with its own copy of the model: at temperature 0 its text is compared with "
+            f"`none`'s for information only, since {ENGINE_ROUNDING.get(engine, f'{name} rounds otherwise')}, so the "
+            "two may part at a near-tie of the target's two most likely tokens.")
 
 
 def counts_note(engine: str) -> str:

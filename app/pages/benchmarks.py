@@ -9,6 +9,7 @@ import streamlit as st
 
 from app import figures, state, teaching
 from specviz import bench
+from specviz.bench.llamaserver import PREFIX as LLAMA_PREFIX  # a lane's method in the runs: llama.cpp:<label>
 from specviz.bench.vllm import DECODING
 from specviz.bench.vllm import PREFIX as VLLM_PREFIX  # a lane's method in the runs: vllm:<label>
 from specviz.errors import SpecvizError
@@ -132,6 +133,29 @@ VLLM_LIMITS = ("vLLM exposes no q, no tree and no u: a lane's τ and acceptance 
                "and accepted per verify step, from `--per-request-spec-decode-metrics detailed`), τ counting the "
                "prefill's forward as ours does, not tests this page can replay. Its output is compared with `none`'s "
                "for information only: vLLM's kernels round otherwise, so the two may part at a near-tie.")
+LLAMA_SERVER_LIMITS = ("llama.cpp exposes no q, no tree and no u: a lane's τ and acceptance are counts as llama-server "
+                       "reports them (drafted and accepted per verify step, read from its per-token timings), τ "
+                       "counting the prefill's forward as ours does, its mean length llama.cpp's own (1 + accepted ÷ "
+                       "verify steps that drafted). Its output is compared with `none`'s at T = 0 for information "
+                       "only: llama.cpp quantizes the activations to 8 bits and sums in its own order, so the two may "
+                       "part at a near-tie.")
+
+
+def equal_none(lane: dict) -> str | None:
+    """"k of n" prompts whose output equalled `none`'s (None at T > 0, where outputs are samples)."""
+    same = lane["outputs_equal_none"]
+    return None if same is None else f"{same} of {same + len(lane['parted_from_none'])}"
+
+
+def depth_and_ours_tables(section: dict, engine: str) -> None:
+    """An engine's lanes' per-position acceptance, and ours over each lane per prompt."""
+    lanes = section["lanes"]
+    if any(lane["per_position_acceptance"] for lane in lanes.values()):
+        st.markdown(f"{engine}'s per-position acceptance (accepted at depth d ÷ steps that drafted to d):")
+        st.dataframe([{"lane": label, **{f"d={d + 1}": rounded(a) for d, a in enumerate(lane["per_position_acceptance"])}}
+                      for label, lane in lanes.items() if lane["per_position_acceptance"]], hide_index=True)
+    st.dataframe([{"ours": name, **{f"over {label} (median, min–max)": span(s) for label, s in over.items()}}
+                  for name, over in section["ours_over"].items()], hide_index=True)
 
 
 def vllm_tables(section: dict | None) -> None:
@@ -139,25 +163,37 @@ def vllm_tables(section: dict | None) -> None:
     acceptance, and ours over each lane per prompt."""
     if not section:
         return
-    lanes = section["lanes"]
     st.markdown("**vLLM** (running servers, each with the speculative method it was started with): the same prompt "
                 "token ids, sampling settings and token budget, timed in the same interleaved run as a client waits "
                 "for it, the whole stream over HTTP, prefill included.")
     st.dataframe([{"lane": label, "server": lane["url"], "decoding": DECODING[lane["speculative"]],
                    "τ": rounded(lane["tau"]), "acceptance": rounded(lane["acceptance_rate"]),
                    "tokens/s": rounded(lane["tokens_per_s"], 1), "ms/token": rounded(lane["ms_per_token"], 1),
-                   **spread("speedup vs none", lane["speedup_vs_none"]),
-                   "output = none (prompts)": None if lane["outputs_equal_none"] is None else
-                   f"{lane['outputs_equal_none']} of {lane['outputs_equal_none'] + len(lane['parted_from_none'])}"}
-                  for label, lane in lanes.items()], hide_index=True)
-    depth = max((len(lane["per_position_acceptance"]) for lane in lanes.values()), default=0)
-    if depth:
-        st.markdown("vLLM's per-position acceptance (accepted at depth d ÷ steps that drafted to d):")
-        st.dataframe([{"lane": label, **{f"d={d + 1}": rounded(a) for d, a in enumerate(lane["per_position_acceptance"])}}
-                      for label, lane in lanes.items() if lane["per_position_acceptance"]], hide_index=True)
-    st.dataframe([{"ours": name, **{f"over {label} (median, min–max)": span(s) for label, s in over.items()}}
-                  for name, over in section["ours_over"].items()], hide_index=True)
+                   **spread("speedup vs none", lane["speedup_vs_none"]), "output = none (prompts)": equal_none(lane)}
+                  for label, lane in section["lanes"].items()], hide_index=True)
+    depth_and_ours_tables(section, "vLLM")
     st.caption(VLLM_LIMITS)
+
+
+def llama_server_tables(section: dict | None) -> None:
+    """llama-server configurations the bench started as lanes (`specviz bench --llama-server plain ngram-mod ...`):
+    each beside `none` with llama.cpp's counts, its per-position acceptance, and ours over each lane per prompt."""
+    if not section:
+        return
+    lanes = section["lanes"]
+    st.markdown("**llama.cpp's llama-server** (started by the bench, one server per configuration, on the GGUF our "
+                "target was converted from): the same prompt token ids, sampling settings and token budget, timed in "
+                "the same interleaved run as a client waits for it, the whole stream over HTTP, prefill included.")
+    st.dataframe([{"lane": label, "threads": lane["threads"], "τ": rounded(lane["tau"]),
+                   "mean length (llama.cpp's)": rounded(lane["llamacpp_mean_length"]),
+                   "acceptance": rounded(lane["acceptance_rate"]), "tokens/s": rounded(lane["tokens_per_s"], 1),
+                   **spread("over none", lane["speedup_vs_none"]), "output = none (prompts)": equal_none(lane)}
+                  for label, lane in lanes.items()], hide_index=True)
+    depth_and_ours_tables(section, "llama.cpp")
+    with st.expander("The servers' command lines"):
+        st.markdown("\n".join(f"- {figures.md_code(label)}: {figures.md_code(lane['command'])}"
+                              for label, lane in lanes.items()))
+    st.caption(LLAMA_SERVER_LIMITS)
 
 
 def numerics_table(report: dict) -> None:
@@ -175,9 +211,16 @@ def numerics_table(report: dict) -> None:
 
 
 # ------------------------------------------------------------------------------------------- charts
-def served_lanes(report: dict) -> dict[str, dict]:
-    """The report's vLLM lanes named as in its runs, vllm:<label> (a lane's label may be a drafter's name)."""
-    return {f"{VLLM_PREFIX}{label}": lane for label, lane in ((report.get("vllm") or {}).get("lanes") or {}).items()}
+def served_lanes(report: dict, section: str = "vllm") -> dict[str, dict]:
+    """The lanes of a report's section ("vllm" or "llama_server") named as in its runs, vllm:<label> or
+    llama.cpp:<label> (a lane's label may be a drafter's name)."""
+    prefix = {"vllm": VLLM_PREFIX, "llama_server": LLAMA_PREFIX}[section]
+    return {f"{prefix}{label}": lane for label, lane in ((report.get(section) or {}).get("lanes") or {}).items()}
+
+
+def engine_lanes(report: dict) -> dict[str, dict]:
+    """Every lane another engine ran (vLLM's and llama-server's), named as in the runs."""
+    return {**served_lanes(report), **served_lanes(report, "llama_server")}
 
 
 def rates_figure(report: dict) -> go.Figure:
@@ -190,16 +233,17 @@ def rates_figure(report: dict) -> go.Figure:
                     text=[f"{p['tokens_per_s']:.1f}" for p in peers.values()], textposition="outside")
     theirs = (report.get("llama_cpp") or {}).get("methods") or {}
     if theirs:
-        fig.add_bar(name="llama.cpp", x=list(theirs), y=[p["tokens_per_s"] for p in theirs.values()],
+        fig.add_bar(name="llama.cpp (llama-cpp-python)", x=list(theirs), y=[p["tokens_per_s"] for p in theirs.values()],
                     text=[f"{p['tokens_per_s']:.1f}" for p in theirs.values()], textposition="outside")
-    served = served_lanes(report)
-    if served:
-        fig.add_bar(name="vLLM (served)", x=list(served), y=[p["tokens_per_s"] for p in served.values()],
-                    text=[f"{p['tokens_per_s']:.1f}" for p in served.values()], textposition="outside")
+    served, started = served_lanes(report), served_lanes(report, "llama_server")
+    for name, lanes in (("vLLM (served)", served), ("llama.cpp (llama-server)", started)):
+        if lanes:
+            fig.add_bar(name=name, x=list(lanes), y=[p["tokens_per_s"] for p in lanes.values()],
+                        text=[f"{p['tokens_per_s']:.1f}" for p in lanes.values()], textposition="outside")
     floor = report["floor"]["floor_tokens_per_s"]
     title = "Tokens per second (all prompts together)"
     fastest = max([d["tokens_per_s"] for d in drafters.values()]
-                  + [p["tokens_per_s"] for p in [*peers.values(), *theirs.values(), *served.values()]])
+                  + [p["tokens_per_s"] for p in [*peers.values(), *theirs.values(), *served.values(), *started.values()]])
     if floor <= 3 * fastest:
         # a short label at the left: a long one overflows a narrow chart and is cut off
         fig.add_hline(y=floor, line_dash="dash", annotation_text=f"floor {floor:.1f}", annotation_position="top left")
@@ -236,7 +280,7 @@ def cost_figure(report: dict) -> go.Figure:
 
 def acceptance_figure(report: dict) -> go.Figure:
     fig = go.Figure()
-    for name, d in {**report["drafters"], **served_lanes(report)}.items():
+    for name, d in {**report["drafters"], **engine_lanes(report)}.items():
         if d["per_position_acceptance"]:
             fig.add_scatter(name=name, x=list(range(1, len(d["per_position_acceptance"]) + 1)),
                             y=d["per_position_acceptance"], mode="lines+markers")
@@ -314,14 +358,18 @@ def show(report: dict) -> None:
     numerics_table(report)
     llama_cpp_tables(report.get("llama_cpp"), report["machine"].get("weights", "fp32"))
     vllm_tables(report.get("vllm"))
+    llama_server_tables(report.get("llama_server"))
     c1, c2 = st.columns(2)
     c1.plotly_chart(rates_figure(report), key="bench_rates")
     c2.plotly_chart(spread_figure(report), key="bench_spread")
-    served = served_lanes(report)
+    served = engine_lanes(report)
     if served:
-        st.caption("The tokens/s chart shows each vLLM lane as vllm:<label> beside ours, timed in the same run (a lane "
-                   "over HTTP, as a client waits); the per-prompt chart shows our drafters only: ours over each vLLM "
-                   "lane, per prompt, is the table above. A speculative lane's own counts join the acceptance charts below.")
+        names = " and ".join(f"each {engine} lane as {prefix}<label>" for engine, prefix, section in
+                             (("vLLM", VLLM_PREFIX, "vllm"), ("llama-server", LLAMA_PREFIX, "llama_server"))
+                             if report.get(section))
+        st.caption(f"The tokens/s chart shows {names} beside ours, timed in the same run (a lane over HTTP, as a "
+                   "client waits); the per-prompt chart shows our drafters only: ours over each lane, per prompt, is "
+                   "in the tables above. A speculative lane's own counts join the acceptance charts below.")
     if report["verify_cost_ms"]:
         c1, c2 = st.columns(2)
         c1.plotly_chart(cost_figure(report), key="bench_cost")

@@ -64,7 +64,7 @@ class View:
         if steps:
             self.draws += 1
             self.chart.plotly_chart(figures.steps_chart(steps), key=f"live_chart_{self.draws}")
-            counts = analysis.acceptance_histogram(steps, done)
+            counts = figures.step_histogram(steps, done)
             with self.histogram.container():
                 if counts:
                     nothing = analysis.drafted_nothing(steps)

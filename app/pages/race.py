@@ -25,13 +25,14 @@ def finished_runs() -> lanes.RunStore:
     return lanes.RunStore()
 
 
-ENV_LANE = "SPECVIZ_RACE_BACKEND"  # an engine's address (vllm+http://host:8000) whose lane the race offers
+ENV_LANE = "SPECVIZ_RACE_BACKEND"  # an engine's address (vllm+http://..., llama+http://...) whose lane the race offers
 
 
 def other_engine():
     """Another engine to race beside this model, from the page's address field (it starts at
-    $SPECVIZ_RACE_BACKEND), or None. Its lane runs the drafter it drafts with by default (a vLLM server: the method
-    it was started with) and shows what its events carry (vLLM's: committed tokens per verify step, no tree)."""
+    $SPECVIZ_RACE_BACKEND), or None. Its lane runs the drafter it drafts with by default (a vLLM server or a
+    llama-server: the method it was started with) and shows what its events carry (theirs: committed tokens and the
+    drafted and accepted counts per verify step, no tree)."""
     with st.expander("Another engine's lane", expanded=bool(st.session_state.get("race_engine"))):
         st.session_state.setdefault("race_engine", os.environ.get(ENV_LANE, ""))
         address = st.text_input("Engine address (vllm+http://host:port for a vLLM server started as docs/vllm.md "
@@ -125,17 +126,30 @@ def load_bundle(box) -> tuple[str, dict[str, list[dict]]] | None:
         return None
 
 
+def other_engines(runs: dict[str, list[dict]]) -> dict[str, str]:
+    """The lanes another engine decoded (a vLLM or llama.cpp lane beside ours): {lane: its engine}."""
+    ours = (runs.get("none") or next(iter(runs.values())))[0].get("engine", "specviz")
+    return {name: events[0].get("engine", "specviz") for name, events in runs.items()
+            if events[0].get("engine", "specviz") != ours}
+
+
 def show_race(runs: dict[str, list[dict]], where: str, presenter: bool) -> None:
     """The lanes replayed together, the downloads and (outside presenter mode) the analysis."""
     start = next(iter(runs.values()))[0]
     temperature = lanes.temperature_of(runs)
-    note = (f"The runs were decoded one after another {where}; the lanes replay them on one clock, each step's "
-            "tokens appearing at the time measured for it since its own run began (timing.elapsed_s). "
-            "Lanes decoding truly at the same moment would need one engine worker per lane, and the engine "
-            "runs one decode at a time per device.")
+    elsewhere = other_engines(runs)
+    note = (f"The runs were decoded one after another {where}"
+            + "".join(f", {n} on {teaching.ENGINE_NAMES.get(e, e)}'s server (timed as its client waits)"
+                      for n, e in elsewhere.items())  # plain text: the document shows it as it is
+            + "; the lanes replay them on one clock, each step's tokens appearing at the time measured for it since "
+            "its own run began (timing.elapsed_s). Lanes decoding truly at the same moment would need one engine "
+            "worker per lane, and the engine runs one decode at a time per device.")
     data = lanes.race_data(lanes.build_lanes(runs), prompt=start["prompt_text"], temperature=temperature,
                            max_new_tokens=max(e[0]["max_new_tokens"] for e in runs.values()), note=note,
                            presenter=presenter)
+    for lane in data["lanes"]:  # another engine's text is compared below, for information, not marked as ours is
+        if lane["drafter"] in elsewhere:
+            lane["same_as_none"] = None
     document = lanes.race_document(data)
     st.iframe(document, height="content", alt="The race's lanes, replayed at their measured timings")
     if presenter:
@@ -153,14 +167,20 @@ def show_race(runs: dict[str, list[dict]], where: str, presenter: bool) -> None:
                             f"{found['none']}); the target's top tokens there: {top or 'not recorded'}.")
             st.caption("`python -m specviz bench` tells the two apart: it recomputes the target's logits at such a "
                        "token and reports a near-tie as a numerics event (*Benchmarks* page).")
-        else:
-            st.success("Temperature 0: every lane produced exactly the same text as `none`, as greedy verification "
-                       "promises up to floating-point near-ties.")
+        elif len(runs) > len(elsewhere) + 1 or not elsewhere:
+            st.success(f"Temperature 0: every lane{' decoded here' if elsewhere else ''} produced exactly the same "
+                       "text as `none`, as greedy verification promises up to floating-point near-ties.")
+        for name, engine in elsewhere.items():
+            found = lanes.first_difference(runs["none"], runs[name])
+            st.info(teaching.other_engine_note(name, engine) + (
+                " Its text is `none`'s, token for token." if found is None else
+                f" It parted from `none`'s at token {found['index']} (id {found['got']} instead of {found['none']})."))
     elif temperature == 0:
         st.info("Add `none` to the drafters to check that every lane produces its text (at temperature 0 it must).")
     else:
         st.info(f"Temperature {temperature:g}: each lane is a different sample of the same distribution (the "
-                "target's p); the texts differ, their distribution does not.")
+                "target's p); the texts differ, their distribution does not"
+                + (" (a lane on another engine samples its own copy of the model)." if elsewhere else "."))
     c1, c2 = st.columns(2)
     c1.download_button("Download the race (HTML, replays offline)", document, file_name="specviz-race.html",
                        mime="text/html", key="race_dl_html")
@@ -190,9 +210,12 @@ def analysis(runs: dict[str, list[dict]], temperature: float, where: str) -> Non
         })
     st.subheader("Results")
     st.dataframe(rows, hide_index=True)
-    st.caption(f"Speedup = tokens/s ÷ tokens/s of `none`, measured {where}. At temperature 0 "
-               "every drafter produces `none`'s text up to floating-point near-ties (*Why it works* says why). "
-               + ("" if base else "Add `none` to the drafters to get speedups."))
+    elsewhere = other_engines(runs)
+    st.caption(f"Speedup = tokens/s ÷ tokens/s of `none`, measured {where}"
+               + "".join(f"; `{n}` on {teaching.ENGINE_NAMES.get(e, e)}'s server, as its client waits (its draft "
+                         "and verify time are not told apart)" for n, e in elsewhere.items())
+               + ". At temperature 0 every drafter produces `none`'s text up to floating-point near-ties (*Why it "
+               "works* says why). " + ("" if base else "Add `none` to the drafters to get speedups."))
 
     st.subheader("Which tokens each step produced")
     cols = st.columns(min(len(runs), 2))
@@ -218,7 +241,8 @@ def analysis(runs: dict[str, list[dict]], temperature: float, where: str) -> Non
                       yaxis={"range": [0, 1.05], "title": "steps accepting at d ÷ steps reaching d"},
                       margin={"l": 10, "r": 10, "t": 40, "b": 10})
     c2.plotly_chart(fig, key="race_pos")
-    histograms = {name: measures.acceptance_histogram(state.steps_of(events)) for name, events in runs.items()}
+    histograms = {name: figures.step_histogram(state.steps_of(events), state.done_of(events))
+                  for name, events in runs.items()}
     if any(histograms.values()):
         nothing = {name: measures.drafted_nothing(state.steps_of(events)) for name, events in runs.items()}
         st.plotly_chart(figures.acceptance_histogram_figure(
