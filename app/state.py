@@ -11,10 +11,10 @@ import streamlit as st
 
 from app.runner import Fetches
 from specviz import models as m
-from specviz.backends import Backend, open_backend
+from specviz.backends import Backend, Run, open_backend
 from specviz.decoding import events as ev
 from specviz.decoding.settings import FIELD_HELP, DecodeSettings
-from specviz.drafters import REGISTRY, parse_spec
+from specviz.drafters import REGISTRY, drafter_name
 from specviz.errors import SpecvizError
 
 ENV_MODEL = "SPECVIZ_DEFAULT_MODEL"  # a preset name or a local model folder the sidebar starts with
@@ -37,17 +37,16 @@ class Settings(DecodeSettings):
 
     def tree_for(self, drafter: str | None) -> tuple | None:
         """The tree settings a run of `drafter` uses: the sidebar's for eagle2, eagle3 and their variants, else none."""
-        spec = REGISTRY.get(parse_spec(drafter)[0]) if drafter else None  # None: the backend's own drafter
+        spec = REGISTRY.get(drafter_name(drafter)) if drafter else None  # None: the backend's own drafter
         return self.tree if spec is not None and spec.tree else None
 
-    def stream_kwargs(self, **overrides) -> dict:
-        """Arguments for specviz.stream (without models=); `overrides` replace any of them."""
-        run = replace(self, **overrides)
-        kwargs = {"drafter": run.drafter, "settings": run.decode_settings()}
-        tree = run.tree_for(run.drafter)
-        if tree:  # also for variants such as eagle2:lookup=4, whose own options win
-            kwargs["drafter_options"] = {**dict(tree), **parse_spec(run.drafter)[1]}
-        return kwargs
+    def run(self, prompt: str, client_id: str | None = None, **overrides) -> Run:
+        """The run of `prompt` with these settings (specviz.backends.Run, its drafter parsed once); `overrides`
+        replace any of them (drafter, max_new_tokens, ...)."""
+        chosen = replace(self, **overrides)
+        run = Run.of(prompt, chosen.drafter, settings=chosen.decode_settings(), client_id=client_id)
+        tree = chosen.tree_for(run.drafter)
+        return run.with_defaults(dict(tree)) if tree else run  # a variant's own options (eagle2:lookup=4) win
 
 
 @st.cache_resource(show_spinner=False, max_entries=2)
@@ -210,7 +209,7 @@ def sidebar() -> tuple[Backend | None, Settings | None]:
 
 def drafter_help(name: str) -> str:
     """The drafter's one line from its spec (a variant such as eagle2:lookup=4 gets its base drafter's)."""
-    spec = REGISTRY.get(parse_spec(name)[0])
+    spec = REGISTRY.get(drafter_name(name))
     return spec.help if spec is not None else ""
 
 
@@ -258,10 +257,8 @@ def run_decode(shared: Backend, prompt: str, settings: Settings, into: list | No
             waiting.info("Another session is decoding on this model; this run starts when it finishes…"
                          if position is None else f"Waiting in the engine service's queue: position {position}…")
 
-        client = {"client_id": _session_id()}
-        if on_shared is not None and shared.capabilities.watch:  # a backend with watch links takes it
-            client["on_shared"] = on_shared
-        with shared.events(prompt, on_wait=on_wait, **client, **settings.stream_kwargs(**overrides)) as stream:
+        hooks = {"on_shared": on_shared} if on_shared is not None and shared.capabilities.watch else {}
+        with shared.events(settings.run(prompt, _session_id(), **overrides), on_wait=on_wait, **hooks) as stream:
             for event in stream:
                 events.append(ev.to_dict(event))
                 if len(events) == 1:

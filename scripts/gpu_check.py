@@ -166,7 +166,7 @@ def vllm_checks(device: torch.device, work: Path, rounds: int, max_new_tokens: i
     """Part 3: vLLM plain and with our EAGLE-3 head on this device, against specviz's greedy `none` and in the
     load table; {"skipped": why} where vLLM's venv or the fetched embedded model is missing."""
     from specviz import api
-    from specviz.backends import open_backend
+    from specviz.backends import Run, open_backend
     from specviz.decoding.prompt import encode_prompt
     from specviz.train.export_vllm import export_all
 
@@ -186,7 +186,7 @@ def vllm_checks(device: torch.device, work: Path, rounds: int, max_new_tokens: i
             servers.start_vllm(folders["target"], eagle3, log=work / "vllm-eagle3.log", extra=extra) as head:
         for name, server in (("plain", plain), ("eagle3", head)):
             backend = open_backend(f"vllm+{server.url}")
-            events = list(backend.stream(prompt, max_new_tokens=max_new_tokens, temperature=0.0))
+            events = list(backend.stream(Run.of(prompt, max_new_tokens=max_new_tokens, temperature=0.0)))
             done = events[-1]
             result[name] = {"startup_s": server.startup_s, "same_prompt": events[0].prompt_token_ids
                             == encode_prompt(fp32.tokenizer, prompt),

@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))  # run as a file from anywhere: find specviz
 
 import torch  # noqa: E402
 
-from specviz.backends import open_backend  # noqa: E402
+from specviz.backends import Run, open_backend  # noqa: E402
 from specviz.backends.client import Client  # noqa: E402
 from specviz.bench import servers  # noqa: E402
 from specviz.bench.loadtable import SHIPPED, parse_load_table  # noqa: E402
@@ -66,7 +66,8 @@ class Lane:
 
 def vllm_lane(label: str, url: str) -> Lane:
     backend = open_backend(f"vllm+{url}", detokenize=False)  # only the tokens are counted: no extra requests while timed
-    return Lane(label, "vLLM", lambda prompt, n, client: backend.stream(prompt, max_new_tokens=n, temperature=0.0))
+    return Lane(label, "vLLM",
+                lambda prompt, n, client: backend.stream(Run.of(prompt, max_new_tokens=n, temperature=0.0)))
 
 
 def specviz_lane(url: str, model: str, drafter: str) -> Lane:

@@ -5,8 +5,7 @@ import functools
 import os
 from typing import Iterator
 
-from specviz.backends import open_backend
-from specviz.backends.base import settings_of
+from specviz.backends import Run, open_backend
 from specviz.backends.local import LocalBackend
 from specviz.decoding import engine
 from specviz.decoding import events as ev
@@ -48,13 +47,14 @@ def stream(
     specviz.models.load: "auto" runs a preset's own 4-bit GGUF blocks on the CPU). `backend` runs it elsewhere: a
     specviz.backends.Backend, or an address for specviz.backends.open_backend ("http://host:8000" for a `specviz
     serve` service, the token from $SPECVIZ_BACKEND_TOKEN; "vllm+http://host:8000" for a vLLM server); the events
-    are the same. drafter None: the backend's own default (ngram on our engine)."""
-    settings = settings_of(settings, decode)
+    are the same. drafter None: the backend's own default (ngram on our engine). The run is a
+    specviz.backends.Run, built here once (its drafter parsed and checked once) whatever the backend."""
+    run = Run.of(prompt, drafter, drafter_options, settings, chat, **decode)
     if isinstance(backend, str):
         backend = open_backend(backend, model=model, token=os.environ.get(TOKEN_ENV))
     elif backend is None:
         backend = LocalBackend(models if models is not None else _load(model or "smollm2-135m", draft_model, device, weights))
-    return backend.stream(prompt, drafter=drafter, settings=settings, drafter_options=drafter_options, chat=chat)
+    return backend.stream(run)
 
 
 def generate(prompt: str, **kwargs) -> engine.Result:

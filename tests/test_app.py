@@ -251,8 +251,9 @@ def test_the_sidebar_tree_settings_reach_eagle2_runs_whatever_the_sidebar_drafte
     ok(at.run())
     settings = at.session_state["_settings"]
     assert settings.drafter == "ngram"
-    assert settings.stream_kwargs(drafter="eagle2")["drafter_options"]["depth"] == 3
-    assert "drafter_options" not in settings.stream_kwargs()  # the n-gram drafter takes no tree
+    assert settings.run("hi", drafter="eagle2").drafter_options["depth"] == 3
+    assert settings.run("hi", drafter="eagle2:depth=5").drafter_options["depth"] == 5  # a variant's own win
+    assert settings.run("hi").drafter_options == {}  # the n-gram drafter takes no tree
 
 
 @pytest.mark.skipif(not __import__("specviz.models").models.is_fetched("smollm2-135m"),

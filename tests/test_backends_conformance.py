@@ -1,9 +1,9 @@
 """Every registered backend, opened by its address through open_backend, runs the same cases: it describes itself,
 streams a short greedy run whose events are the engine's event types, fails with a clear SpecvizError for a
-drafter it does not have and for an address where nothing answers, frees its engine when the stream is closed
-early, and its events carry what its capabilities declare and no more. The remote ones run against their
-stand-ins: a `specviz serve` in this process (tests/serving.py), the vLLM stand-in (tests/fake_vllm.py) and the
-llama-server stand-in (tests/fake_llamacpp.py).
+drafter it does not have and for an address where nothing answers, decodes a ready Run handed to its stream, frees
+its engine when the stream is closed early, and its events carry what its capabilities declare and no more. The
+remote ones run against their stand-ins: a `specviz serve` in this process (tests/serving.py), the vLLM stand-in
+(tests/fake_vllm.py) and the llama-server stand-in (tests/fake_llamacpp.py).
 
 A new engine adds its case to ENGINES (tests/test_toy_backend.py shows one that lives outside the package)."""
 from __future__ import annotations
@@ -19,7 +19,7 @@ from fake_vllm import Served
 from serving import Running, free_port
 
 from specviz import bench
-from specviz.backends import COUNTS, OPENERS, Backend, open_backend
+from specviz.backends import COUNTS, OPENERS, Backend, Run, open_backend
 from specviz.decoding import events as ev
 from specviz.errors import SpecvizError
 from specviz.serve.http import Service
@@ -114,6 +114,14 @@ def check_greedy_run(backend: Backend) -> list[dict]:
     return events
 
 
+def check_a_ready_run(backend: Backend, events: list[dict]) -> None:
+    """A Run built once (Run.of) and handed to stream gives the run that the convenience arguments give."""
+    run = Run.of(PROMPT, drafter=drafting(backend), max_new_tokens=NEW, temperature=0.0)
+    streamed = in_time(lambda: [ev.to_dict(e) for e in backend.stream(run)])
+    assert streamed[0]["type"] == "start" and streamed[-1]["type"] == "done"
+    assert streamed[-1]["token_ids"] == events[-1]["token_ids"]
+
+
 def check_capabilities_match_events(backend: Backend, events: list[dict]) -> None:
     """What the events carry is what the capabilities say: no tree where it shows none, no q where it has none,
     counts where its detail is COUNTS; watch links, the bench and the models only where declared."""
@@ -177,6 +185,7 @@ def conform(engine: Engine, tmp_path, tiny_model_dir, tiny_models) -> None:
         assert isinstance(backend, Backend)
         check_describe(backend)
         events = check_greedy_run(backend)
+        check_a_ready_run(backend, events)
         check_capabilities_match_events(backend, events)
         check_bad_drafter(backend)
         check_cancel_by_closing(backend)

@@ -19,7 +19,7 @@ from specviz.decoding import costs
 from specviz.decoding import verify as verify_module
 from specviz.decoding.drafter import Drafter
 from specviz.decoding.tree import DraftTree
-from specviz.drafters import make_drafter
+from specviz.drafters import build_drafter, make_drafter
 from specviz.errors import SpecvizError
 from specviz.models import LoadedModels
 from specviz.models.heads import EagleHead, MedusaHeads
@@ -222,8 +222,8 @@ def plant_a_wrong_token(monkeypatch):
         return verdict
 
     monkeypatch.setattr(verify_module, "verify", accept_everything)
-    planted = lambda name, models, k=4, options=None: ConstantDrafter() if name == "ngram" else make_drafter(name, models, k, options)  # noqa: E731
-    monkeypatch.setattr(local_backend, "make_drafter", planted)  # where the bench's runs get their drafters
+    planted = lambda name, models, k=4, options=None: ConstantDrafter() if name == "ngram" else build_drafter(name, models, k, options)  # noqa: E731
+    monkeypatch.setattr(local_backend, "build_drafter", planted)  # where the bench's runs get their drafters
 
 
 def test_the_mismatch_detector_fires_on_a_planted_wrong_token(tiny, prompts_file, tmp_path, monkeypatch, capsys):

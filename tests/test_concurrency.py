@@ -5,6 +5,7 @@ import time
 
 import pytest
 
+from specviz.backends import Run
 from specviz.backends.local import LocalBackend
 from specviz.errors import SpecvizError
 
@@ -56,7 +57,7 @@ def test_four_simultaneous_sessions_each_get_their_solo_output(tiny_models):
 
 def test_a_stopped_or_failed_session_releases_the_model(tiny_models):
     shared = LocalBackend(tiny_models)
-    stream = shared.stream("Say hello.", drafter="ngram", max_new_tokens=20)
+    stream = shared.stream(Run.of("Say hello.", drafter="ngram", max_new_tokens=20))
     next(stream)  # the start event: the run now holds the lock
     assert shared.lock.locked()
     stream.close()  # the browser session went away mid-run
@@ -141,7 +142,7 @@ def test_a_bench_holds_the_engine_it_is_given(tiny_models):
     from specviz import bench
 
     shared = LocalBackend(tiny_models)
-    busy = shared.stream("Say hello.", drafter="ngram", max_new_tokens=4)
+    busy = shared.stream(Run.of("Say hello.", drafter="ngram", max_new_tokens=4))
     next(busy)  # another session's run holds the engine
     waited, seen, reports = [], [], []
     settings = bench.quick_settings(drafters=("ngram",), max_new_tokens=4, peers=False, llama_cpp=False,

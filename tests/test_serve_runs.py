@@ -121,7 +121,7 @@ SERVICE_MODULES = ["specviz.serve.http", "specviz.serve.validate", "specviz.back
 
 def test_nothing_is_built_for_a_refused_request_and_nothing_twice_for_a_taken_one(tiny_models, monkeypatch):
     encoded = counting(monkeypatch, "encode_prompt", SERVICE_MODULES)
-    built = counting(monkeypatch, "make_drafter", SERVICE_MODULES)
+    built = counting(monkeypatch, "build_drafter", SERVICE_MODULES)
     service = Service({"tiny": tiny_models}, max_queue=1, max_per_client=10)
     with Running(service) as running:
         body = {"prompt": "abc abc abc", "model": "tiny", "max_new_tokens": 300, "drafter": "ngram"}

@@ -20,10 +20,9 @@ from streamlit.testing.v1 import AppTest
 from test_backends_conformance import Engine, conform
 
 from specviz import backends
-from specviz.backends.base import COUNTS, Backend, Capabilities, Events, OnWait, Prompt, no_options, settings_of
+from specviz.backends.base import COUNTS, Backend, Capabilities, Events, OnWait, Run, no_options
 from specviz.cli import main as cli
 from specviz.decoding import events as ev
-from specviz.decoding.settings import DecodeSettings
 from specviz.errors import SpecvizError
 
 ROOT_DIR = Path(__file__).resolve().parents[1]
@@ -68,13 +67,11 @@ class EchoBackend(Backend):
         return {"name": self.name, "engine": self.engine, "device": "echo", "dtype": "words", "detail": self.detail,
                 "drafters": self.drafters(), "where": self.where()}
 
-    def stream(self, prompt: Prompt, on_wait: OnWait | None = None, *, drafter: str | None = None,
-               settings: DecodeSettings | None = None, drafter_options: dict[str, Any] | None = None,
-               chat: bool = True, client_id: str | None = None, **decode: Any) -> Events:
-        settings = settings_of(settings, decode)
-        if drafter not in (None, self.engine) or drafter_options:
-            raise SpecvizError(f"the echo server drafts as it was started; got drafter {drafter!r}")
-        text = prompt if isinstance(prompt, str) else prompt[-1]["content"]
+    def stream(self, run: Run, on_wait: OnWait | None = None) -> Events:
+        settings = run.settings
+        if run.drafter not in (None, self.engine) or run.drafter_options:
+            raise SpecvizError(f"the echo server drafts as it was started; got drafter {run.drafter_string()!r}")
+        text = run.prompt if isinstance(run.prompt, str) else run.prompt[-1]["content"]
         yield ev.Start(model=self.model, drafter=self.engine, sampling={"temperature": settings.temperature, "top_p": settings.top_p, "top_k": settings.top_k},
                        options={}, seed=settings.seed, max_new_tokens=settings.max_new_tokens, prompt_text=text,
                        prompt_token_ids=[], device="echo", dtype="words", detail=COUNTS, engine=self.engine)
@@ -88,7 +85,8 @@ class EchoBackend(Backend):
                 timing = {"draft_ms": 0.0, "verify_ms": 0.0, "step_ms": 0.0, "elapsed_s": elapsed, "tokens_per_s": 0.0}
                 yield ev.Step(step=n, position=len(ids), text_delta=step["text"], drafted=len(step["ids"]) - 1,
                               accepted=len(step["ids"]) - 1, timing=timing,
-                              committed=[ev.Committed(t, w, "accepted") for t, w in zip(step["ids"], step["words"])])
+                              committed=[ev.Committed(t, w, "accepted" if i < len(step["ids"]) - 1 else "bonus")
+                                         for i, (t, w) in enumerate(zip(step["ids"], step["words"]))])
                 ids, out = ids + step["ids"], out + step["text"]
         wall = time.perf_counter() - started
         steps = n if ids else 0

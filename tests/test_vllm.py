@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from specviz.backends import Run
 from specviz.bench.servers import VLLM_PYTHON
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -209,7 +210,7 @@ def test_a_greedy_run_on_vllm_commits_specvizs_none_tokens(served, loaded):
     prompt, budget = first_question(), 48
     backend = VllmBackend.connect(served.url)
     assert backend.speculative is True
-    events = list(backend.stream(prompt, max_new_tokens=budget, temperature=0.0))
+    events = list(backend.stream(Run.of(prompt, max_new_tokens=budget, temperature=0.0)))
     start, steps, done = events[0], events[1:-1], events[-1]
     ours = specviz.generate(prompt, models=loaded, drafter="none", max_new_tokens=budget, temperature=0.0)
     assert start.prompt_token_ids == encode_prompt(loaded.tokenizer, prompt)  # the same chat template
@@ -241,7 +242,7 @@ def test_a_vllm_server_killed_mid_run_is_a_clear_error_at_once(served):
     # Xeon here, so its engine dies long before the run could end; a run that ends anyway is failed with what it sent.
     got, killed, delivered = [], None, 0
     try:
-        for event in backend.stream(first_question(), max_new_tokens=1000, temperature=0.0):
+        for event in backend.stream(Run.of(first_question(), max_new_tokens=1000, temperature=0.0)):
             got.append(event)
             delivered += len(getattr(event, "committed", ()))
             if killed is None and event.type == "step":

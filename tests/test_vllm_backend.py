@@ -10,7 +10,7 @@ import pytest
 from fake_vllm import SPEC, STEPS, Served, text_of
 
 import specviz
-from specviz.backends import COUNTS, open_backend
+from specviz.backends import COUNTS, Run, open_backend
 from specviz.backends.vllm import VllmBackend, stats_of
 from specviz.decoding import events as ev
 from specviz.errors import SpecvizError
@@ -22,7 +22,7 @@ def test_a_run_is_one_step_per_chunk_with_vllms_own_counts():
         assert isinstance(backend, VllmBackend) and backend.detail == COUNTS and backend.speculative is True
         assert not backend.capabilities.tree and not backend.capabilities.drafter_choice
         assert backend.drafters() == ["vllm"] and "no q or tree" in backend.where()
-        events = list(backend.stream("Say hello.", drafter="vllm", max_new_tokens=6, temperature=0.0))
+        events = list(backend.stream(Run.of("Say hello.", drafter="vllm", max_new_tokens=6, temperature=0.0)))
         body = server.app.state.requests[-1]
     for event in events:
         ev.validate(event)
@@ -57,7 +57,7 @@ def test_a_server_that_dies_mid_run_is_a_clear_error():
         backend = VllmBackend.connect(server.url)
         got = []
         with pytest.raises(SpecvizError, match="vLLM server at .* (stopped answering|ended the run)"):
-            for event in backend.stream("Say hello.", max_new_tokens=6):
+            for event in backend.stream(Run.of("Say hello.", max_new_tokens=6)):
                 got.append(event)
     assert got and got[0].type == "start"  # what came before the failure was delivered, then a message
 
@@ -70,7 +70,7 @@ def test_a_run_the_server_aborts_is_a_clear_error_not_a_finished_run(finish):
         backend = VllmBackend.connect(server.url)
         got = []
         with pytest.raises(SpecvizError, match=f"vLLM server at .* ended the run with finish_reason '{finish}'"):
-            for event in backend.stream("Say hello.", max_new_tokens=6):
+            for event in backend.stream(Run.of("Say hello.", max_new_tokens=6)):
                 got.append(event)
     assert [e.type for e in got] == ["start", "step", "step", "step"]
 
@@ -78,7 +78,7 @@ def test_a_run_the_server_aborts_is_a_clear_error_not_a_finished_run(finish):
 @pytest.mark.parametrize("finish, reason", [("stop", "eos"), ("repetition", "eos"), ("length", "max_new_tokens")])
 def test_a_finished_run_says_why_it_stopped(finish, reason):
     with Served(last_finish=finish) as server:
-        done = list(VllmBackend.connect(server.url).stream("Say hello.", max_new_tokens=6))[-1]
+        done = list(VllmBackend.connect(server.url).stream(Run.of("Say hello.", max_new_tokens=6)))[-1]
     assert done.type == "done" and done.stop_reason == reason
 
 
@@ -114,7 +114,7 @@ def test_a_stream_that_goes_silent_is_a_clear_error_within_its_bound():
         backend = VllmBackend.connect(server.url, silence_s=1)
         asked = time.perf_counter()
         with pytest.raises(SpecvizError, match="sent nothing for 1 s mid-run"):
-            list(backend.stream("Say hello.", max_new_tokens=6))
+            list(backend.stream(Run.of("Say hello.", max_new_tokens=6)))
         assert time.perf_counter() - asked < 5
 
 
@@ -122,7 +122,7 @@ def test_it_refuses_a_drafter_it_cannot_choose():
     with Served() as server:
         backend = VllmBackend.connect(server.url)
         with pytest.raises(SpecvizError, match="drafts with the method its server was started with"):
-            list(backend.stream("Say hello.", drafter="eagle2"))
+            list(backend.stream(Run.of("Say hello.", drafter="eagle2")))
 
 
 def test_the_app_on_vllm_shows_its_step_timeline_and_says_what_it_cannot(monkeypatch):

@@ -1,6 +1,7 @@
 """Backends: what the API, the pages, the bench and the service decode through. Each is one engine behind one
 base class (base.py), so a page never knows which it has, only what it can show (`Backend.capabilities`):
 
+    request.py  the Run every backend decodes: the prompt, the drafter (parsed and checked once), the settings
     local.py    our engine in this process (full detail: the tree, p, q, u, residual of every step)
     service.py  a `specviz serve` service over HTTP (the same events, the same detail), through client.py,
                 the service's Python client (`specviz.Client`)
@@ -18,9 +19,11 @@ import importlib
 from typing import Any, Callable, Union
 
 from specviz.backends.base import COUNTS, FULL, Backend, Capabilities, events, run
+from specviz.backends.request import Run
 from specviz.errors import SpecvizError
 
-__all__ = ["COUNTS", "FULL", "Backend", "Capabilities", "events", "open_backend", "register", "run", "unregister"]
+__all__ = ["COUNTS", "FULL", "Backend", "Capabilities", "Run", "events", "open_backend", "register", "run",
+           "unregister"]
 
 # opener(address, model=None, token=None, **options) -> Backend; or "module:Class.method", imported on first use
 Opener = Callable[..., Backend]

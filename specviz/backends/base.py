@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Generator, Optional, Union
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Generator, Optional
 
+from specviz.backends.request import Prompt, Run, RunPrompt, settings_of
 from specviz.decoding import events as ev
-from specviz.decoding.settings import DECODE_FIELDS, DecodeSettings
 from specviz.errors import SpecvizError
 
 if TYPE_CHECKING:
@@ -16,7 +16,9 @@ if TYPE_CHECKING:
 FULL = ev.FULL  # every step's tree, p, q, u, residual and replacement or bonus (our engine)
 COUNTS = ev.COUNTS  # per step only the drafted and accepted counts, the committed tokens and timing
 
-Prompt = Union[str, list[dict[str, str]]]  # a text, or chat messages ({"role": ..., "content": ...})
+__all__ = ["COUNTS", "FULL", "Backend", "Capabilities", "Events", "OnWait", "Prompt", "Run", "RunPrompt", "events",
+           "no_options", "run", "settings_of"]
+
 OnWait = Callable[[Optional[int]], None]  # called while a run waits: its place in a queue, None where unknown
 Events = Generator[ev.Event, None, None]  # a run: closing it early ends the run
 
@@ -44,6 +46,7 @@ class Backend(ABC):
 
     engine: ClassVar[str]  # what decodes its runs ("specviz", "vllm"): its Start events' engine
     capabilities: ClassVar[Capabilities]
+    hooks: ClassVar[tuple[str, ...]] = ()  # keyword arguments its stream takes besides the run (a service's on_shared)
 
     @property
     def detail(self) -> str:
@@ -68,20 +71,28 @@ class Backend(ABC):
         """name, engine, device, dtype, detail, drafters (variants among them), where."""
 
     @abstractmethod
-    def stream(self, prompt: Prompt, on_wait: OnWait | None = None, *, drafter: str | None = None,
-               settings: DecodeSettings | None = None, drafter_options: dict[str, Any] | None = None,
-               chat: bool = True, client_id: str | None = None, **decode: Any) -> Events:
-        """The run's events. drafter None: the backend's own default (the method it was started with, where it
-        has no choice). client_id names the viewer to a remote engine's per-client limits. on_wait(position) is
-        called while the run waits for the engine. Closing the generator early frees the engine."""
+    def stream(self, run: Run, on_wait: OnWait | None = None) -> Events:
+        """The run's events (a specviz.backends.Run: build it with Run.of). run.drafter None: the backend's own
+        default (the method it was started with, where it has no choice). run.client_id names the viewer to a
+        remote engine's per-client limits. on_wait(position) is called while the run waits for the engine.
+        Closing the generator early frees the engine. A backend may take keyword arguments of its own after
+        these (`hooks` names them)."""
 
-    def events(self, prompt: Prompt, on_wait: OnWait | None = None, **kwargs: Any) -> contextlib.closing[Events]:
+    def events(self, prompt: RunPrompt | Run, on_wait: OnWait | None = None,
+               **kwargs: Any) -> contextlib.closing[Events]:
         """`with backend.events(prompt, ...) as stream:` the run's events; leaving closes the stream at once (a
-        local run releases the model, a remote one is cancelled on its server)."""
-        return contextlib.closing(self.stream(prompt, on_wait=on_wait, **kwargs))
+        local run releases the model, a remote one is cancelled on its server). kwargs: Run.of's (drafter,
+        settings, drafter_options, chat, client_id, decode settings by name) and the backend's `hooks`; or a
+        ready Run as `prompt`, with only the hooks."""
+        hooks = {name: kwargs.pop(name) for name in self.hooks if name in kwargs}
+        if isinstance(prompt, Run):
+            if kwargs:
+                raise TypeError(f"a ready Run takes no other arguments, got {', '.join(sorted(kwargs))}")
+            return contextlib.closing(self.stream(prompt, on_wait, **hooks))
+        return contextlib.closing(self.stream(Run.of(prompt, **kwargs), on_wait, **hooks))
 
-    def run(self, prompt: Prompt, **kwargs: Any) -> list[dict[str, Any]]:
-        """A whole run, as the list of its events in JSON form."""
+    def run(self, prompt: RunPrompt | Run, **kwargs: Any) -> list[dict[str, Any]]:
+        """A whole run, as the list of its events in JSON form (the arguments of `events`)."""
         with self.events(prompt, **kwargs) as stream:
             return [ev.to_dict(e) for e in stream]
 
@@ -109,20 +120,12 @@ def no_options(engine: str, options: dict[str, Any], why: str) -> None:
         raise SpecvizError(f"the {engine} backend takes no {', '.join(sorted(options))}: {why}")
 
 
-def events(backend: Backend, prompt: Prompt, on_wait: OnWait | None = None, **kwargs: Any) -> contextlib.closing[Events]:
+def events(backend: Backend, prompt: RunPrompt | Run, on_wait: OnWait | None = None, **kwargs: Any) -> contextlib.closing[Events]:
     """backend.events(...), as a function."""
     return backend.events(prompt, on_wait=on_wait, **kwargs)
 
 
-def run(backend: Backend, prompt: Prompt, **kwargs: Any) -> list[dict[str, Any]]:
+def run(backend: Backend, prompt: RunPrompt | Run, **kwargs: Any) -> list[dict[str, Any]]:
     """backend.run(...), as a function."""
     return backend.run(prompt, **kwargs)
-
-
-def settings_of(settings: DecodeSettings | None, decode: dict[str, Any]) -> DecodeSettings:
-    """`settings` (default: DecodeSettings()) with any of its fields given by name in `decode` replaced."""
-    unknown = sorted(set(decode) - set(DECODE_FIELDS))
-    if unknown:
-        raise TypeError(f"unknown argument(s) {', '.join(unknown)}; the decode settings are: {', '.join(DECODE_FIELDS)}")
-    return replace(settings or DecodeSettings(), **decode)
 

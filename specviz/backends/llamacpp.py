@@ -25,7 +25,7 @@ from typing import Any, Iterator
 
 import httpx
 
-from specviz.backends.base import COUNTS, Backend, Capabilities, Events, OnWait, Prompt, no_options, settings_of
+from specviz.backends.base import COUNTS, Backend, Capabilities, Events, OnWait, Prompt, Run, no_options
 from specviz.backends.vllm import stats_of
 from specviz.decoding import events as ev
 from specviz.decoding.settings import DecodeSettings
@@ -111,15 +111,12 @@ class LlamaCppBackend(Backend):
                 "detail": self.detail, "drafters": self.drafters(), "where": self.where(),
                 "speculative": self.speculative, "build": self.props.get("build_info")}
 
-    def stream(self, prompt: Prompt | list[int], on_wait: OnWait | None = None, *,
-               drafter: str | None = None, settings: DecodeSettings | None = None,
-               drafter_options: dict[str, Any] | None = None, chat: bool = True, client_id: str | None = None,
-               **decode: Any) -> Events:
-        settings = settings_of(settings and settings.decode_settings(), decode)
-        if drafter not in (None, self.engine) or drafter_options:
+    def stream(self, run: Run, on_wait: OnWait | None = None) -> Events:
+        prompt, settings = run.prompt, run.settings
+        if run.drafter not in (None, self.engine) or run.drafter_options:
             raise SpecvizError(f"llama.cpp drafts with the method its server was started with: name no drafter, or "
-                               f"{self.engine!r} (got {drafter!r}{' with options' if drafter_options else ''})")
-        body = {**self.sampling(settings), "prompt": self._prompt(prompt, chat), "stream": True,
+                               f"{self.engine!r} (got {run.drafter_string()!r})")
+        body = {**self.sampling(settings), "prompt": self._prompt(prompt, run.chat), "stream": True,
                 "return_tokens": True, "timings_per_token": True, "cache_prompt": False}
         started = time.perf_counter()
         try:

@@ -3,14 +3,15 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from specviz.backends.base import Backend, Capabilities, Events, OnWait, Prompt, settings_of
+from specviz.backends.base import Backend, Capabilities, Events, OnWait, Run
 from specviz.decoding import engine
+from specviz.decoding import events as ev
 from specviz.decoding.costs import verify_curve
 from specviz.decoding.prompt import encode_prompt
-from specviz.decoding.settings import DecodeSettings
-from specviz.drafters import available, make_drafter, variants
+from specviz.drafters import available, build_drafter, variants
 from specviz.errors import SpecvizError
 from specviz.models.quantized import WEIGHT_WORDS
 
@@ -29,6 +30,7 @@ class LocalBackend(Backend):
 
     engine = "specviz"
     capabilities = Capabilities(bench=True, bandwidth_probe=True, verify_cost=True)
+    hooks = ("cancelled",)
 
     def __init__(self, models: LoadedModels):
         self.models = models  # a specviz.models.LoadedModels; read-only once loaded
@@ -103,22 +105,22 @@ class LocalBackend(Backend):
                 on_wait(None)
             self.lock.acquire()
 
-    def stream(self, prompt: Prompt, on_wait: OnWait | None = None, *, drafter: str | None = None,
-               settings: DecodeSettings | None = None, drafter_options: dict[str, Any] | None = None,
-               chat: bool = True, client_id: str | None = None, cancelled: Callable[[], bool] | None = None,
-               **decode: Any) -> Events:
+    def stream(self, run: Run, on_wait: OnWait | None = None, *,
+               cancelled: Callable[[], bool] | None = None) -> Events:
         """The run, holding the lock. Close the generator when you stop early: closing is what releases the lock
         at once. `cancelled` is read between the prompt's prefill chunks, where no event comes for long: True ends
-        the run there (no done event). client_id: one process, one viewer; not used."""
-        settings = settings_of(settings, decode)
+        the run there (no done event). run.client_id: one process, one viewer; not used. run.model: the service
+        picks this backend by it; a local backend has one model."""
         models = self.models
         self._acquire(on_wait)
         try:  # making a drafter may measure the verify-cost curve: never beside another run
-            prompt_ids = encode_prompt(models.tokenizer, prompt, chat)
-            the_drafter = make_drafter(drafter or DEFAULT_DRAFTER, models, k=settings.k, options=drafter_options)
-            prompt_text = prompt if isinstance(prompt, str) else models.tokenizer.decode(prompt_ids)
-            yield from engine.decode(models.target, models.tokenizer, the_drafter, prompt_ids, settings, models.name,
-                                     prompt_text, models.vocab_size, cancelled)
+            prompt_ids = encode_prompt(models.tokenizer, run.prompt, run.chat)
+            the_drafter = build_drafter(run.drafter or DEFAULT_DRAFTER, models, k=run.settings.k,
+                                        options=run.drafter_options)
+            prompt_text = run.prompt if isinstance(run.prompt, str) else models.tokenizer.decode(prompt_ids)
+            for event in engine.decode(models.target, models.tokenizer, the_drafter, prompt_ids, run.settings,
+                                       models.name, prompt_text, models.vocab_size, cancelled):
+                yield event if run.detail or not isinstance(event, ev.Step) else replace(event, build=[])
         finally:
             self.lock.release()
 

@@ -3,11 +3,10 @@ queues every client's runs itself."""
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
-from specviz.backends.base import Backend, Capabilities, Events, OnWait, Prompt, no_options, settings_of
+from specviz.backends.base import Backend, Capabilities, Events, OnWait, Prompt, Run, no_options
 from specviz.backends.client import Client
-from specviz.decoding.settings import DecodeSettings
 from specviz.errors import SpecvizError
 
 
@@ -17,6 +16,7 @@ class ServiceBackend(Backend):
 
     engine = "specviz"  # our engine decodes there
     capabilities = Capabilities(watch=True, verify_cost=True)
+    hooks = ("on_shared",)
 
     def __init__(self, url: str, row: dict[str, Any], token: str | None = None):
         self.url, self.row, self.token = url, row, token  # row: the service's /v1/models entry for the model
@@ -66,18 +66,25 @@ class ServiceBackend(Backend):
         return {"name": self.name, "engine": "specviz serve", "device": self.device, "dtype": self.dtype,
                 "detail": self.detail, "drafters": list(self.row["drafters"]), "where": self.where()}
 
-    def stream(self, prompt: Prompt, on_wait: OnWait | None = None, *,
-               drafter: str | None = None, settings: DecodeSettings | None = None,
-               drafter_options: dict[str, Any] | None = None, chat: bool = True, client_id: str | None = None,
-               on_shared: Callable[[str], None] | None = None, **decode: Any) -> Events:
+    def stream(self, run: Run, on_wait: OnWait | None = None, *,
+               on_shared: Callable[[str], None] | None = None) -> Events:
         """The run on the service; on_wait(position) is called while it waits in the service's queue.
         on_shared: the run gets a read-only watch link, and on_shared(share_id) is called before its events."""
-        fields = asdict(settings_of(settings and settings.decode_settings(), decode))
-        client = Client(self.url, token=self.token, client_id=client_id)
-        chosen = {"drafter": drafter} if drafter is not None else {}  # else the service's default
-        yield from client.stream(prompt, on_queued=on_wait, on_shared=on_shared, model=self.name,
-                                 drafter_options=drafter_options or {}, chat=chat, **chosen, **fields)
+        if not isinstance(run.prompt, str) and any(isinstance(t, int) for t in run.prompt):
+            raise SpecvizError(f"the service at {self.url} takes a text or chat messages, not token ids")
+        client = Client(self.url, token=self.token, client_id=run.client_id)
+        yield from client.stream(cast(Prompt, run.prompt), on_queued=on_wait, on_shared=on_shared,
+                                 **parameters(run, self.name))
 
     def watch(self, share_id: str, on_wait: OnWait | None = None, client_id: str | None = None) -> Events:
         """Another client's shared run, read-only: every event from its first, however late this viewer comes."""
         yield from Client(self.url, token=self.token, client_id=client_id).watch(share_id, on_queued=on_wait)
+
+
+def parameters(run: Run, model: str) -> dict[str, Any]:
+    """The service's POST /v1/runs body for `run`, less its prompt (Client.start adds it): the drafter's name and
+    options apart, as the run parsed them, so that the service parses no drafter string again. `model`: the
+    service's model where the run names none."""
+    chosen = {"drafter": run.drafter} if run.drafter is not None else {}  # else the service's default
+    return {"model": run.model or model, **chosen, "drafter_options": dict(run.drafter_options), "chat": run.chat,
+            "detail": run.detail, **asdict(run.settings)}

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from specviz.backends.request import Run as RunRequest  # the run a backend decodes (Run here: a timed one)
 from specviz.bench.prompts import Prompt
 from specviz.bench.runs import MethodRuns, Run, acceptance, fmt, mismatches, ratios, speed, spread, summary, table
 from specviz.errors import SpecvizError
@@ -114,11 +115,11 @@ class LlamaServerLanes:
         self.stack.close()
 
     def run(self, name: str, prompt: Prompt, prompt_ids: list[int], settings: BenchSettings, repeat: int = 0) -> Run:
+        run = RunRequest.of(list(prompt_ids), max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
+                            top_p=settings.top_p, top_k=settings.top_k, seed=settings.seed)
         started = time.perf_counter()
         done = None
-        for done in self.backends[name].stream(list(prompt_ids), max_new_tokens=settings.max_new_tokens,
-                                               temperature=settings.temperature, top_p=settings.top_p,
-                                               top_k=settings.top_k, seed=settings.seed):
+        for done in self.backends[name].stream(run):
             pass
         wall = time.perf_counter() - started
         stats = done.stats  # type: ignore[union-attr]

@@ -9,6 +9,7 @@ import torch
 
 from specviz.backends.base import Backend, OnWait
 from specviz.backends.local import as_local
+from specviz.backends.request import Run as RunRequest  # the run a backend decodes (Run here: a timed one)
 from specviz.bench import llamacpp
 from specviz.bench.llamaserver import LlamaServerLanes, parse_configs
 from specviz.bench.peers import peer_arguments, run_peer
@@ -20,7 +21,7 @@ from specviz.bench.settings import BenchSettings
 from specviz.bench.vllm import VllmLanes
 from specviz.decoding.costs import synchronize, verify_costs
 from specviz.decoding.prompt import encode_prompt
-from specviz.drafters import available, make_drafter, parse_spec, variants
+from specviz.drafters import available, drafter_name, make_drafter, variants
 from specviz.errors import SpecvizError
 
 # progress(done, total, label): called after each unit of work (a decode, a cost curve)
@@ -33,7 +34,7 @@ def run_drafter(backend, name: str, prompt: Prompt, prompt_ids: list[int], setti
     whole stream. backend: one whose capabilities include the bench, or loaded models."""
     backend = as_local(backend)
     device = backend.models_here().target.device
-    stream = backend.stream(prompt_ids, drafter=name, settings=settings.decode_settings())
+    stream = backend.stream(RunRequest.of(prompt_ids, name, settings=settings.decode_settings()))
     start = next(stream)  # the drafter is built and the prompt taken: the decode's own time starts here
     synchronize(device)
     started = time.perf_counter()
@@ -61,7 +62,7 @@ def chosen_drafters(models, requested: tuple[str, ...]) -> list[str]:
     names = list(requested) or available(models) + variants(models)
     ready = available(models)
     for name in names:
-        if parse_spec(name)[0] not in ready:
+        if drafter_name(name) not in ready:
             raise SpecvizError(f"drafter '{name}' is not available for '{models.name}'; available: {', '.join(ready)}")
     return ["none"] + [n for n in dict.fromkeys(names) if n != "none"]
 

@@ -13,15 +13,15 @@ from specviz.errors import SpecvizError
 
 def cmd_generate(args) -> int:
     from specviz import api
-    from specviz.backends import open_backend
+    from specviz.backends import Run, open_backend
 
     if args.trace:
         check_writable(args.trace)  # before the decode, not after it
+    run = Run.of(args.prompt, args.drafter, settings=DecodeSettings(**decode_settings(args)), chat=not args.raw)
     backend = open_backend(args.backend or f"local:{args.model}", token=os.environ.get(api.TOKEN_ENV),
                            model=args.model if args.backend and args.model != DEFAULT_MODEL else None,
                            **local_options(args))
-    stream = api.stream(args.prompt, drafter=args.drafter, settings=DecodeSettings(**decode_settings(args)),
-                        chat=not args.raw, backend=backend)
+    stream = backend.stream(run)
     collected = []
     for event in stream:
         collected.append(event)
@@ -42,7 +42,7 @@ def cmd_generate(args) -> int:
         s = done.stats
         rate = "n/a" if s["acceptance_rate"] is None else f"{s['acceptance_rate']:.2f}"
         print(
-            f"[{args.drafter or collected[0].drafter}] {s['new_tokens']} tokens in {s['steps']} steps, τ = {s['tau']:.2f} (counts the "
+            f"[{run.drafter_string() or collected[0].drafter}] {s['new_tokens']} tokens in {s['steps']} steps, τ = {s['tau']:.2f} (counts the "
             f"replacement/bonus token), acceptance {rate}, {s['tokens_per_s']:.1f} tokens/s",
             file=sys.stderr,
         )

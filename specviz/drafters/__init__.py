@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from specviz.decoding.drafter import Drafter, DraftRequest, Outcome
 from specviz.drafters import base, draft_model, eagle, eagle3, medusa, ngram
 from specviz.drafters.base import NoDraft
-from specviz.drafters.options import EAGLE_DRAFT_VOCAB, default_draft_vocab, draft_vocabulary, parse_spec
+from specviz.drafters.options import EAGLE_DRAFT_VOCAB, default_draft_vocab, draft_vocabulary, drafter_name, parse_spec
 from specviz.drafters.spec import DrafterSpec, K, Option
 from specviz.errors import SpecvizError
 
@@ -75,7 +75,11 @@ def check_options(name: str, options: dict[str, Any] | None = None, served: bool
     """A drafter spec ('eagle2:lookup=4') and extra options, checked against the drafter's spec without building
     anything: (its spec, the merged options). `served`: as a service's client sent them."""
     name, spec_options = parse_spec(name)
-    options = {**spec_options, **(options or {})}
+    return check_named(name, {**spec_options, **(options or {})}, served)
+
+
+def check_named(name: str, options: dict[str, Any], served: bool = False) -> tuple[DrafterSpec, dict[str, Any]]:
+    """check_options for a drafter already parsed: its registry name and its options, nothing parsed again."""
     spec = spec_of(name)
     if "k" in options and spec.option("k") is None and not served:
         K.check(name, options["k"])  # the decode setting k: every drafter takes it, the chain drafters use it
@@ -89,7 +93,14 @@ def make_drafter(name: str, models: LoadedModels, k: int = 4, options: dict[str,
     """models: a specviz.models.LoadedModels (target, draft, heads ...). options: drafter-specific settings.
 
     name may carry options itself ('eagle2:total_tokens=16', see parse_spec); `options` override them."""
-    spec, options = check_options(name, options)
+    name, spec_options = parse_spec(name)
+    return build_drafter(name, models, k, {**spec_options, **(options or {})})
+
+
+def build_drafter(name: str, models: LoadedModels, k: int = 4, options: dict[str, Any] | None = None) -> Drafter:
+    """make_drafter for a drafter already parsed (a specviz.backends.Run's): its registry name and its options,
+    checked against its spec; a k among the options wins over `k`."""
+    spec, options = check_named(name, dict(options or {}))
     k = options.pop("k", k)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise SpecvizError(f"k (draft length) must be >= 1, got {k}")
@@ -97,5 +108,5 @@ def make_drafter(name: str, models: LoadedModels, k: int = 4, options: dict[str,
 
 
 __all__ = ["EAGLE_DRAFT_VOCAB", "REGISTRY", "DraftRequest", "Drafter", "DrafterSpec", "NoDraft", "Option", "Outcome",
-           "available", "check_options", "default_draft_vocab", "draft_vocabulary", "make_drafter", "parse_spec",
-           "register", "spec_of", "unregister", "variants"]
+           "available", "build_drafter", "check_named", "check_options", "default_draft_vocab", "draft_vocabulary",
+           "drafter_name", "make_drafter", "parse_spec", "register", "spec_of", "unregister", "variants"]

@@ -28,6 +28,11 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
     return name, options
 
 
+def drafter_name(spec: str) -> str:
+    """The registry name a drafter spec starts with, its options not read: 'eagle2:lookup=4' -> 'eagle2'."""
+    return spec.strip().split(":", 1)[0]
+
+
 BOOLEANS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
 
 

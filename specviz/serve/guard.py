@@ -13,10 +13,9 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from specviz.errors import SpecvizError
+from specviz.errors import ECHO_CHARS, SpecvizError, shown
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
-ECHO_CHARS = 60  # the most of a client's value an error message repeats
 MESSAGE_CHARS = 600  # the longest error message sent: what it quotes of a request is cut shorter still
 CLIENT_NAME_CHARS = 64  # of X-Specviz-Client
 
@@ -29,13 +28,6 @@ class ClientError(SpecvizError):
     def __init__(self, message: str, status: int = 400):
         super().__init__(message)
         self.status = status
-
-
-def shown(value, limit: int = ECHO_CHARS) -> str:
-    """A client's value as an error message may repeat it: its repr (lone surrogates and control characters
-    escaped), cut to `limit` characters."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}… ({len(text):,} characters)"
 
 
 class ErrorDetail(BaseModel):

@@ -33,7 +33,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from specviz.backends.local import LocalBackend
 from specviz.decoding.costs import verify_curve
 from specviz.decoding.settings import DecodeSettings
-from specviz.drafters import available, parse_spec, variants
+from specviz.drafters import available, drafter_name, variants
 from specviz.errors import SpecvizError
 from specviz.serve import streaming
 from specviz.serve.guard import BodyLimit, ClientError, ErrorBody, HostAllowList, TokenGate, authorised, client_of, error, problems, shown
@@ -90,7 +90,7 @@ class Service:
         self.default_model = next(iter(models))
         first = models[self.default_model]
         self.default_drafter = default_drafter or next(
-            (d for d in ("eagle2:lookup=4", "eagle2", "ngram") if parse_spec(d)[0] in available(first)), "ngram")
+            (d for d in ("eagle2:lookup=4", "eagle2", "ngram") if drafter_name(d) in available(first)), "ngram")
         self.executor: ThreadPoolExecutor | None = None  # started with the app (see prestarted)
         self.started = time.time()
         for loaded in models.values():  # the tree drafters' "auto" budget reads it: measured now, never beside a run
@@ -101,10 +101,8 @@ class Service:
     # ------------------------------------------------------------------------------------------ runs
 
     def _decode(self, run: Run):
-        r = run.request
-        return self.backends[r.model].stream(r.prompt, drafter=r.drafter, settings=r.settings,
-                                             drafter_options=r.drafter_options, chat=r.chat,
-                                             cancelled=lambda: run.cancel_requested)  # read between prefill chunks
+        backend = self.backends[run.request.model]
+        return backend.stream(run.request, cancelled=lambda: run.cancel_requested)  # read between prefill chunks
 
     def request_of(self, body: RunBody) -> RunRequest:
         """Check a request against the loaded models and the limits, building nothing."""

@@ -19,8 +19,8 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
+from specviz.backends.request import Run as RunRequest  # what a client asked for, checked (serve/validate.py)
 from specviz.decoding import events as ev
-from specviz.decoding.settings import DecodeSettings
 from specviz.errors import SpecvizError
 from specviz.serve.metrics import ServiceMetrics
 
@@ -37,19 +37,6 @@ class QueueFull(SpecvizError):
     def __init__(self, message: str, retry_after_s: int):
         super().__init__(message)
         self.retry_after_s = retry_after_s
-
-
-@dataclass
-class RunRequest:
-    """What a client asked for, already checked against the service's limits (see serve/validate.py)."""
-
-    prompt: str | list[dict]  # a prompt, or a conversation of {role, content} messages
-    model: str
-    drafter: str
-    drafter_options: dict
-    settings: DecodeSettings
-    detail: bool = True  # False: no tree-building stages and no top-N lists in the events (throughput runs)
-    chat: bool = True
 
 
 def new_id(kind: str) -> str:
@@ -359,8 +346,6 @@ class Scheduler:
             stream = self.decode(run)
             for event in stream:
                 data = ev.to_dict(event)
-                if not run.request.detail and data["type"] == "step":
-                    data["build"] = []
                 if run.cancel_requested and data["type"] != "done":
                     self._end(run, CANCELLED)
                     return

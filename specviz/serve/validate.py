@@ -1,6 +1,7 @@
 """What the service takes from a request: the request bodies (their decode fields read from DecodeSettings, not
-written again here), the limits, and the checks that turn a body into a RunRequest before anything is built or
-tokenized. Every refusal is a ClientError whose message echoes at most a short prefix of what was sent."""
+written again here), the limits, and the checks that turn a body into a RunRequest (a specviz.backends.Run, built
+by Run.of as every other caller builds one, its drafter checked as served) before anything is built or tokenized.
+Every refusal is a ClientError whose message echoes at most a short prefix of what was sent."""
 from __future__ import annotations
 
 import functools
@@ -10,9 +11,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
+from specviz.backends.request import check_text, drafter_of
 from specviz.decoding.prompt import encode_prompt
 from specviz.decoding.settings import DECODE_FIELDS, FIELD_HELP, FIELD_TYPES, DecodeSettings
-from specviz.drafters import K, available, check_options, parse_spec, spec_of
+from specviz.drafters import available
+from specviz.drafters.spec import K
 from specviz.errors import SpecvizError
 from specviz.serve.guard import ClientError, problems, shown
 from specviz.serve.runs import RunRequest
@@ -22,8 +25,6 @@ SEED_MAX = 2**64 - 1  # torch's generator takes a seed of 64 bits
 # (3.4e38) for logits of any size a model gives (|logit| < 1e3 leaves a wide margin); 0.01 already samples the
 # argmax nearly always, so nothing is lost below it: send 0 for greedy.
 TEMPERATURE_FLOOR = 0.01
-DRAFTER_CHARS = 256  # a drafter with its options ("eagle2:total_tokens=16:lookup=4" is 32)
-OPTION_CHARS = 32  # a drafter option's name or text value
 TOP_K_MAX = 1_000_000  # more than any vocabulary: a larger top_k cuts nothing
 CHAT_MAX_TOKENS = 256  # a chat request's default budget (OpenAI's field is optional), within the service's limit
 TEMPLATE_TOKENS = 512  # room left for a chat template's own tokens (system prompt, role markers)
@@ -37,15 +38,6 @@ class Limits:
     max_prompt_chars: int = 32_000
     max_body_bytes: int = 256 * 1024
     max_n_top: int = 20
-
-
-def check_text(what: str, text: str) -> None:
-    """Text the engine will tokenize or print: valid Unicode (JSON can carry lone surrogates, UTF-8 cannot)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as err:
-        raise ClientError(f"{what} is not valid Unicode text: it holds a lone surrogate (U+D800-U+DFFF) at "
-                          f"character {err.start:,}") from None
 
 
 class Message(BaseModel):
@@ -120,60 +112,33 @@ def run_request(models: dict, body: RunBody, limits: Limits, default_model: str)
     if name not in models:
         raise ClientError(f"model {shown(name)} is not loaded here; this service runs only: {', '.join(models)} "
                           "(it never loads a path or a hub id from a request)", 404)
-    drafter, options = served_drafter(body.drafter, body.drafter_options, available(models[name]), name, body.k)
     check_numbers(body, limits)
     try:
-        settings = DecodeSettings(**{**{f: getattr(body, f) for f in DECODE_FIELDS}, "k": options.get("k", body.k),
-                                     "n_top": body.n_top if body.detail else 0})
+        request = RunRequest.of(prompt, body.drafter, body.drafter_options, chat=body.chat, model=name,
+                                detail=body.detail, served=True, **{f: getattr(body, f) for f in DECODE_FIELDS})
     except SpecvizError as err:
         raise ClientError(str(err)) from err
-    return RunRequest(prompt, name, body.drafter, body.drafter_options, settings, body.detail, body.chat)
+    check_offered(request.drafter or "", available(models[name]), name)
+    return request
 
 
 def served_drafter(drafter: str, options: dict, offered: list[str], model: str = "this model",
                    k: int = K.default) -> tuple[str, dict]:
     """A drafter with options as a client sent them ("eagle2:lookup=4" and {"depth": 5}) and the decode setting
-    k, checked against the drafters `offered` and their specs' served options and bounds, building nothing: (its
+    k, checked as RunRequest.of checks them (served) and against the drafters `offered`, building nothing: (its
     name, the options)."""
-    check_text("drafter", drafter)
-    if len(drafter) > DRAFTER_CHARS:
-        raise ClientError(f"a drafter with its options is at most {DRAFTER_CHARS} characters here, got {shown(drafter)}")
-    check_options_sent(options)
     try:
-        name, spec_options = parse_spec(drafter)
-    except SpecvizError:
-        raise ClientError(f"drafter {shown(drafter)} is not NAME or NAME:KEY=VALUE:KEY=VALUE...") from None
-    if name not in offered:
-        raise ClientError(f"drafter {shown(name)} is not available for {model}; available: {', '.join(offered)}")
-    merged = {**spec_options, **options}
-    check_options_sent(merged)
-    takes = [o.name for o in spec_of(name).options if o.served]
-    unknown = sorted(set(merged) - set(takes))
-    if unknown:  # said here, so that the names a client sent are echoed within ECHO_CHARS in all
-        raise ClientError(f"{name} option(s) {shown(', '.join(unknown))} are not offered by the service; it takes: "
-                          f"{', '.join(takes) or 'no options'}")
-    try:
-        K.check(name, merged.get("k", k), served=True)
-        check_options(drafter, options, served=True)  # the spec's allow-list and bounds
+        name, merged = drafter_of(drafter, options, k, served=True)
     except SpecvizError as err:
         raise ClientError(str(err)) from err
-    return name, merged
+    check_offered(name or "", offered, model)
+    return name or "", merged
 
 
-def check_options_sent(options: dict) -> None:
-    """What no drafter option may be, whatever its spec says: a folder on the server, text that is not Unicode, a
-    number that is not finite."""
-    if "head" in options:
-        raise ClientError("drafter option head= names a folder on the server; the service runs only the heads it "
-                          "loaded")
-    for key, value in options.items():
-        check_text("a drafter option's name", key)
-        if len(key) > OPTION_CHARS or (isinstance(value, str) and len(value) > OPTION_CHARS):
-            raise ClientError(f"drafter option {shown(key)}: names and values are at most {OPTION_CHARS} characters")
-        if isinstance(value, str):
-            check_text(f"drafter option {shown(key)}", value)
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ClientError(f"drafter option {shown(key)} must be a finite number, got {value}")
+def check_offered(drafter: str, offered: list[str], model: str) -> None:
+    """The drafter (a registry name) among those `offered` for the model (the ones it has loaded what they need for)."""
+    if drafter not in offered:
+        raise ClientError(f"drafter {shown(drafter)} is not available for {model}; available: {', '.join(offered)}")
 
 
 def check_numbers(body: RunBody, limits: Limits) -> None:
