@@ -281,6 +281,7 @@ def ours():
 
 
 @pytest.mark.slow
+@pytest.mark.llamacpp
 @pytest.mark.parametrize("label,draft,spec_type,drafter,options,k", parity().RUNS, ids=["eagle3", "draft"])
 def test_llama_server_accepts_what_specviz_accepts(server_binary, exported, ours, label, draft, spec_type, drafter,
                                                    options, k):
@@ -297,6 +298,7 @@ def test_llama_server_accepts_what_specviz_accepts(server_binary, exported, ours
 
 
 @pytest.mark.slow
+@pytest.mark.llamacpp
 def test_the_exported_draft_alone_decodes_as_ours(server_binary, exported, ours):
     """draft.gguf as llama-server's only model gives specviz's draft model's greedy tokens: no target between them,
     so this is the draft's arithmetic alone (both f32)."""

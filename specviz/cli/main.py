@@ -8,6 +8,7 @@ import sys
 from specviz.bench import cli as bench_cli
 from specviz.cli import export, generate
 from specviz.errors import SpecvizError
+from specviz.llamacpp import cli as llamacpp_cli
 from specviz.serve import cli as serve_cli
 from specviz.train import cli as train_cli
 
@@ -17,7 +18,7 @@ PASS_THROUGH = ("train", "bench")  # commands with their own parser: the rest of
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m specviz", description="Speculative decoding you can watch.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for family in (generate, serve_cli, bench_cli, train_cli, export):
+    for family in (generate, serve_cli, bench_cli, train_cli, export, llamacpp_cli):
         family.register(sub)
     return parser
 
