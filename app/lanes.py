@@ -19,6 +19,7 @@ from pathlib import Path
 
 from app.figures import KIND_COLOURS, KIND_LABELS
 from specviz.decoding import events as ev
+from specviz.drafters import PLAIN
 from specviz.errors import SpecvizError
 
 BUNDLE_FORMAT = "specviz-race-bundle"
@@ -50,7 +51,7 @@ def temperature_of(runs: dict[str, list[dict]]) -> float:
 def build_lanes(runs: dict[str, list[dict]]) -> list[Lane]:
     """Lanes, in the order of `runs` ({drafter: its events}); each run must be finished (end with done)."""
     greedy = temperature_of(runs) == 0
-    base = runs.get("none")
+    base = runs.get(PLAIN)
     lanes = []
     for drafter, events in runs.items():
         done = events[-1]

@@ -14,7 +14,8 @@ from specviz import models as m
 from specviz.backends import Backend, Run, open_backend
 from specviz.decoding import events as ev
 from specviz.decoding.settings import FIELD_HELP, DecodeSettings
-from specviz.drafters import REGISTRY, drafter_name
+from specviz.drafters import APP_PREFERRED, REGISTRY, DrafterSpec, Option, drafter_name, first_available
+from specviz.drafters.spec import K
 from specviz.errors import SpecvizError
 
 ENV_MODEL = "SPECVIZ_DEFAULT_MODEL"  # a preset name or a local model folder the sidebar starts with
@@ -22,7 +23,6 @@ ENV_BACKEND = "SPECVIZ_BACKEND"  # an engine's address (specviz.backends.open_ba
 ENV_BACKEND_TOKEN = "SPECVIZ_BACKEND_TOKEN"
 DEFAULT_PROMPT = "Write a Python function that reverses a string."
 TREE_SLIDER_NODES = 24  # the fixed node budget the sidebar's slider starts at, once "auto" is unticked
-PREFERRED = ("eagle2", "medusa", "draft", "ngram", "none")  # the default drafter: the first available
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,7 +33,7 @@ class Settings(DecodeSettings):
     model: str
     drafter: str
     max_new_tokens: int = 32
-    tree: tuple | None = None  # (("depth", d), ("top_k", t), ("total_tokens", n), ("lookup", l)) for eagle2
+    tree: tuple | None = None  # ((option, value), ...): the tree drafter's served options as the sidebar set them
 
     def tree_for(self, drafter: str | None) -> tuple | None:
         """The tree settings a run of `drafter` uses: the sidebar's for eagle2, eagle3 and their variants, else none."""
@@ -180,7 +180,7 @@ def sidebar() -> tuple[Backend | None, Settings | None]:
     settings = None
     if shared is not None:
         names = shared.drafters()
-        default = names.index(next((d for d in PREFERRED if d in names), names[0]))
+        default = names.index(first_available(APP_PREFERRED, names, names[0]))
         drafter = st.sidebar.selectbox("Drafter", names, index=default, key="sb_drafter", help="\n\n".join(
                                            f"**{d}**: {drafter_help(d)}" for d in names))
         st.sidebar.caption(drafter_help(drafter))
@@ -189,9 +189,10 @@ def sidebar() -> tuple[Backend | None, Settings | None]:
                                              "lossless acceptance rule applies.")
         top_p = st.sidebar.slider("Top-p", 0.05, 1.0, 1.0, 0.05, key="sb_top_p", help=FIELD_HELP["top_p"])
         top_k = st.sidebar.number_input("Top-k (0 = off)", 0, 100_000, 0, key="sb_top_k", help=FIELD_HELP["top_k"])
-        k = st.sidebar.slider("K (drafted tokens per step)", 1, 8, 4, key="sb_k",
-                              help="Chain drafters (n-gram, draft model) propose up to K tokens a step; `none` "
-                                   "ignores it.")
+        chains = ", ".join(name for name, spec in REGISTRY.items() if spec.chain)
+        k = st.sidebar.slider("K (drafted tokens per step)", int(K.low or 1), int(K.high or 16), int(K.default),
+                              key="sb_k", help=f"Chain drafters ({chains}) propose up to K tokens a step; the tree "
+                                               "drafters and `none` ignore it.")
         tree_drafters = [d for d in names if d in REGISTRY and REGISTRY[d].tree]
         tree = None
         if tree_drafters:  # every run on the EAGLE-2 tree uses them
@@ -213,22 +214,25 @@ def drafter_help(name: str) -> str:
     return spec.help if spec is not None else ""
 
 
-def tree_controls(spec) -> tuple:
-    """The dynamic tree's settings as sliders drawn from the drafter spec's options: their defaults and bounds.
-    total_tokens starts at "auto" (a ticked checkbox); unticked, a fixed number of nodes."""
-    depth, top_k, total, lookup = (spec.option(name) for name in ("depth", "top_k", "total_tokens", "lookup"))
-    auto = st.checkbox("total_tokens auto", total.default == "auto", key="sb_total_auto",
-                       help="Keep the nodes that pay under this machine's measured verify-cost curve (the default "
-                            "everywhere else). Untick to fix the number of nodes.")
-    return (
-        ("depth", st.slider(depth.name, int(depth.low), int(depth.high), depth.default, key="sb_depth", help=depth.help)),
-        ("top_k", st.slider("top_k (children expanded per depth)", int(top_k.low), int(top_k.high), top_k.default,
-                            key="sb_tree_top_k", help=top_k.help)),
-        ("total_tokens", "auto" if auto else st.slider("total_tokens (nodes kept)", 2, int(total.high) // 2,
-                                                       TREE_SLIDER_NODES, key="sb_total", help=total.help)),
-        ("lookup", st.slider("lookup (prompt-lookup tokens grafted on, 0 = off)", int(lookup.low), int(lookup.high) // 2,
-                             lookup.default, key="sb_lookup", help=lookup.help + " (the `eagle2:lookup=4` variant)")),
-    )
+def tree_controls(spec: DrafterSpec) -> tuple:
+    """The tree drafter's settings, one control per option a service's client may set, drawn from the spec: its
+    default, bounds and help. ((option, value), ...)."""
+    return tuple((option.name, option_control(option)) for option in spec.options if option.served)
+
+
+def option_control(option: Option) -> object:
+    """One option's control, keyed `sb_tree_<name>`: a checkbox for a flag; a slider over its bounds for a number;
+    where the number also takes a word ("auto", the default), a ticked checkbox for the word that, unticked, shows the
+    slider (starting at TREE_SLIDER_NODES within bounds)."""
+    key = f"sb_tree_{option.name}"
+    if option.type is bool:
+        return st.checkbox(option.name, bool(option.default), key=key, help=option.help)
+    low, high = int(option.low if option.low is not None else 0), int(option.high if option.high is not None else 64)
+    if isinstance(option.default, str) and option.default in option.words:
+        if st.checkbox(f"{option.name} {option.default}", True, key=f"{key}_{option.default}", help=option.help):
+            return option.default
+        return st.slider(option.name, low, high, min(max(TREE_SLIDER_NODES, low), high), key=key, help=option.help)
+    return st.slider(option.name, low, high, int(option.default), key=key, help=option.help)
 
 
 def current() -> tuple[Backend | None, Settings | None]:

@@ -12,6 +12,7 @@ import numpy as np
 from specviz import analysis
 from specviz.bench import REFERENCE_REPORT
 from specviz.decoding.events import CHAIN, GREEDY, POINT_MASS, TYPICAL, rule_of
+from specviz.drafters import PLAIN, REGISTRY, DrafterSpec
 from specviz.paths import ASSETS
 
 # ------------------------------------------------------------------------------------------ sources
@@ -285,6 +286,19 @@ TOPOLOGIES = (
         "2×–4× on input-grounded tasks (summarisation, question answering over a document)",
         PROMPT_LOOKUP),
 )
+
+
+def cards() -> list[Topology]:
+    """One card per registered drafter but the plain one: those written above, then one drawn from the spec of any
+    other (its help and the part it needs), so a drafter added to the registry gets a card too."""
+    return [*TOPOLOGIES, *(card_of(s) for n, s in REGISTRY.items() if n != PLAIN and n not in {t.drafter for t in TOPOLOGIES})]
+
+
+def card_of(spec: DrafterSpec) -> Topology:
+    return Topology(spec.name, spec.help[:1].upper() + spec.help[1:], spec.help, "see its module",
+                    f"the loaded `{spec.needs}`" if spec.needs else "none",
+                    "yes, unless its runs are marked lossy: the loop verifies every drafted token", "", "")
+
 
 EAGLE3_NOTE = (
     "**EAGLE-3** drops EAGLE's feature-regression loss, "

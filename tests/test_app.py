@@ -247,7 +247,7 @@ def test_the_sidebar_tree_settings_reach_eagle2_runs_whatever_the_sidebar_drafte
     at = ok(AppTest.from_file(APP, default_timeout=TIMEOUT).run())
     at.sidebar.selectbox(key="sb_drafter").set_value("ngram")
     ok(at.run())
-    at.sidebar.slider(key="sb_depth").set_value(3)
+    at.sidebar.slider(key="sb_tree_depth").set_value(3)
     ok(at.run())
     settings = at.session_state["_settings"]
     assert settings.drafter == "ngram"

@@ -749,7 +749,7 @@ def smol_q4():
 @fetched
 @needs_op
 @pytest.mark.slow
-@pytest.mark.parametrize("drafter", ["ngram", "eagle2", "medusa", "draft"])
+@pytest.mark.parametrize("drafter", [name for name in drafters.REGISTRY if name != drafters.PLAIN])
 def test_every_drafter_greedy_equals_none_with_q4_weights(smol_q4, drafter):
     assert smol_q4.weights == "q4" and quant.is_quantized(smol_q4.target)
     assert not any(type(m) is torch.nn.Linear for m in smol_q4.target.model.layers.modules())  # all 210 are 4-bit

@@ -477,7 +477,7 @@ def smol_q4q8():
 @fetched
 @needs_op
 @pytest.mark.slow
-@pytest.mark.parametrize("drafter", ["ngram", "eagle2", "medusa", "draft"])
+@pytest.mark.parametrize("drafter", [name for name in drafters.REGISTRY if name != drafters.PLAIN])
 def test_every_drafter_greedy_equals_none_on_8_bit_activations(smol_q4q8, drafter):
     assert smol_q4q8.weights == "q4q8" and quant.activations(smol_q4q8.target) == "q8"
     linears = [m for m in smol_q4q8.target.model.layers.modules() if isinstance(m, quant.BLOCK_LINEARS)]

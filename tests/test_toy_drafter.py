@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 from streamlit.testing.v1 import AppTest
 
 import specviz
+from app import teaching
 from app.state import ENV_MODEL
 from specviz import drafters
 from specviz.cli import main as cli
@@ -114,6 +115,11 @@ def test_the_app_offers_it_with_its_help(toy, tiny_model_dir, monkeypatch):
     at.run()
     assert not at.exception and not at.error, [e.value for e in at.exception or at.error]
     assert "".join(h.proto.body for h in at.html).count('class="specviz-token"') == 6
+
+
+def test_the_topologies_page_gives_it_a_card_from_its_spec(toy):
+    card = next(t for t in teaching.cards() if t.drafter == "repeat")
+    assert card.reads == SPEC.help and not card.published
 
 
 def test_docs_drafters_md_is_what_the_registry_says():

@@ -12,6 +12,7 @@ from specviz import bench
 from specviz.bench.llamaserver import PREFIX as LLAMA_PREFIX  # a lane's method in the runs: llama.cpp:<label>
 from specviz.bench.vllm import DECODING
 from specviz.bench.vllm import PREFIX as VLLM_PREFIX  # a lane's method in the runs: vllm:<label>
+from specviz.drafters import PLAIN
 from specviz.errors import SpecvizError
 
 state.intro(
@@ -256,7 +257,7 @@ def rates_figure(report: dict) -> go.Figure:
 
 def spread_figure(report: dict) -> go.Figure:
     fig = go.Figure()
-    ours = bench.per_prompt_speedups(report, "none", [n for n in report["drafters"] if n != "none"])
+    ours = bench.per_prompt_speedups(report, PLAIN, [n for n in report["drafters"] if n != PLAIN])
     theirs = bench.per_prompt_speedups(report, "generate", [n for n in report["peers"] if n != "generate"]) if report["peers"] else {}
     for label, values in [*((f"{n} / none", v) for n, v in ours.items()), *((f"{n} / generate", v) for n, v in theirs.items())]:
         fig.add_box(name=label, y=list(values.values()), text=list(values), boxpoints="all", pointpos=0,

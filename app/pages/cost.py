@@ -7,7 +7,7 @@ from app import state
 from specviz import analysis
 from specviz.bench import batch as batch_surface
 from specviz.bench import loadtable
-from specviz.drafters import parse_spec
+from specviz.drafters import PLAIN, REGISTRY, drafter_name
 from specviz.errors import SpecvizError
 
 state.intro(
@@ -19,9 +19,14 @@ state.intro(
 )
 
 
-CHAIN_DRAFTERS = ("ngram", "draft")
 PROJECT = Path(__file__).resolve().parents[2]
 H100_TB_S = analysis.GPU_DATASHEET["H100 SXM"]["bandwidth_tb_s"]  # NVIDIA H100 datasheet, not measured here
+
+
+def is_chain(drafter: str) -> bool:
+    """Does this run's drafter propose one chain (its spec says so), so that the chain speedup formula fits it?"""
+    spec = REGISTRY.get(drafter_name(drafter))
+    return spec is not None and spec.chain
 
 
 def measured_runs() -> dict[str, list[dict]]:
@@ -105,12 +110,14 @@ st.markdown("tokens, the replacement or bonus token included (Leviathan et al., 
             "Transformers via Speculative Decoding*, section 3), and costs (draft time + verify time) ÷ (time of one "
             "plain target step). Predicted speedup = expected tokens per step ÷ step cost. α here is **accepted ÷ "
             "tested**, measured in the run, as are the costs.")
-baselines = [n for n, e in runs.items() if e[0]["drafter"] == "none"]
+baselines = [n for n, e in runs.items() if e[0]["drafter"] == PLAIN]
 # the formula is a chain's: a tree's acceptance (accepted ÷ every node drafted) and depth do not fit it
-specs = [n for n, e in runs.items() if parse_spec(e[0]["drafter"])[0] in CHAIN_DRAFTERS]
+specs = [n for n, e in runs.items() if is_chain(e[0]["drafter"])]
 if not baselines or not specs:
-    st.info("Needs a `none` run and a chain run (`ngram` or `draft`): run the *Topology race* (it runs every "
-            "drafter, `none` included), then come back. Tree drafters (`medusa`, `eagle2`) do not fit this "
+    chains = " or ".join(f"`{name}`" for name, s in REGISTRY.items() if s.chain)
+    trees = ", ".join(f"`{name}`" for name, s in REGISTRY.items() if not s.chain and name != PLAIN)
+    st.info(f"Needs a `{PLAIN}` run and a chain run ({chains}): run the *Topology race* (it runs every "
+            f"drafter, `{PLAIN}` included), then come back. Tree drafters ({trees}) do not fit this "
             "formula; the Benchmarks page predicts their speedup from the measured verify-cost curve.")
 else:
     c1, c2 = st.columns(2)
@@ -264,7 +271,7 @@ st.caption("E(α, K): Leviathan et al., 2023, *Fast Inference from Transformers 
            "the measured surface above. d: the draft's cost per drafted token in plain forwards c(B, 1), charged as "
            "the roofline model charges it. The model's forward time is max(weights ÷ bandwidth, 2 × params × tokens "
            "÷ FLOP/s), KV-cache reads ignored.")
-chain_runs = {name: analysis.summarise(e) for name, e in runs.items() if parse_spec(e[0]["drafter"])[0] in CHAIN_DRAFTERS}
+chain_runs = {name: analysis.summarise(e) for name, e in runs.items() if is_chain(e[0]["drafter"])}
 chain_runs = {name: s for name, s in chain_runs.items() if s.alpha is not None}
 c = st.columns(3)
 alpha_source = c[0].selectbox("α from", [*chain_runs, "slider"], key="cost_b_alpha_source") if chain_runs else "slider"

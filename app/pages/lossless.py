@@ -5,6 +5,7 @@ import streamlit as st
 
 from app import figures, state
 from specviz import analysis
+from specviz.drafters import PLAIN
 
 state.intro(
     "Is it really lossless?",
@@ -18,7 +19,7 @@ shared, settings = state.require_model()
 if shared is None:
     st.stop()
 
-spec_drafters = [d for d in shared.drafters() if d != "none"]
+spec_drafters = [d for d in shared.drafters() if d != PLAIN]
 if not spec_drafters:
     st.warning("No speculative drafter is available for this model.")
     st.stop()
@@ -41,12 +42,12 @@ results = st.session_state.setdefault("ll_cache", {})
 
 if st.button(f"Sample {2 * int(n)} runs", type="primary", key="ll_run"):
     bar = st.progress(0.0, text="sampling…")
-    samples = {drafter: [], "none": []}
+    samples = {drafter: [], PLAIN: []}
     texts = {}  # token id -> its text, from the runs' own events (the engine may run on a service)
     tested = 0
     failed = False
     started = time.perf_counter()
-    for side, name in enumerate((drafter, "none")):
+    for side, name in enumerate((drafter, PLAIN)):
         for i in range(int(n)):
             # disjoint seeds: the two samples are independent of each other and across runs
             events = state.run_decode(shared, prompt, settings, drafter=name, temperature=temperature,
@@ -57,7 +58,7 @@ if st.button(f"Sample {2 * int(n)} runs", type="primary", key="ll_run"):
             samples[name].append(state.done_of(events)["token_ids"])
             texts.update((c["token"], c["text"]) for s in state.steps_of(events) for c in s["committed"])
             first = state.steps_of(events)[0]
-            tested += bool(first["tests"]) and name != "none"
+            tested += bool(first["tests"]) and name != PLAIN
             done = side * int(n) + i + 1
             left = (time.perf_counter() - started) / done * (2 * int(n) - done)
             bar.progress(done / (2 * int(n)), text=f"{name}: run {i + 1} of {int(n)} ({done} of {2 * int(n)}, "
@@ -75,7 +76,7 @@ if not result:
 
 width = 2 if what.startswith("first two") and new_tokens == 2 else 1
 side_a = [tuple(ids[:width]) for ids in result["samples"][drafter]]
-side_b = [tuple(ids[:width]) for ids in result["samples"]["none"]]
+side_b = [tuple(ids[:width]) for ids in result["samples"][PLAIN]]
 test = analysis.two_sample_test(side_a, side_b)
 m = st.columns(5)
 m[0].metric("N per side", f"{test['n_a']} / {test['n_b']}")

@@ -5,6 +5,7 @@ import streamlit as st
 from app import state, teaching
 from specviz import analysis
 from specviz.bench import probes
+from specviz.drafters import PLAIN
 
 state.intro(
     "Why speculative decoding works",
@@ -65,7 +66,7 @@ elif st.button("Measure this machine", key="ov_measure"):
     models = shared.models_here()
     bandwidth = probes.BandwidthProbe(models.device).measure() * 1e9  # bytes/s, as the bench measures it
     progress.progress(0.3, text="timing the target: 8 plain autoregressive steps…")
-    events = state.run_decode(shared, state.DEFAULT_PROMPT, settings, drafter="none", max_new_tokens=8,
+    events = state.run_decode(shared, state.DEFAULT_PROMPT, settings, drafter=PLAIN, max_new_tokens=8,
                               temperature=0.0, on_event=lambda e, evs: progress.progress(
                                   min(0.3 + 0.08 * len(state.steps_of(evs)), 1.0),
                                   text=f"timing the target: step {len(state.steps_of(evs))} of 8"))

@@ -8,6 +8,7 @@ import streamlit as st
 from app import figures, lanes, state, teaching
 from specviz import analysis as measures
 from specviz.backends import open_backend
+from specviz.drafters import PLAIN
 from specviz.errors import SpecvizError
 
 TRUE = ("1", "true", "yes", "on")
@@ -128,7 +129,7 @@ def load_bundle(box) -> tuple[str, dict[str, list[dict]]] | None:
 
 def other_engines(runs: dict[str, list[dict]]) -> dict[str, str]:
     """The lanes another engine decoded (a vLLM or llama.cpp lane beside ours): {lane: its engine}."""
-    ours = (runs.get("none") or next(iter(runs.values())))[0].get("engine", "specviz")
+    ours = (runs.get(PLAIN) or next(iter(runs.values())))[0].get("engine", "specviz")
     return {name: events[0].get("engine", "specviz") for name, events in runs.items()
             if events[0].get("engine", "specviz") != ours}
 
@@ -154,14 +155,14 @@ def show_race(runs: dict[str, list[dict]], where: str, presenter: bool) -> None:
     st.iframe(document, height="content", alt="The race's lanes, replayed at their measured timings")
     if presenter:
         return
-    if temperature == 0 and "none" in runs:
+    if temperature == 0 and PLAIN in runs:
         differ = [lane["drafter"] for lane in data["lanes"] if lane["same_as_none"] is False]
         if differ:
             st.warning("At temperature 0 a lane may part from `none`'s text only at a floating-point near-tie of the "
                        "target's two most likely tokens; anything else is a failed drafter. Where each parted, with "
                        "the target's top tokens there as `none` saw them (a near-tie shows two almost equal p):")
             for name in differ:
-                found = lanes.first_difference(runs["none"], runs[name])
+                found = lanes.first_difference(runs[PLAIN], runs[name])
                 top = ", ".join(f"{figures.md_code(t[1])} {t[2]:.6f}" for t in found["top"][:3])
                 st.markdown(f"- `{name}`: token {found['index']} (id {found['got']} instead of `none`'s "
                             f"{found['none']}); the target's top tokens there: {top or 'not recorded'}.")
@@ -171,7 +172,7 @@ def show_race(runs: dict[str, list[dict]], where: str, presenter: bool) -> None:
             st.success(f"Temperature 0: every lane{' decoded here' if elsewhere else ''} produced exactly the same "
                        "text as `none`, as greedy verification promises up to floating-point near-ties.")
         for name, engine in elsewhere.items():
-            found = lanes.first_difference(runs["none"], runs[name])
+            found = lanes.first_difference(runs[PLAIN], runs[name])
             st.info(teaching.other_engine_note(name, engine) + (
                 " Its text is `none`'s, token for token." if found is None else
                 f" It parted from `none`'s at token {found['index']} (id {found['got']} instead of {found['none']})."))
@@ -190,7 +191,7 @@ def show_race(runs: dict[str, list[dict]], where: str, presenter: bool) -> None:
 
 
 def analysis(runs: dict[str, list[dict]], temperature: float, where: str) -> None:
-    base = runs.get("none")
+    base = runs.get(PLAIN)
     base_tps = state.done_of(base)["stats"]["tokens_per_s"] if base else None
     rows = []
     for name, events in runs.items():

@@ -3,6 +3,7 @@ speedups and what was measured here), and what each acceptance number means."""
 import streamlit as st
 
 from app import state, teaching
+from specviz.drafters import PLAIN
 
 state.intro(
     "Topologies compared",
@@ -16,8 +17,8 @@ measured = teaching.measured_rows(report)
 
 # ------------------------------------------------------------------------------------------- the table
 st.header("1. What each drafter reads, needs and gives")
-cards = st.columns(len(teaching.TOPOLOGIES))
-for card, t in zip(cards, teaching.TOPOLOGIES):
+topologies = teaching.cards()
+for card, t in zip(st.columns(len(topologies)), topologies):
     here = measured.get(t.drafter, {})
     size = teaching.shipped_weights_mb(t.weights)
     with card.container(border=True):
@@ -25,7 +26,8 @@ for card, t in zip(cards, teaching.TOPOLOGIES):
         st.markdown(f"**Reads:** {t.reads}  \n**Training:** {t.training}  \n**Memory besides the target:** "
                     f"{t.overhead}" + (f"; shipped here: {size:.1f} MB of fp16 weights" if size else ""))
         st.markdown(f"**Lossless?** {t.lossless}")
-        st.markdown(f"**Published:** {t.published}  \n*Source:* {t.source}")
+        if t.published:
+            st.markdown(f"**Published:** {t.published}  \n*Source:* {t.source}")
         if here:
             st.metric("measured here: τ", f"{here['tau']:.2f}", f"{here['speedup']:.2f}× over none",
                       delta_color="off")
@@ -92,7 +94,7 @@ st.caption(f"Sources: τ as the EAGLE papers define it ({teaching.EAGLE}), and i
            "(see docs/events.md: `stats.drafted`, `stats.accepted`, the steps' `tests`).")
 
 trace, source = state.get_trace()
-if trace and state.done_of(trace) and trace[0]["drafter"] != "none":
+if trace and state.done_of(trace) and trace[0]["drafter"] != PLAIN:
     numbers = teaching.acceptance_numbers(trace)
     st.subheader(f"Your run: the {source}, drafter `{trace[0]['drafter']}`")
     c = st.columns(6)

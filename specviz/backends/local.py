@@ -11,7 +11,7 @@ from specviz.decoding import engine
 from specviz.decoding import events as ev
 from specviz.decoding.costs import verify_curve
 from specviz.decoding.prompt import encode_prompt
-from specviz.drafters import available, build_drafter, variants
+from specviz.drafters import DEFAULT, available, build_drafter, reads_verify_cost, variants
 from specviz.errors import SpecvizError
 from specviz.models.quantized import WEIGHT_WORDS
 
@@ -20,7 +20,6 @@ if TYPE_CHECKING:
     from specviz.models.wheels import ProgressCallback
 
 PREFIX = "local:"
-DEFAULT_DRAFTER = "ngram"  # a run that names none
 
 
 class LocalBackend(Backend):
@@ -51,7 +50,7 @@ class LocalBackend(Backend):
         from specviz.models import load
 
         loaded = load(name, draft_model=draft_model, device=device, weights=weights, progress=progress)
-        if warm and (loaded.eagle is not None or loaded.medusa is not None):
+        if warm and reads_verify_cost(loaded):
             verify_curve(loaded)
         return cls(loaded)
 
@@ -115,7 +114,7 @@ class LocalBackend(Backend):
         self._acquire(on_wait)
         try:  # making a drafter may measure the verify-cost curve: never beside another run
             prompt_ids = encode_prompt(models.tokenizer, run.prompt, run.chat)
-            the_drafter = build_drafter(run.drafter or DEFAULT_DRAFTER, models, k=run.settings.k,
+            the_drafter = build_drafter(run.drafter or DEFAULT, models, k=run.settings.k,
                                         options=run.drafter_options)
             prompt_text = run.prompt if isinstance(run.prompt, str) else models.tokenizer.decode(prompt_ids)
             for event in engine.decode(models.target, models.tokenizer, the_drafter, prompt_ids, run.settings,

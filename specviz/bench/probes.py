@@ -83,11 +83,12 @@ def draft_dtypes(models) -> dict[str, str]:
     """The dtype each trained drafter runs in (specviz.models.draft_dtype; bf16 on CPUs with bf16 products), and
     whether its products are 4-bit (an EAGLE or EAGLE-3 head beside a 4-bit target; specviz.models.loading.load_trained),
     and on which activations."""
+    from specviz.drafters import REGISTRY
     from specviz.kernels.quant import activations, is_quantized
 
     out = {}
-    for drafter, part in (("draft", "draft"), ("medusa", "medusa"), ("eagle2", "eagle"), ("eagle3", "eagle3")):
-        module = getattr(models, part, None)
+    for drafter, spec in REGISTRY.items():
+        module = getattr(models, spec.needs, None) if spec.needs else None
         if module is not None:
             dtype = str(next(module.parameters()).dtype).removeprefix("torch.")
             if not is_quantized(module):

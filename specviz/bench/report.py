@@ -18,6 +18,7 @@ from specviz.bench.probes import (
 from specviz.bench.runs import MethodRuns, acceptance, fmt, matched, mismatches, ratios, speed, spread, summary, table
 from specviz.bench.vllm import VllmLanes, vllm_markdown, vllm_report
 from specviz.decoding.costs import fitting_context, interpolate
+from specviz.drafters.base import PLAIN
 from specviz.kernels import fastlinear
 
 if TYPE_CHECKING:
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 
 SCHEMA_VERSION = 1
 # ours vs theirs: the pairs a user chooses between
-HEAD_TO_HEAD = (("none", "generate"), ("draft", "generate_assisted"), ("ngram", "generate_prompt_lookup"))
+HEAD_TO_HEAD = ((PLAIN, "generate"), ("draft", "generate_assisted"), ("ngram", "generate_prompt_lookup"))
 
 
 def drafter_report(method: MethodRuns, none: MethodRuns, greedy: bool) -> dict:
@@ -115,7 +116,7 @@ def llama_cpp_report(info: dict, grouped: dict[str, MethodRuns], drafters: list[
     plain, lookup = grouped.get("llama_cpp"), grouped.get("llama_cpp_lookup")
     if plain is None or lookup is None:
         return info
-    none = grouped["none"]
+    none = grouped[PLAIN]
     apart = mismatches(plain, none) if greedy else []
     return {
         **info,
@@ -139,7 +140,7 @@ def build_report(models, prompts, encoded, settings, drafters, peers, runs, chai
     that ran beside ours (specviz.bench.vllm), their runs among `runs`."""
     greedy = settings.sampling.greedy
     grouped = {m: MethodRuns([r for r in runs if r.method == m]) for m in dict.fromkeys([*drafters, *peers, *(r.method for r in runs)])}
-    none = grouped["none"]
+    none = grouped[PLAIN]
     drafter_reports = {name: drafter_report(grouped[name], none, greedy) for name in drafters}
     dtype = next(models.target.parameters()).dtype
     if greedy:  # a difference at a floating-point near-tie is a numerics event, not a failed drafter
@@ -223,9 +224,9 @@ def none_against_bandwidth(report: dict) -> list[dict]:
     """Per prompt: the bandwidth measured right before its `none` runs (median) and `none`'s ms per token, for a
     chart of whether plain decoding follows the memory; empty for reports made before per-run bandwidth."""
     rate = per_prompt_rates(report)
-    return [{"prompt": prompt, "bandwidth_gb_s": statistics.median(gb_s), "none_ms_per_token": 1e3 / rate["none", prompt]}
+    return [{"prompt": prompt, "bandwidth_gb_s": statistics.median(gb_s), "none_ms_per_token": 1e3 / rate[PLAIN, prompt]}
             for prompt, gb_s in (report["floor"].get("bandwidth_by_prompt") or {}).items()
-            if gb_s and rate.get(("none", prompt))]
+            if gb_s and rate.get((PLAIN, prompt))]
 
 
 def per_prompt_speedups(report: dict, baseline: str, methods) -> dict[str, dict[str, float]]:

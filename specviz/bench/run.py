@@ -21,7 +21,7 @@ from specviz.bench.settings import BenchSettings
 from specviz.bench.vllm import VllmLanes
 from specviz.decoding.costs import synchronize, verify_costs
 from specviz.decoding.prompt import encode_prompt
-from specviz.drafters import available, drafter_name, make_drafter, variants
+from specviz.drafters import PLAIN, available, drafter_name, make_drafter, variants
 from specviz.errors import SpecvizError
 
 # progress(done, total, label): called after each unit of work (a decode, a cost curve)
@@ -64,7 +64,7 @@ def chosen_drafters(models, requested: tuple[str, ...]) -> list[str]:
     for name in names:
         if drafter_name(name) not in ready:
             raise SpecvizError(f"drafter '{name}' is not available for '{models.name}'; available: {', '.join(ready)}")
-    return ["none"] + [n for n in dict.fromkeys(names) if n != "none"]
+    return [PLAIN] + [n for n in dict.fromkeys(names) if n != PLAIN]
 
 
 def run_bench(backend, prompts: list[Prompt], settings: BenchSettings | None = None,
@@ -148,7 +148,7 @@ def _measure(backend, models, prompts, encoded, settings, progress, command, dra
     for i, (prompt, ids) in enumerate(zip(prompts, encoded)):
         for r in range(settings.repeats):
             for method in method_order(methods, i * settings.repeats + r):
-                if method == "none":
+                if method == PLAIN:
                     bandwidth.setdefault(prompt.id, []).append(probe.measure())
                 runs.append(decode(method, prompt, ids, settings, peers, r))
                 tick(f"{prompt.id} · {method}")

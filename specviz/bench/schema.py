@@ -7,6 +7,7 @@ from pathlib import Path
 
 from specviz.bench.peers import PEERS
 from specviz.bench.report import SCHEMA_VERSION
+from specviz.drafters.base import PLAIN
 from specviz.errors import SpecvizError
 
 _NUMBER = {"type": "number"}
@@ -109,7 +110,7 @@ BENCH_SCHEMA = {
         },
         "drafters": {
             "type": "object",
-            "required": ["none"],
+            "required": [PLAIN],
             "additionalProperties": {
                 "type": "object",
                 "required": ["tau", "acceptance_rate", "per_position_acceptance", "tokens_per_s", "ms_per_token",

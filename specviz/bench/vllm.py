@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from specviz.backends.request import Run as RunRequest  # the run a backend decodes (Run here: a timed one)
 from specviz.bench.prompts import Prompt
 from specviz.bench.runs import MethodRuns, Run, acceptance, fmt, mismatches, ratios, speed, spread, summary, table
+from specviz.drafters.base import PLAIN
 from specviz.errors import SpecvizError
 
 if TYPE_CHECKING:
@@ -83,7 +84,7 @@ def lane_report(info: dict, method: MethodRuns, none: MethodRuns, greedy: bool) 
 def vllm_report(lanes: VllmLanes, grouped: dict[str, MethodRuns], drafters: list[str], greedy: bool) -> dict:
     """Each lane beside `none`, and every drafter of ours over each lane, per prompt."""
     return {
-        "lanes": {name.removeprefix(PREFIX): lane_report(lanes.info[name], grouped[name], grouped["none"], greedy)
+        "lanes": {name.removeprefix(PREFIX): lane_report(lanes.info[name], grouped[name], grouped[PLAIN], greedy)
                   for name in lanes.names},
         "ours_over": {ours: {name.removeprefix(PREFIX): summary(ratios(grouped[ours], grouped[name]))
                              for name in lanes.names} for ours in drafters},

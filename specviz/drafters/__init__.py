@@ -13,11 +13,11 @@ specviz/decoding/drafter.py.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 from specviz.decoding.drafter import Drafter, DraftRequest, Outcome
 from specviz.drafters import base, draft_model, eagle, eagle3, medusa, ngram
-from specviz.drafters.base import NoDraft
+from specviz.drafters.base import PLAIN, NoDraft
 from specviz.drafters.options import EAGLE_DRAFT_VOCAB, default_draft_vocab, draft_vocabulary, drafter_name, parse_spec
 from specviz.drafters.spec import DrafterSpec, K, Option
 from specviz.errors import SpecvizError
@@ -34,6 +34,22 @@ REGISTRY: dict[str, DrafterSpec] = {spec.name: spec for spec in (
     eagle.SPEC,
     eagle3.SPEC,
 )}
+
+# The drafter a run gets when it names none (the API, the CLI, a backend, a service's /v1/runs): it needs no
+# trained part, so it runs on any model.
+DEFAULT = "ngram"
+# The defaults chosen among what a model can run: the first of each list that is available. They differ on
+# purpose: a service's chat route serves answers, so it takes the fastest at temperature 0 (EAGLE-2 with prompt
+# lookup grafted on) and otherwise DEFAULT; the app teaches, so it starts on the published EAGLE-2 tree without
+# the graft, then the other trained drafters, then the untrained ones.
+SERVICE_PREFERRED = ("eagle2:lookup=4", "eagle2", DEFAULT)
+APP_PREFERRED = ("eagle2", "medusa", "draft", DEFAULT, PLAIN)
+
+
+def first_available(preferred: Iterable[str], offered: Iterable[str], fallback: str) -> str:
+    """The first drafter spec of `preferred` whose drafter is among `offered` (registry names), else `fallback`."""
+    names = set(offered)
+    return next((d for d in preferred if drafter_name(d) in names), fallback)
 
 
 def register(spec: DrafterSpec) -> None:
@@ -61,6 +77,12 @@ def spec_of(name: str) -> DrafterSpec:
 def available(models: LoadedModels) -> list[str]:
     """The drafters that can run on these models (the draft model and heads may be missing)."""
     return [name for name, spec in REGISTRY.items() if spec.available(models)]
+
+
+def reads_verify_cost(models: LoadedModels) -> bool:
+    """Will a drafter these models can run read the measured verify-cost curve with its default settings (a tree
+    budget of "auto")? A backend or service that warms up measures the curve then, not in a client's first run."""
+    return any(spec.verify_cost and spec.needs is not None and spec.available(models) for spec in REGISTRY.values())
 
 
 def variants(models: LoadedModels) -> list[str]:
@@ -107,6 +129,7 @@ def build_drafter(name: str, models: LoadedModels, k: int = 4, options: dict[str
     return spec.build(models, k, options)
 
 
-__all__ = ["EAGLE_DRAFT_VOCAB", "REGISTRY", "DraftRequest", "Drafter", "DrafterSpec", "NoDraft", "Option", "Outcome",
-           "available", "build_drafter", "check_named", "check_options", "default_draft_vocab", "draft_vocabulary",
-           "drafter_name", "make_drafter", "parse_spec", "register", "spec_of", "unregister", "variants"]
+__all__ = ["APP_PREFERRED", "DEFAULT", "EAGLE_DRAFT_VOCAB", "PLAIN", "REGISTRY", "SERVICE_PREFERRED", "DraftRequest",
+           "Drafter", "DrafterSpec", "NoDraft", "Option", "Outcome", "available", "build_drafter", "check_named",
+           "check_options", "default_draft_vocab", "draft_vocabulary", "drafter_name", "first_available",
+           "make_drafter", "parse_spec", "reads_verify_cost", "register", "spec_of", "unregister", "variants"]

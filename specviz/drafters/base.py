@@ -14,6 +14,8 @@ if TYPE_CHECKING:
 
     from specviz.models.loading import LoadedModels
 
+PLAIN = "none"  # the plain drafter's name: every comparison's baseline
+
 
 def check_total_tokens(drafter: str, total_tokens: object, whole_tree_allowed: bool = False) -> None:
     """A tree drafter's node budget: "auto" (cut by the measured verify cost) or a whole number >= 1
@@ -34,7 +36,7 @@ def check_vocab_covers(drafter: str, draft_vocab: torch.Tensor | None, needed: i
 class NoDraft(Drafter):
     """Plain autoregressive decoding through the same loop: propose nothing, the target adds one token."""
 
-    name = "none"
+    name = PLAIN
 
     def propose(self, request: DraftRequest) -> DraftTree:
         return DraftTree()
@@ -67,7 +69,7 @@ def build(models: LoadedModels, k: int, options: dict[str, Any]) -> Drafter:
     return NoDraft()
 
 
-SPEC = DrafterSpec("none", "plain autoregressive decoding: one target forward per token (the baseline)", build)
+SPEC = DrafterSpec(PLAIN, "plain autoregressive decoding: one target forward per token (the baseline)", build)
 
 
 DRAFT_VOCAB = Option("draft_vocab", int, "trained", "the ids it may draft: trained (the vocabulary it was trained "

@@ -132,4 +132,4 @@ SPEC = DrafterSpec(
     options=(K, Option("adaptive", bool, False, "stop the chain once the draft's own estimate says one more token "
                        "no longer pays under the measured verify cost"),
              DRAFT_VOCAB),
-    variant="draft:adaptive=true")
+    chain=True, variant="draft:adaptive=true")

@@ -370,4 +370,4 @@ SPEC = DrafterSpec(
                                    f"{EAGLE_DRAFT_VOCAB:,} most frequent, where the head was trained with more)",
                                    low=1, high=DRAFT_VOCAB.high, words=DRAFT_VOCAB.words,
                                    served=DRAFT_VOCAB.served), HEAD),
-    tree=True, variant="eagle2:lookup=4")
+    tree=True, verify_cost=True, variant="eagle2:lookup=4")

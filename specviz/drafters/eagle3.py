@@ -83,4 +83,4 @@ def build(models: LoadedModels, k: int, options: dict[str, Any]) -> Eagle3Drafte
 
 
 SPEC = DrafterSpec("eagle3", "EAGLE-3: a head over three fused target layers grows the same dynamic tree", build,
-                   needs="eagle3", options=(*TREE_OPTIONS, HEAD), tree=True)
+                   needs="eagle3", options=(*TREE_OPTIONS, HEAD), tree=True, verify_cost=True)

@@ -157,4 +157,5 @@ SPEC = DrafterSpec(
                     low=0, high=1, open_interval=True),
              Option("tree", object, DEFAULT_TREE, "the fixed tree as paths of per-head ranks (Python API only)",
                     served=False),
-             HEAD))
+             HEAD),
+    verify_cost=True)

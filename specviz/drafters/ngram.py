@@ -66,4 +66,5 @@ def build(models: LoadedModels, k: int, options: dict[str, Any]) -> NgramDrafter
 SPEC = DrafterSpec(
     "ngram", "prompt lookup: copy what followed the last matching n-gram in the context (no q)", build,
     options=(K, Option("max_ngram", int, 3, "longest n-gram it matches", low=1, high=8),
-             Option("min_ngram", int, 1, "shortest n-gram it matches", low=1, high=8)))
+             Option("min_ngram", int, 1, "shortest n-gram it matches", low=1, high=8)),
+    chain=True)

@@ -89,6 +89,12 @@ class DrafterSpec:
     needs: str | None = None  # the part of specviz.models.LoadedModels it drafts with: draft, medusa, eagle, eagle3
     options: tuple[Option, ...] = ()
     tree: bool = False  # grows the EAGLE-2 dynamic tree: the app's tree controls apply to it
+    # proposes one chain of up to K tokens, each tested in turn: the chain speedup formula (1 - α^(K+1)) / (1 - α)
+    # of the Cost page applies to it
+    chain: bool = False
+    # its default settings read the measured verify-cost curve (a node budget of "auto"): a backend or service
+    # that loads a part it drafts with measures the curve up front (specviz.drafters.reads_verify_cost)
+    verify_cost: bool = False
     variant: str | None = None  # a variant worth running beside it by default (bench, race, service)
 
     def option(self, name: str) -> Option | None:

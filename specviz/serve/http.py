@@ -33,7 +33,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from specviz.backends.local import LocalBackend
 from specviz.decoding.costs import verify_curve
 from specviz.decoding.settings import DecodeSettings
-from specviz.drafters import available, drafter_name, variants
+from specviz.drafters import DEFAULT, SERVICE_PREFERRED, available, first_available, reads_verify_cost, variants
 from specviz.errors import SpecvizError
 from specviz.serve import streaming
 from specviz.serve.guard import BodyLimit, ClientError, ErrorBody, HostAllowList, TokenGate, authorised, client_of, error, problems, shown
@@ -89,12 +89,11 @@ class Service:
                                    keep_bytes=keep_bytes, keep_s=keep_s)
         self.default_model = next(iter(models))
         first = models[self.default_model]
-        self.default_drafter = default_drafter or next(
-            (d for d in ("eagle2:lookup=4", "eagle2", "ngram") if drafter_name(d) in available(first)), "ngram")
+        self.default_drafter = default_drafter or first_available(SERVICE_PREFERRED, available(first), DEFAULT)
         self.executor: ThreadPoolExecutor | None = None  # started with the app (see prestarted)
         self.started = time.time()
         for loaded in models.values():  # the tree drafters' "auto" budget reads it: measured now, never beside a run
-            if getattr(loaded, "eagle", None) is not None or getattr(loaded, "medusa", None) is not None:
+            if reads_verify_cost(loaded):
                 verify_curve(loaded)
             token_bounds(loaded.tokenizer)  # read from its vocabulary and chat template once, not in a request
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from specviz.backends.client import Client
 from specviz.bench.prompts import load_prompts
+from specviz.drafters import DEFAULT
 from specviz.errors import SpecvizError
 
 
@@ -105,7 +106,7 @@ def overhead(url: str, token: str | None, model: str, prompts: list[str], parame
 def run(url: str, token: str | None, clients: list[int], runs: int, max_new_tokens: int, drafter: str | None,
         local_rounds: int) -> dict:
     info = Client(url, token=token).models()[0]
-    parameters = {"model": info["name"], "drafter": drafter or info["default_drafter"] or "ngram",
+    parameters = {"model": info["name"], "drafter": drafter or info["default_drafter"] or DEFAULT,
                   "max_new_tokens": max_new_tokens, "temperature": 0.0}
     prompts = [p.text for p in load_prompts()]
     report = {"url": url, "model": info["name"], "device": info["device"], "dtype": info["dtype"],

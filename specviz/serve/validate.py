@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from specviz.backends.request import check_text, drafter_of
 from specviz.decoding.prompt import encode_prompt
 from specviz.decoding.settings import DECODE_FIELDS, FIELD_HELP, FIELD_TYPES, DecodeSettings
-from specviz.drafters import available
+from specviz.drafters import DEFAULT, available
 from specviz.drafters.spec import K
 from specviz.errors import SpecvizError
 from specviz.serve.guard import ClientError, problems, shown
@@ -53,7 +53,7 @@ class RunParameters(BaseModel):
     prompt: str | None = None
     messages: list[Message] | None = None  # instead of prompt: a conversation, through the chat template
     model: str | None = None  # one the service loaded (default: the first)
-    drafter: str = "ngram"  # a drafter with options, e.g. "eagle2:lookup=4"
+    drafter: str = DEFAULT  # a drafter with options, e.g. "eagle2:lookup=4"
     drafter_options: dict[str, int | float | bool | str] = Field(default_factory=dict)
     detail: bool = True  # False: leave out tree-building stages and top-N lists
     chat: bool = True  # False: the prompt as it is, without the chat template
