@@ -88,7 +88,7 @@ def draft_dtypes(models) -> dict[str, str]:
 
     out = {}
     for drafter, spec in REGISTRY.items():
-        module = getattr(models, spec.needs, None) if spec.needs else None
+        module = models.part(spec.needs) if spec.needs else None
         if module is not None:
             dtype = str(next(module.parameters()).dtype).removeprefix("torch.")
             if not is_quantized(module):

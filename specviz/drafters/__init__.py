@@ -21,6 +21,7 @@ from specviz.drafters.base import PLAIN, NoDraft
 from specviz.drafters.options import EAGLE_DRAFT_VOCAB, default_draft_vocab, draft_vocabulary, drafter_name, parse_spec
 from specviz.drafters.spec import DrafterSpec, K, Option
 from specviz.errors import SpecvizError
+from specviz.models.parts import register_part
 
 if TYPE_CHECKING:
     from specviz.models.loading import LoadedModels
@@ -34,6 +35,9 @@ REGISTRY: dict[str, DrafterSpec] = {spec.name: spec for spec in (
     eagle.SPEC,
     eagle3.SPEC,
 )}
+for _spec in REGISTRY.values():  # loading finds each trained part's loader by its name
+    if _spec.part is not None:
+        register_part(_spec.part)
 
 # The drafter a run gets when it names none (the API, the CLI, a backend, a service's /v1/runs): it needs no
 # trained part, so it runs on any model.
@@ -59,6 +63,8 @@ def register(spec: DrafterSpec) -> None:
         raise SpecvizError(f"a drafter named '{spec.name}' is already registered")
     if ":" in spec.name or not spec.name.strip():
         raise SpecvizError(f"a drafter name must be non-empty and hold no ':', got {spec.name!r}")
+    if spec.part is not None:
+        register_part(spec.part)
     REGISTRY[spec.name] = spec
 
 

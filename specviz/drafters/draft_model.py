@@ -19,6 +19,8 @@ from specviz.kernels import fastdecoder, quant
 from specviz.kernels.fastlinear import rows_projection
 from specviz.kernels.kvcache import crop_cache, new_cache
 from specviz.models.compat import logit_postprocessing
+from specviz.models.heads import build_draft_model
+from specviz.models.parts import Part
 
 if TYPE_CHECKING:
     from specviz.models.loading import LoadedModels
@@ -116,19 +118,25 @@ class DraftModelDrafter(Drafter):
 
 
 def build(models: LoadedModels, k: int, options: dict[str, Any]) -> DraftModelDrafter:
-    if getattr(models, "draft", None) is None:
+    draft = models.part("draft")
+    if draft is None:
         raise SpecvizError(
             f"no draft model is set for '{models.name}': pass --draft-model PATH_OR_ID "
             "(or draft_model=... in the API), or pick another drafter"
         )
-    vocab = draft_vocabulary(models.draft, options.pop("draft_vocab", "trained"))
+    vocab = draft_vocabulary(draft, options.pop("draft_vocab", "trained"))
     cost = interpolate(verify_curve(models)) if options.get("adaptive") else None
-    return construct(DraftModelDrafter, "draft", options, models.draft, k=k, vocab_size=models.vocab_size,
+    return construct(DraftModelDrafter, "draft", options, draft, k=k, vocab_size=models.vocab_size,
                      draft_vocab=vocab, verify_cost=cost)
 
 
+# a small draft distilled here, sharing the target's embedding and LM head (specviz.models.heads.build_draft_model);
+# a draft model of the target's family is loaded as a model instead (--draft-model)
+PART = Part("draft", lambda folder, target, dtype: build_draft_model(target, folder, dtype), "specviz train draft",
+            "specviz.train.draft:train_draft")
+
 SPEC = DrafterSpec(
-    "draft", "an independent small draft model proposes a chain of K tokens", build, needs="draft",
+    "draft", "an independent small draft model proposes a chain of K tokens", build, part=PART,
     options=(K, Option("adaptive", bool, False, "stop the chain once the draft's own estimate says one more token "
                        "no longer pays under the measured verify cost"),
              DRAFT_VOCAB),

@@ -26,6 +26,8 @@ from specviz.errors import SpecvizError
 from specviz.kernels import fastdecoder
 from specviz.kernels.fastlinear import rows_projection
 from specviz.kernels.kvcache import crop_cache, new_cache
+from specviz.models import heads
+from specviz.models.parts import Part
 
 if TYPE_CHECKING:
     from specviz.models.loading import LoadedModels
@@ -364,8 +366,12 @@ TREE_OPTIONS = (
 )
 HEAD = Option("head", str, None, "a head folder on this machine instead of the loaded one", served=False)
 
+# the EAGLE-1/2 head (specviz.models.heads.EagleHead): ours, or a published one
+PART = Part("eagle", lambda folder, target, dtype: heads.EagleHead.load(folder, target.config), "specviz train eagle",
+            "specviz.train.eagle:train_eagle", four_bit=True)
+
 SPEC = DrafterSpec(
-    "eagle2", "EAGLE-2: a feature-level draft head grows a dynamic tree", build, needs="eagle",
+    "eagle2", "EAGLE-2: a feature-level draft head grows a dynamic tree", build, part=PART,
     options=(*TREE_OPTIONS, Option("draft_vocab", int, EAGLE_DRAFT_VOCAB, DRAFT_VOCAB.help + f" (default: the "
                                    f"{EAGLE_DRAFT_VOCAB:,} most frequent, where the head was trained with more)",
                                    low=1, high=DRAFT_VOCAB.high, words=DRAFT_VOCAB.words,

@@ -21,6 +21,8 @@ from specviz.drafters.spec import DrafterSpec, head_of
 from specviz.errors import SpecvizError
 from specviz.kernels import fastdecoder
 from specviz.kernels.fastlinear import rows_projection
+from specviz.models.eagle3 import Eagle3Head as Head
+from specviz.models.parts import Part
 
 if TYPE_CHECKING:
     from specviz.models.eagle3 import Eagle3Head
@@ -82,5 +84,9 @@ def build(models: LoadedModels, k: int, options: dict[str, Any]) -> Eagle3Drafte
     return Eagle3Drafter(head, models.target, shape, verify_cost=cost, lookup=graft)
 
 
+# the EAGLE-3 head (specviz.models.eagle3.Eagle3Head): ours, or one in the SafeAILab or speculators layout
+PART = Part("eagle3", lambda folder, target, dtype: Head.load(folder, target.config), "specviz train eagle3",
+            "specviz.train.eagle3:train_eagle3", four_bit=True)
+
 SPEC = DrafterSpec("eagle3", "EAGLE-3: a head over three fused target layers grows the same dynamic tree", build,
-                   needs="eagle3", options=(*TREE_OPTIONS, HEAD), tree=True, verify_cost=True)
+                   part=PART, options=(*TREE_OPTIONS, HEAD), tree=True, verify_cost=True)

@@ -18,6 +18,8 @@ from specviz.drafters.options import construct, default_draft_vocab, draft_vocab
 from specviz.drafters.spec import DrafterSpec, Option, head_of
 from specviz.errors import SpecvizError
 from specviz.kernels.fastlinear import rows_projection
+from specviz.models import heads as trained
+from specviz.models.parts import Part
 
 if TYPE_CHECKING:
     from specviz.models.loading import LoadedModels
@@ -144,8 +146,12 @@ def _default(option: str) -> Any:
     return inspect.signature(MedusaDrafter).parameters[option].default
 
 
+# the Medusa heads (specviz.models.heads.MedusaHeads): ours, or published ones
+PART = Part("medusa", lambda folder, target, dtype: trained.MedusaHeads.load(folder, target.config),
+            "specviz train medusa", "specviz.train.medusa:train_medusa")
+
 SPEC = DrafterSpec(
-    "medusa", "Medusa heads on the target's features propose a fixed tree", build, needs="medusa",
+    "medusa", "Medusa heads on the target's features propose a fixed tree", build, part=PART,
     options=(Option("total_tokens", int, "auto", "nodes of the fixed tree kept: auto (the best by path score under "
                     "the measured verify cost) or a fixed number", low=1, high=128, words=("auto",)),
              DRAFT_VOCAB,

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from specviz.decoding.drafter import Drafter
 from specviz.errors import SpecvizError
+from specviz.models.parts import Part
 
 if TYPE_CHECKING:
     import torch
@@ -96,6 +97,14 @@ class DrafterSpec:
     # that loads a part it drafts with measures the curve up front (specviz.drafters.reads_verify_cost)
     verify_cost: bool = False
     variant: str | None = None  # a variant worth running beside it by default (bench, race, service)
+    # the trained part it drafts with: its name (then `needs`), loader and trainer; loading finds it by name
+    part: Part | None = None
+
+    def __post_init__(self) -> None:
+        if self.part is not None:
+            if self.needs not in (None, self.part.name):
+                raise SpecvizError(f"drafter '{self.name}' needs '{self.needs}' but declares the part '{self.part.name}'")
+            object.__setattr__(self, "needs", self.part.name)
 
     def option(self, name: str) -> Option | None:
         return next((o for o in self.options if o.name == name), None)
@@ -119,7 +128,10 @@ class DrafterSpec:
 
     def available(self, models: LoadedModels) -> bool:
         """Can it run on these models (the draft model and the heads may be missing)?"""
-        return self.needs is None or getattr(models, self.needs, None) is not None
+        if self.needs is None:
+            return True
+        find = getattr(models, "part", None)  # LoadedModels.part; a stand-in may hold the part as an attribute
+        return (find(self.needs) if callable(find) else getattr(models, self.needs, None)) is not None
 
 
 def head_of(models: LoadedModels, part: str, options: dict[str, Any], drafter: str, train: str) -> torch.nn.Module:

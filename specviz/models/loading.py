@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +11,7 @@ import torch
 
 from specviz.errors import SpecvizError
 from specviz.kernels import fastlinear, quant
-from specviz.models import heads, wheels
+from specviz.models import wheels
 from specviz.models.cache import is_fetched, model_dir
 from specviz.models.compat import check_same_vocabulary, shared_vocab_size
 from specviz.models.device import (
@@ -22,8 +22,8 @@ from specviz.models.device import (
     draft_dtype,
     resolve_device,
 )
-from specviz.models.eagle3 import Eagle3Head
 from specviz.models.files import Preset
+from specviz.models.parts import part_of
 from specviz.models.presets import PRESETS, preset_model_files
 from specviz.models.wheels import ProgressCallback
 from specviz.paths import ASSETS
@@ -31,26 +31,38 @@ from specviz.paths import ASSETS
 
 @dataclass
 class LoadedModels:
-    """A target, an optional draft that shares its vocabulary, and the one tokenizer they share."""
+    """A target, the one tokenizer its drafters share, and the parts they draft with, by part name (each drafter's
+    spec names its part: specviz.models.parts). `draft`, `eagle`, `medusa` and `eagle3` read (and set) the parts
+    of those names: a draft model that shares the target's vocabulary, an EAGLE head, Medusa heads, an EAGLE-3 head."""
 
     name: str
     target: torch.nn.Module
-    draft: torch.nn.Module | None
+    draft: InitVar[torch.nn.Module | None]
     tokenizer: Any  # a transformers tokenizer (PreTrainedTokenizerBase)
     device: torch.device
     dtype: torch.dtype
-    eagle: torch.nn.Module | None = None  # specviz.models.heads.EagleHead
-    medusa: torch.nn.Module | None = None  # specviz.models.heads.MedusaHeads
-    eagle3: torch.nn.Module | None = None  # specviz.models.eagle3.Eagle3Head
+    eagle: InitVar[torch.nn.Module | None] = None
+    medusa: InitVar[torch.nn.Module | None] = None
+    eagle3: InitVar[torch.nn.Module | None] = None
+    parts: dict[str, torch.nn.Module] = field(default_factory=dict)  # part name -> the loaded part
     other_heads: dict = field(default_factory=dict)  # (kind, folder) -> a head loaded by head() (a drafter's head=)
     # n -> seconds of one tree-shaped verify forward: specviz.decoding.costs.verify_curve measures it once
     verify_curve: dict | None = None
     weights: str = "fp32"  # the target's projections: "fp32", "q4" (the GGUF's 4-bit blocks; models.quantized), "q4q8"
 
+    def __post_init__(self, draft, eagle, medusa, eagle3) -> None:
+        self.parts = {**self.parts, **{name: module for name, module in
+                                       (("draft", draft), ("eagle", eagle), ("medusa", medusa), ("eagle3", eagle3))
+                                       if module is not None}}
+
+    def part(self, name: str) -> torch.nn.Module | None:
+        """The loaded part `name` (a drafter spec's `needs`), or None."""
+        return self.parts.get(name)
+
     def head(self, kind: str, folder: str | None = None) -> torch.nn.Module | None:
-        """The shipped head of `kind` ("eagle" | "medusa" | "eagle3"), or the one trained into `folder`, loaded once."""
+        """The loaded part `kind` ("eagle" | "medusa" | "eagle3" ...), or the one trained into `folder`, loaded once."""
         if folder is None:
-            return getattr(self, kind)
+            return self.part(kind)
         key = (kind, str(Path(folder).expanduser().resolve()))
         if key not in self.other_heads:
             if not (Path(key[1]) / "model.safetensors").is_file():
@@ -64,6 +76,23 @@ class LoadedModels:
     def vocab_size(self) -> int:
         """Token ids both models score. Cut logits to [..., :vocab_size] before comparing p and q."""
         return shared_vocab_size(self.target, self.draft)
+
+
+def _part_property(name: str) -> property:
+    def get(self: LoadedModels) -> torch.nn.Module | None:
+        return self.parts.get(name)
+
+    def put(self: LoadedModels, module: torch.nn.Module | None) -> None:
+        if module is None:
+            self.parts.pop(name, None)
+        else:
+            self.parts[name] = module
+
+    return property(get, put, doc=f"the loaded part '{name}' (None when there is none)")
+
+
+for _name in ("draft", "eagle", "medusa", "eagle3"):  # the parts' names as attributes, as callers read them
+    setattr(LoadedModels, _name, _part_property(_name))
 
 
 HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
@@ -137,14 +166,11 @@ def load(model: str = "smollm2-135m", draft_model: str | None = None, device: st
         if weights != "fp32" and draft_source is not None:  # a preset draft (a GGUF of its own) streams 4 bits too
             quantized.apply_weights(draft, weights, draft_source)
     shipped = load_shipped(PRESETS[model], target) if model in PRESETS else {}
-    if draft is None:
-        draft = shipped.get("draft")
-    for module in (target, draft, *shipped.values()):
-        if module is not None:
-            fastlinear.pack_linears(module)  # CPU fp32 (bf16 with native bf16); a no-op elsewhere (see specviz/fastlinear.py)
-    return LoadedModels(model, target, draft, tokenizer, chosen_device, chosen_dtype,
-                        eagle=shipped.get("eagle"), medusa=shipped.get("medusa"), eagle3=shipped.get("eagle3"),
-                        weights=weights)
+    if draft is not None:  # a draft model named or the preset's wins over a distilled one shipped beside it
+        shipped["draft"] = draft
+    for module in (target, *shipped.values()):
+        fastlinear.pack_linears(module)  # CPU fp32 (bf16 with native bf16); a no-op elsewhere (see specviz/fastlinear.py)
+    return LoadedModels(model, target, None, tokenizer, chosen_device, chosen_dtype, parts=shipped, weights=weights)
 
 
 def load_shipped(preset: Preset, target: torch.nn.Module, assets: Path = ASSETS) -> dict:
@@ -154,8 +180,8 @@ def load_shipped(preset: Preset, target: torch.nn.Module, assets: Path = ASSETS)
 
 
 def load_trained(kind: str, folder: Path, target: torch.nn.Module) -> torch.nn.Module:
-    """A trained drafter ("eagle" | "medusa" | "eagle3" | "draft") from its folder, frozen, on the target's device, in
-    draft_dtype. Beside a 4-bit target (`weights="q4"`) an EAGLE or EAGLE-3 head's products are 4-bit too (Q4_1
+    """A trained part ("eagle" | "medusa" | "eagle3" | "draft", or any a registered drafter's spec declares) from its
+    folder by its part's loader, frozen, on the target's device, in draft_dtype. Beside a 4-bit target (`weights="q4"`) an EAGLE or EAGLE-3 head's products are 4-bit too (Q4_1
     groups of its weights, fp32 activations; specviz.kernels.quant.quantize_linears): the head's layer then runs as
     one C++ call (the EAGLE head's as the target's layer op, the EAGLE-3 head's as q4_eagle3_layer), and drafting
     reads 0.75 bytes a weight instead of bf16's 2. A draft only proposes, so this can change how many tokens are
@@ -163,16 +189,11 @@ def load_trained(kind: str, folder: Path, target: torch.nn.Module) -> torch.nn.M
     Beside a target on 8-bit activations (`weights="q4q8"`) the head's products take 8-bit activations too.
     The projection onto the draft vocabulary stays in draft_dtype (`projection_dtype`).
     SPECVIZ_DRAFT_DTYPE, where set, keeps the head unquantized in that dtype."""
-    four_bit = (kind in ("eagle", "eagle3") and quant.is_quantized(target) and quant.available()
+    part = part_of(kind)
+    four_bit = (part.four_bit and quant.is_quantized(target) and quant.available()
                 and not os.environ.get(DRAFT_DTYPE_ENV))
     dtype = torch.float32 if four_bit else draft_dtype(target.dtype, target.device)
-    loaders = {
-        "eagle": lambda: heads.EagleHead.load(folder, target.config),
-        "medusa": lambda: heads.MedusaHeads.load(folder, target.config),
-        "eagle3": lambda: Eagle3Head.load(folder, target.config),
-        "draft": lambda: heads.build_draft_model(target, folder, dtype),
-    }
-    module = cast_parameters(loaders[kind]().to(device=target.device), dtype)
+    module = cast_parameters(part.load(folder, target, dtype).to(device=target.device), dtype)
     if four_bit:
         # an EAGLE-3 head's own LM head (a published head's) is its projection: it stays in draft_dtype, as the
         # target's rows do for a head without one

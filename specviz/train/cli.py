@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import shlex
 from dataclasses import fields
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 
@@ -150,16 +152,19 @@ def train_main(argv: list[str]) -> int:
         return 0
     cfg = train_config(args, argv)
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
-    if args.kind == "eagle":
-        from specviz.train.eagle import train_eagle as run
-    elif args.kind == "eagle3":
-        from specviz.train.eagle3 import train_eagle3 as run
-    elif args.kind == "medusa":
-        from specviz.train.medusa import train_medusa as run
-    else:
-        from specviz.train.draft import train_draft as run
-    run(cfg)
+    trainer(args.kind)(cfg)
     return 0
+
+
+def trainer(kind: str) -> Callable[[TrainConfig], Any]:
+    """The training entry point the drafter spec declaring the part `kind` names ("module:function")."""
+    from specviz.models.parts import part_of
+
+    module, _, function = part_of(kind).trainer.partition(":")
+    if not function:
+        raise SpecvizError(f"the part '{kind}' names no trainer")
+    run: Callable[[TrainConfig], Any] = getattr(importlib.import_module(module), function)
+    return run
 
 
 def cmd_train(args) -> int:
