@@ -264,6 +264,9 @@ def test_the_tree_explorer_drafts_with_eagle2_and_eagle3_on_the_same_step(monkey
     monkeypatch.setenv(ENV_MODEL, "smollm2-135m")
     at = ok(AppTest.from_file(APP, default_timeout=TIMEOUT).run())
     at.sidebar.slider(key="sb_max_new").set_value(12)
+    # a fixed node budget: "auto" reads this machine's timings, and on a loaded one may keep no node at a step
+    at.sidebar.checkbox(key="sb_tree_total_tokens_auto").uncheck()
+    at = ok(at.run())
     at = open_page(at, "app/pages/tree.py")
     at.button(key="tree_both_run").click()
     at = ok(at.run())

@@ -162,7 +162,7 @@ def test_the_race_runs_a_llamacpp_lane_beside_ours(tiny_model_dir, monkeypatch):
         at.button(key="race_run").click()
         ok(at.run())
         runs = {d: events for (_, d), events in at.session_state["race_cache"].items()}
-        assert list(runs) == ["none", "llamacpp"]
+        assert {"none", "llamacpp"} <= set(runs)  # the cache may also hold a run the page made before the choice
         lane = runs["llamacpp"]
         assert lane[0]["engine"] == "llamacpp" and lane[0]["detail"] == "counts"
         assert len(lane[-1]["token_ids"]) == 6
