@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 PREFIX = "llama.cpp:"  # a lane's method name in the runs: llama.cpp:<configuration>
 TYPES = ("plain", "ngram-simple", "ngram-mod", "ngram-map-k", "ngram-cache", "draft-simple", "draft-eagle3")
+SHOWN_DEPTH = 8  # per-position columns in the Markdown table (ngram-mod drafts up to 64 tokens a step)
 OPTIONS = {"n_max": int, "n_min": int, "p_min": float, "threads": int}
 
 
@@ -161,12 +162,13 @@ def llama_server_markdown(section: dict | None) -> list[str]:
                      fmt(lane["acceptance_rate"]), fmt(lane["tokens_per_s"], ".1f"), spread(lane["speedup_vs_none"]),
                      "–" if lane["outputs_equal_none"] is None else f"{lane['outputs_equal_none']} of "
                      f"{lane['outputs_equal_none'] + len(lane['parted_from_none'])}"] for label, lane in lanes.items()])
-    depth = max((len(lane["per_position_acceptance"]) for lane in lanes.values()), default=0)
+    depth = min(max((len(lane["per_position_acceptance"]) for lane in lanes.values()), default=0), SHOWN_DEPTH)
     if depth:
-        lines += ["", "llama.cpp's per-position acceptance (accepted at depth d ÷ steps that drafted to d):", ""]
+        lines += ["", f"llama.cpp's per-position acceptance (accepted at depth d ÷ steps that drafted to d; the first "
+                  f"{SHOWN_DEPTH} depths at most, the JSON report has all):", ""]
         lines += table(["lane"] + [f"d={d + 1}" for d in range(depth)],
-                       [[f"`{label}`"] + [fmt(a) for a in lane["per_position_acceptance"]]
-                        + ["–"] * (depth - len(lane["per_position_acceptance"]))
+                       [[f"`{label}`"] + [fmt(a) for a in lane["per_position_acceptance"][:depth]]
+                        + ["–"] * (depth - len(lane["per_position_acceptance"][:depth]))
                         for label, lane in lanes.items() if lane["per_position_acceptance"]])
     lines += ["", "Ours over each llama-server lane, tokens/s per prompt (median, min–max):", ""]
     lines += table(["ours"] + [f"over `{label}`" for label in lanes],
