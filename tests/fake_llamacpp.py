@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import threading
 import time
 
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from serving import InThread
 
 MODEL = "SmolLM2-fake.Q4_1.gguf"
 DRAFT = 3
@@ -132,27 +130,8 @@ def app(speculative: bool = True, die_after: int | None = None, stall_after: int
     return api
 
 
-class Served:
-    """The stand-in on a free loopback port, in a thread, for a `with` block."""
+class Served(InThread):
+    """The stand-in on a free loopback port, in a thread, for a `with` block (`app`: its FastAPI app)."""
 
     def __init__(self, **options):
-        self.app = app(**options)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="error"))
-
-    def __enter__(self) -> Served:
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.time() + 20
-        while not self.server.started:
-            if time.time() > deadline:
-                raise RuntimeError("the llama-server stand-in did not start")
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
+        super().__init__(app(**options), "the llama-server stand-in")

@@ -16,16 +16,15 @@ token, as llama-server started with --api-key does."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 from dataclasses import dataclass, field
 
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from serving import InThread
 
 MODEL = "fake-model"
 STEP_S = 0.02  # seconds of generation a verify step takes (llama.cpp's tokens_predicted_seconds)
@@ -212,27 +211,9 @@ def app(fake: Fake) -> FastAPI:
     return api
 
 
-class Served:
+class Served(InThread):
     """The fake on a free loopback port, in a thread, for a `with` block; `fake` is its state."""
 
     def __init__(self, fake: Fake | None = None, **options):
         self.fake = fake or Fake(**options)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app(self.fake), host="127.0.0.1", port=self.port, log_level="error"))
-
-    def __enter__(self) -> Served:
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.time() + 20
-        while not self.server.started:
-            if time.time() > deadline:
-                raise RuntimeError("the fake metrics server did not start")
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
+        super().__init__(app(self.fake), "the fake metrics server")

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import threading
 import time
 
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, StreamingResponse
+from serving import InThread
 
 PROMPT_IDS = [1, 2, 3]
 STEPS = [[10], [11, 12, 13], [14, 15]]  # committed tokens per verify step: accepted 0, 2 and 1 of 3 drafted
@@ -112,28 +110,9 @@ def app(die_after: int | None = None, stall_after: int | None = None, continuati
     return api
 
 
-class Served:
-    """The fake server on a free loopback port, in a thread, for a `with` block."""
+class Served(InThread):
+    """The fake server on a free loopback port, in a thread, for a `with` block (`app`: its FastAPI app)."""
 
     def __init__(self, die_after: int | None = None, stall_after: int | None = None, continuation=None,
                  last_finish: str = "length"):
-        self.app = app(die_after, stall_after, continuation, last_finish)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="error"))
-
-    def __enter__(self) -> Served:
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.time() + 20
-        while not self.server.started:
-            if time.time() > deadline:
-                raise RuntimeError("the fake vLLM server did not start")
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
+        super().__init__(app(die_after, stall_after, continuation, last_finish), "the fake vLLM server")

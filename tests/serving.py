@@ -17,6 +17,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class InThread:
+    """An ASGI app (a stand-in server) on a free loopback port, in a thread of this process, for a `with` block."""
+
+    def __init__(self, app, name: str):
+        self.app, self.name = app, name
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name} did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
 class Running:
     """A service on a free port, in a thread of this process, with the server settings `specviz serve` uses."""
 

@@ -24,7 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 from specviz.backends.request import Run as RunRequest  # the run a backend decodes (Run here: a timed one)
 from specviz.bench.prompts import Prompt
-from specviz.bench.runs import MethodRuns, Run, acceptance, fmt, mismatches, ratios, speed, spread, summary, table
+from specviz.bench.runs import MethodRuns, Run, acceptance, fmt, spread, table
+from specviz.bench.vllm import lane_report as vllm_lane_report
+from specviz.bench.vllm import lanes_report
 from specviz.errors import SpecvizError
 from specviz.llamacpp.files import DRAFT_FILES, ggufs
 
@@ -130,24 +132,16 @@ class LlamaServerLanes:
 
 
 def lane_report(info: dict, method: MethodRuns, none: MethodRuns, greedy: bool) -> dict:
-    apart = mismatches(method, none) if greedy else []
+    """A vLLM lane's numbers (specviz.bench.vllm.lane_report) and llama.cpp's mean length."""
     counts = acceptance(method)
     drafting = sum(r.reached[0] for r in method.firsts() if r.reached)  # verify steps that drafted something
-    mean_length = 1 + counts["accepted"] / drafting if drafting else None
-    return {**info, **speed(method), **counts, "llamacpp_mean_length": mean_length,
-            "speedup_vs_none": summary(ratios(method, none)),
-            "outputs_equal_none": len(method.by_prompt) - len(apart) if greedy else None, "parted_from_none": apart}
+    return {**vllm_lane_report(info, method, none, greedy),
+            "llamacpp_mean_length": 1 + counts["accepted"] / drafting if drafting else None}
 
 
 def llama_server_report(lanes: LlamaServerLanes, grouped: dict[str, MethodRuns], drafters: list[str],
                         greedy: bool) -> dict:
-    """Each lane beside `none`; every drafter of ours over each lane, per prompt."""
-    return {
-        "lanes": {name.removeprefix(PREFIX): lane_report(lanes.info[name], grouped[name], grouped["none"], greedy)
-                  for name in lanes.names},
-        "ours_over": {ours: {name.removeprefix(PREFIX): summary(ratios(grouped[ours], grouped[name]))
-                             for name in lanes.names} for ours in drafters},
-    }
+    return lanes_report(lanes.names, lanes.info, PREFIX, lane_report, grouped, drafters, greedy)
 
 
 def llama_server_markdown(section: dict | None) -> list[str]:

@@ -82,12 +82,18 @@ def lane_report(info: dict, method: MethodRuns, none: MethodRuns, greedy: bool) 
 
 
 def vllm_report(lanes: VllmLanes, grouped: dict[str, MethodRuns], drafters: list[str], greedy: bool) -> dict:
-    """Each lane beside `none`, and every drafter of ours over each lane, per prompt."""
+    return lanes_report(lanes.names, lanes.info, PREFIX, lane_report, grouped, drafters, greedy)
+
+
+def lanes_report(names: list[str], info: dict, prefix: str, report_lane, grouped: dict[str, MethodRuns],
+                 drafters: list[str], greedy: bool) -> dict:
+    """Each lane (a method named prefix + label) beside `none`, as `report_lane(info, runs, none's, greedy)` says,
+    and every drafter of ours over each lane, per prompt."""
     return {
-        "lanes": {name.removeprefix(PREFIX): lane_report(lanes.info[name], grouped[name], grouped[PLAIN], greedy)
-                  for name in lanes.names},
-        "ours_over": {ours: {name.removeprefix(PREFIX): summary(ratios(grouped[ours], grouped[name]))
-                             for name in lanes.names} for ours in drafters},
+        "lanes": {name.removeprefix(prefix): report_lane(info[name], grouped[name], grouped[PLAIN], greedy)
+                  for name in names},
+        "ours_over": {ours: {name.removeprefix(prefix): summary(ratios(grouped[ours], grouped[name]))
+                             for name in names} for ours in drafters},
     }
 
 
