@@ -18,15 +18,13 @@ near-tie.
 from __future__ import annotations
 
 import contextlib
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specviz.backends.request import Run as RunRequest  # the run a backend decodes (Run here: a timed one)
 from specviz.bench.prompts import Prompt
 from specviz.bench.runs import MethodRuns, Run, acceptance, fmt, spread, table
 from specviz.bench.vllm import lane_report as vllm_lane_report
-from specviz.bench.vllm import lanes_report
+from specviz.bench.vllm import lanes_report, timed_lane
 from specviz.errors import SpecvizError
 from specviz.llamacpp.files import DRAFT_FILES, ggufs
 
@@ -118,17 +116,7 @@ class LlamaServerLanes:
         self.stack.close()
 
     def run(self, name: str, prompt: Prompt, prompt_ids: list[int], settings: BenchSettings, repeat: int = 0) -> Run:
-        run = RunRequest.of(list(prompt_ids), max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
-                            top_p=settings.top_p, top_k=settings.top_k, seed=settings.seed)
-        started = time.perf_counter()
-        done = None
-        for done in self.backends[name].stream(run):
-            pass
-        wall = time.perf_counter() - started
-        stats = done.stats  # type: ignore[union-attr]
-        return Run(name, prompt.id, repeat, list(done.token_ids), wall, steps=stats["steps"],  # type: ignore[union-attr]
-                   drafted=stats["drafted"], accepted=stats["accepted"], reached=list(stats.get("reached", [])),
-                   accepted_at=list(stats.get("accepted_at", [])))
+        return timed_lane(self.backends[name], name, prompt, prompt_ids, settings, repeat)
 
 
 def lane_report(info: dict, method: MethodRuns, none: MethodRuns, greedy: bool) -> dict:

@@ -62,17 +62,24 @@ class VllmLanes:
         return list(self.backends)
 
     def run(self, name: str, prompt: Prompt, prompt_ids: list[int], settings: BenchSettings, repeat: int = 0) -> Run:
-        run = RunRequest.of(list(prompt_ids), max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
-                            top_p=settings.top_p, top_k=settings.top_k, seed=settings.seed)
-        started = time.perf_counter()
-        done = None
-        for done in self.backends[name].stream(run):
-            pass
-        wall = time.perf_counter() - started
-        stats = done.stats
-        return Run(name, prompt.id, repeat, list(done.token_ids), wall, steps=stats["steps"],
-                   drafted=stats["drafted"], accepted=stats["accepted"], reached=list(stats.get("reached", [])),
-                   accepted_at=list(stats.get("accepted_at", [])))
+        return timed_lane(self.backends[name], name, prompt, prompt_ids, settings, repeat)
+
+
+def timed_lane(backend, name: str, prompt: Prompt, prompt_ids: list[int], settings: BenchSettings,
+               repeat: int = 0) -> Run:
+    """One decode of a server's lane (vLLM, llama-server) from our prompt token ids with the bench's settings,
+    timed as its client waits for it: the whole stream, prefill and HTTP included."""
+    run = RunRequest.of(list(prompt_ids), max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
+                        top_p=settings.top_p, top_k=settings.top_k, seed=settings.seed)
+    started = time.perf_counter()
+    done = None
+    for done in backend.stream(run):
+        pass
+    wall = time.perf_counter() - started
+    stats = done.stats
+    return Run(name, prompt.id, repeat, list(done.token_ids), wall, steps=stats["steps"],
+               drafted=stats["drafted"], accepted=stats["accepted"], reached=list(stats.get("reached", [])),
+               accepted_at=list(stats.get("accepted_at", [])))
 
 
 def lane_report(info: dict, method: MethodRuns, none: MethodRuns, greedy: bool) -> dict:
