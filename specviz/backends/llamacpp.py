@@ -26,6 +26,7 @@ from typing import Any, Iterator
 import httpx
 
 from specviz.backends.base import COUNTS, Backend, Capabilities, Events, OnWait, Prompt, Run, no_options
+from specviz.backends.vllm import auth_headers as _auth
 from specviz.backends.vllm import stats_of
 from specviz.decoding import events as ev
 from specviz.decoding.settings import DecodeSettings
@@ -252,10 +253,6 @@ class LlamaCppBackend(Backend):
         stats.update(source="llamacpp", server_tokens_per_s=timings.get("predicted_per_second"),
                      server_steps_with_draft=verify_steps)
         return stats
-
-
-def _auth(token: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 def _chunks(lines: Iterator[str], url: str) -> Iterator[dict[str, Any]]:

@@ -71,7 +71,7 @@ class VllmBackend(Backend):
         within about timeout_s when there is none, or one that does not answer. `options`: the backend's
         silence_s and detokenize."""
         url = url.removeprefix(SCHEME).rstrip("/")
-        headers = _auth(token)
+        headers = auth_headers(token)
         try:
             served = httpx.get(f"{url}/v1/models", headers=headers, timeout=timeout_s).raise_for_status().json()
         except httpx.HTTPStatusError as err:
@@ -132,7 +132,7 @@ class VllmBackend(Backend):
         path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
         started = time.perf_counter()
         try:
-            with httpx.stream("POST", f"{self.url}{path}", json=body, headers=_auth(self.token),
+            with httpx.stream("POST", f"{self.url}{path}", json=body, headers=auth_headers(self.token),
                               timeout=httpx.Timeout(self.timeout_s, read=self.silence_s)) as response:
                 if response.status_code != 200:
                     response.read()
@@ -234,7 +234,7 @@ class VllmBackend(Backend):
         try:
             for token in missing:
                 answer = httpx.post(f"{self.url}/detokenize", json={"model": self.model, "tokens": [token]},
-                                    headers=_auth(self.token), timeout=5).raise_for_status().json()
+                                    headers=auth_headers(self.token), timeout=5).raise_for_status().json()
                 self._texts[token] = answer.get("prompt", "")
         except (httpx.HTTPError, ValueError):
             return [""] * (len(ids) - 1) + [delta]
@@ -265,7 +265,8 @@ def stats_of(steps: int, new_tokens: int, wall: float, spec: dict[str, Any] | No
     return stats
 
 
-def _auth(token: str | None) -> dict[str, str]:
+def auth_headers(token: str | None) -> dict[str, str]:
+    """The bearer-token header a server started with a key asks for (none without a token)."""
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
