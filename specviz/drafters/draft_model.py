@@ -11,12 +11,11 @@ from specviz.decoding.costs import interpolate, verify_curve
 from specviz.decoding.drafter import Drafter, DraftRequest
 from specviz.decoding.tree import DraftTree
 from specviz.decoding.verify import top_n
-from specviz.drafters.base import DRAFT_VOCAB, DraftTiming
+from specviz.drafters.base import DRAFT_VOCAB, DraftTiming, vocab_projection
 from specviz.drafters.options import construct, draft_vocabulary
 from specviz.drafters.spec import DrafterSpec, K, Option
 from specviz.errors import SpecvizError
 from specviz.kernels import fastdecoder, quant
-from specviz.kernels.fastlinear import rows_projection
 from specviz.kernels.kvcache import crop_cache, new_cache
 from specviz.models.compat import logit_postprocessing
 from specviz.models.heads import build_draft_model
@@ -56,7 +55,7 @@ class DraftModelDrafter(Drafter):
             head = model.get_output_embeddings().weight
             self.full = vocab_size or head.shape[0]
             self.vocab = draft_vocab[draft_vocab < self.full].to(head.device)
-            self.project = rows_projection(head, self.vocab)  # (1, H) -> (1, Vd)
+            self.project = vocab_projection(model, self.vocab, head.dtype)  # (1, H) -> (1, Vd)
 
     def options(self) -> dict[str, Any]:
         return {"k": self.k, "adaptive": self.adaptive,

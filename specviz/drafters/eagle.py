@@ -18,13 +18,12 @@ import torch
 from specviz.decoding.costs import interpolate, verify_curve
 from specviz.decoding.drafter import Drafter, DraftRequest, Outcome
 from specviz.decoding.tree import ROOT, DraftTree
-from specviz.drafters.base import DRAFT_VOCAB, DraftTiming, check_total_tokens, check_vocab_covers
+from specviz.drafters.base import DRAFT_VOCAB, DraftTiming, check_total_tokens, check_vocab_covers, vocab_projection
 from specviz.drafters.ngram import lookup
 from specviz.drafters.options import EAGLE_DRAFT_VOCAB, default_draft_vocab, draft_vocabulary
 from specviz.drafters.spec import DrafterSpec, Option, head_of
 from specviz.errors import SpecvizError
 from specviz.kernels import fastdecoder
-from specviz.kernels.fastlinear import rows_projection
 from specviz.kernels.kvcache import crop_cache, new_cache
 from specviz.models import heads
 from specviz.models.parts import Part
@@ -105,13 +104,10 @@ class EagleDrafter(Drafter):
     def _attach(self, target: Any) -> None:
         """The head's drafting pieces: `project`, hidden (P, H) -> logits over the draft vocabulary (P, Vd), the
         drafting hot spot; and the head's cache (the lean layer's, else transformers')."""
-        # A 4-bit head's projection stays in draft_dtype (`projection_dtype`, set where it was loaded; bf16 where the
-        # CPU multiplies it): over a few thousand tokens the weights sit in cache and the 8-bit op's unpacking, not
-        # the bytes, would set its speed (4 rows of a 4096-token vocabulary: 0.31 ms in 8 bits against 0.10 in bf16
-        # on a 2-core AVX-512 EPYC)
+        # the target's 8-bit head rows on the default weights, else the rows in draft_dtype (`projection_dtype`, set
+        # where a 4-bit head was loaded): vocab_projection
         self.project_dtype = getattr(self.head, "projection_dtype", self.dtype)
-        projection = rows_projection(target.get_output_embeddings().weight, self.vocab, self.project_dtype)
-        self.project: Callable[[torch.Tensor], torch.Tensor] = lambda hidden: projection(hidden.to(self.project_dtype))
+        self.project: Callable[[torch.Tensor], torch.Tensor] = vocab_projection(target, self.vocab, self.project_dtype)
         self.fast: fastdecoder.FastEagleHead | fastdecoder.FastEagle3Head | None = fastdecoder.for_eagle(self.head)  # None: the head's own (transformers) layer
         self.cache = new_cache(self.fast, self.head.config)
 
@@ -232,15 +228,18 @@ class EagleDrafter(Drafter):
         tokens = torch.tensor([c.token for c in kept], device=device)
         positions = torch.tensor([[self.committed - 1 + c.depth for c in kept]], device=device)
         total = self.committed + n_before + len(kept)
-        mask = torch.full((1, 1, len(kept), total), torch.finfo(parents_hidden.dtype).min, device=device)
-        mask[..., : self.committed] = 0.0
+        rows, columns = [], []  # each kept node sees its own entry and its expanded ancestors'
         for row, c in enumerate(kept):
             c.entry = n_before + row
             entries.append(c.cid)
             node: Candidate | None = c
             while node is not None and node.entry >= 0:
-                mask[0, 0, row, self.committed + node.entry] = 0.0
+                rows.append(row)
+                columns.append(self.committed + node.entry)
                 node = candidates[node.parent] if node.parent != ROOT else None
+        mask = torch.full((1, 1, len(kept), total), torch.finfo(parents_hidden.dtype).min, device=device)
+        mask[..., : self.committed] = 0.0
+        mask[0, 0, rows, columns] = 0.0  # one indexed write, not one a node
         out = self._head(parents_hidden, self._embed(tokens), positions, mask)  # (k, H)
         for c, h in zip(kept, out):
             c.hidden = h

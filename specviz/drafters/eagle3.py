@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
+from specviz.drafters.base import vocab_projection
 from specviz.drafters.eagle import HEAD, TREE_OPTIONS, EagleDrafter, TreeShape, VerifyCost, tree_options
 from specviz.drafters.spec import DrafterSpec, head_of
 from specviz.errors import SpecvizError
@@ -45,13 +46,14 @@ class Eagle3Drafter(EagleDrafter):
 
     def _attach(self, target: Any) -> None:
         head = self.head
-        # a 4-bit head's projection stays in draft_dtype, as eagle2's (specviz/drafters/eagle.py says why)
-        self.project_dtype = getattr(head, "projection_dtype", self.dtype)
+        # a 4-bit head's projection is as eagle2's (base.vocab_projection)
+        self.project_dtype = dtype = getattr(head, "projection_dtype", self.dtype)
         if head.lm_head is not None:  # a published head's own LM head over its draft vocabulary
-            projection = rows_projection(head.lm_head.weight, None, self.project_dtype)
+            own = rows_projection(head.lm_head.weight, None, dtype)
+            projection = lambda hidden: own(hidden.to(dtype))  # noqa: E731
         else:  # the target's LM head rows at the draft ids (the embedded model's head stores none)
-            projection = rows_projection(target.get_output_embeddings().weight, self.vocab, self.project_dtype)
-        self.project = lambda hidden: projection(head.norm(hidden).to(self.project_dtype))  # the norm in the head's dtype
+            projection = vocab_projection(target, self.vocab, dtype)
+        self.project = lambda hidden: projection(head.norm(hidden))  # the norm in the head's dtype
         self.fast = fastdecoder.for_eagle3(head)  # None: the module runs, its cache a (keys, values) pair
         self.cache = self.fast.new_cache() if self.fast is not None else None
 

@@ -12,12 +12,11 @@ from specviz.decoding.costs import interpolate, verify_curve
 from specviz.decoding.drafter import Drafter, DraftRequest, Outcome
 from specviz.decoding.tree import ROOT, DraftTree
 from specviz.decoding.verify import Typical, top_n
-from specviz.drafters.base import DRAFT_VOCAB, check_total_tokens, check_vocab_covers
+from specviz.drafters.base import DRAFT_VOCAB, check_total_tokens, check_vocab_covers, vocab_projection
 from specviz.drafters.eagle import HEAD, VerifyCost, best_budget
 from specviz.drafters.options import construct, default_draft_vocab, draft_vocabulary
 from specviz.drafters.spec import DrafterSpec, Option, head_of
 from specviz.errors import SpecvizError
-from specviz.kernels.fastlinear import rows_projection
 from specviz.models import heads as trained
 from specviz.models.parts import Part
 
@@ -66,7 +65,7 @@ class MedusaDrafter(Drafter):
         # heads that share the target's LM head project onto its draft-vocabulary rows, sliced once here
         self.project: Callable[[torch.Tensor], torch.Tensor] | None = None
         if not heads.own_projection:
-            self.project = rows_projection(self.lm_head, draft_vocab, self.dtype)  # (K, H) -> (K, Vd)
+            self.project = vocab_projection(target, draft_vocab, self.dtype)  # (K, H) -> (K, Vd)
         self.total_tokens = total_tokens
         self.verify_cost = verify_cost
         self.paths = check_tree(tree, heads.num_heads)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import weakref
 from collections import OrderedDict
+from typing import Callable
 
 import torch
 from torch import nn
@@ -121,7 +122,7 @@ class PackedProjection:
 
 
 # (id(weight), rows, dtype) -> (weight, projection), least recently used first
-_projections: OrderedDict[tuple, tuple[weakref.ref, PackedProjection]] = OrderedDict()
+_projections: OrderedDict[tuple, tuple[weakref.ref, Callable[[torch.Tensor], torch.Tensor]]] = OrderedDict()
 # Projections kept at most. Each is a copy of (part of) an LM head, up to ~1 GB for a 1.5B model's; a drafter holds
 # its own while it runs, so one dropped here costs only a re-pack the next time its rows are asked for. 8 covers
 # every drafter of two loaded models (the app keeps two) with their default vocabularies.
@@ -129,17 +130,24 @@ MAX_PROJECTIONS = 8
 
 
 def rows_projection(weight: torch.Tensor, rows: torch.Tensor | None = None,
-                    dtype: torch.dtype | None = None) -> PackedProjection:
-    """PackedProjection of weight[rows] (all rows when None) in `dtype` (the weight's when None), made once per
+                    dtype: torch.dtype | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A PackedProjection of weight[rows] (all rows when None) in `dtype` (the weight's when None), made once per
     (weight, rows, dtype) and reused, so that a drafter built per run does not slice and re-pack a large LM head
     every time; the MAX_PROJECTIONS most recently used are kept. rows: (Vd,) int64 ids."""
     dtype = dtype or weight.dtype
-    key = (id(weight), None if rows is None else tuple(rows.tolist()), dtype)
+    return kept_projection(weight, rows, dtype, lambda: PackedProjection(
+        (weight if rows is None else weight[rows.to(weight.device)]).to(dtype)))
+
+
+def kept_projection(owner: object, rows: torch.Tensor | None, form: object,
+                    build: Callable[[], Callable[[torch.Tensor], torch.Tensor]]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """What `build()` makes, a projection onto `owner`'s rows `rows` in `form` (a dtype, or a name such as "q8"),
+    made once per (owner, rows, form) and kept beside rows_projection's while `owner` lives."""
+    key = (id(owner), None if rows is None else tuple(rows.tolist()), form)
     held = _projections.get(key)
-    if held is None or held[0]() is not weight:  # new, or another tensor now has that id
-        projection = PackedProjection((weight if rows is None else weight[rows.to(weight.device)]).to(dtype))
+    if held is None or held[0]() is not owner:  # new, or another object now has that id
         forget = lambda _, key=key, store=_projections: store.pop(key, None)  # noqa: E731
-        _projections[key] = held = (weakref.ref(weight, forget), projection)
+        _projections[key] = held = (weakref.ref(owner, forget), build())
         while len(_projections) > MAX_PROJECTIONS:
             _projections.popitem(last=False)
     _projections.move_to_end(key)

@@ -389,6 +389,19 @@ class Q8Head:
     def with_8_bit_activations(self) -> "Q8Head":
         return Q8Head(with_8_bit_activations(self.linear))
 
+    def on_8_bit_activations(self, rows: torch.Tensor | None = None) -> bool:
+        """Whether the head runs on 8-bit activations, and `rows(rows)` can too (whole tiles of 16 rows)."""
+        return (isinstance(self.linear, Q8Linear) and self.linear.activations == "q8"
+                and (rows is None or len(rows) % TILE == 0))
+
+    def rows(self, rows: torch.Tensor) -> _BlockLinear:
+        """The head over its rows `rows` (a draft vocabulary) on 8-bit activations, where on_8_bit_activations(rows):
+        each row's logit has the bits of that row of the whole head."""
+        assert isinstance(self.linear, Q8Linear) and self.on_8_bit_activations(rows)
+        codes, scales = self.linear.untiled()
+        rows = rows.to(codes.device)
+        return with_8_bit_activations(Q8Linear(codes[rows], scales[rows]))
+
 
 HEAD_ATTRIBUTE = "specviz_q8_head"  # where a model keeps its Q8Head (specviz.models.quantized.attach_q8_head)
 
