@@ -240,6 +240,25 @@ def test_unknown_preset_is_one_line(tmp_path, capsys):
     assert not any(tmp_path.iterdir())
 
 
+def test_a_pretrained_pair_drafts_on_its_own_draft_gguf(monkeypatch):
+    """llama-server's draft-simple lane for qwen2.5-coder loads the pair's own 0.5B GGUF, as our `draft` does,
+    and exports nothing; a preset without a draft GGUF is exported."""
+    from specviz.llamacpp import export, files
+    from specviz.models import quantized
+
+    monkeypatch.setattr(export, "target_gguf", lambda model: Path(f"/cache/{model}.gguf"))
+    monkeypatch.setattr(quantized, "fetch_gguf", lambda model_file: Path(f"/cache/{model_file.key}.gguf"))
+    exported = []
+    monkeypatch.setattr(export, "export_all", lambda out, model: exported.append(model) or {"target": Path("t")})
+    assert files.ggufs("qwen2.5-coder", ["draft-simple"]) == {
+        "target": Path("/cache/qwen2.5-coder.gguf"), "draft": Path("/cache/qwen2.5-coder-0.5b.gguf")}
+    assert files.ggufs("qwen2.5-coder", ["plain"]) == {"target": Path("/cache/qwen2.5-coder.gguf")}
+    assert exported == []
+    monkeypatch.setattr(files, "cache_root", lambda: Path("/nonexistent-cache"))
+    files.ggufs("smollm2-135m", ["draft-simple"])
+    assert exported == ["smollm2-135m"]
+
+
 def test_a_head_with_other_sizes_is_refused(tmp_path):
     """A target of another width than the head's: a SpecvizError naming it, and no file."""
     from specviz.llamacpp.export import TargetGGUF, export_eagle3
