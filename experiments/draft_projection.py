@@ -103,7 +103,8 @@ def main(argv) -> int:
     torch.set_num_threads(args.threads)
     loaded = models.load("smollm2-135m")
     print(f"smollm2-135m, weights {loaded.weights}, torch {torch.__version__}, {args.threads} threads, "
-          f"{platform.machine()}, {platform.processor() or 'cpu'}\n")
+          f"{platform.machine()}, {platform.processor() or 'cpu'}, products on the "
+          f"{os.environ.get('SPECVIZ_Q4_PATH', 'auto')} path\n")
     products(loaded.target)
     if args.questions:
         questions = [json.loads(line)["turns"][0] for line in open(PROMPTS) if line.strip()][: args.questions]

@@ -9,6 +9,12 @@
    attention op, o, gate/up, silu(gate) · up, down; and the LM head (576 → 49,152, Q8_0 tiles).
 
     .venv/bin/python experiments/forward_split.py [--threads 2] [--context-len 256] [--paths auto,avx512] [--curve-only]
+        [--random]
+
+--random times a model of SmolLM2-135M's shape with random weights instead of the fetched one (its projections
+rounded to Q4_1, a random Q8_0 head, all on 8-bit activations: the products' speed does not depend on the values),
+so the curve can be measured on a machine the model cannot reach, e.g. a lent machine with AMX:
+    python3 experiments/forward_split.py --random --paths auto,avx512 --curve-only
 """
 import argparse
 import contextlib
@@ -109,6 +115,29 @@ def layer_split(target: Target, cache, context_len: int) -> list[str]:
     return lines
 
 
+def random_target():
+    """A Llama of SmolLM2-135M's shape, random weights, on the default path's blocks (see --random above)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specviz.kernels import blocks, fastdecoder, quant
+    from specviz.models import quantized
+
+    config = LlamaConfig(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                         num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192, rms_norm_eps=1e-5,
+                         rope_theta=100000.0, tie_word_embeddings=True)
+    generator = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval().requires_grad_(False)
+    quant.quantize_linears(model.model.layers, "q8")
+    codes = torch.randint(-128, 128, (config.vocab_size, config.hidden_size), generator=generator, dtype=torch.int8)
+    scales = (torch.rand(config.vocab_size, config.hidden_size // 32, generator=generator) * 0.01).half().float()
+    with torch.no_grad():
+        model.lm_head.weight.copy_(blocks.dequantize_q8(codes, scales))
+    assert quantized.attach_q8_head(model, (codes, scales), activations="q8")
+    assert fastdecoder.for_model(model) is not None
+    return model
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2)
@@ -116,14 +145,14 @@ def main() -> None:
     ap.add_argument("--paths", default="auto", help="the products' paths to compare, e.g. auto,avx512 on a CPU "
                     "with AMX tiles (auto takes them; avx512 holds the products to VNNI)")
     ap.add_argument("--curve-only", action="store_true", help="skip the layer split")
+    ap.add_argument("--random", action="store_true", help="a model of the same shape with random weights (no fetch)")
     args = ap.parse_args()
     paths = args.paths.split(",")
     torch.set_num_threads(args.threads)
-    loaded = models.load("smollm2-135m", weights="q4q8")
-    target = Target(loaded.target)
+    target = Target(random_target() if args.random else models.load("smollm2-135m", weights="q4q8").target)
     cache = target.new_cache()
     target.forward(list(range(100, 100 + args.context_len)), cache, logits=False)
-    print(f"smollm2-135m, weights {loaded.weights}, torch {torch.__version__}, {args.threads} threads, "
+    print(f"smollm2-135m{' (its shape, random weights)' if args.random else ''}, weights q4q8, torch {torch.__version__}, {args.threads} threads, "
           f"{platform.processor() or platform.machine()}, AMX tiles {'on' if products.amx_tiles() else 'off'}\n")
     with torch.inference_mode():
         print("\n".join(forward_curve(target, cache, args.context_len, paths)) + "\n")

@@ -5,8 +5,9 @@
 # report is written only when its run ends (atomically); progress goes to runs/readme-benches/*.log.
 #   scripts/readme_benches.sh [t0 floor t1 variants eagle3-t0 eagle3-t1 eagle3-stages default q4]   (default: the first four, in that order)
 #   (eagle3-t0 / eagle3-t1: EAGLE-2 beside EAGLE-3 alone, without peers, for docs/training.md; T1_LIMIT questions at T = 1;
-#    default: the default weights (the GGUF's blocks on 8-bit activations) with every drafter beside llama.cpp on the same
-#    file, for README.md, DEFAULT_LIMIT questions; q4: the same blocks on fp32 activations; both need `make peers`;
+#    default: the default weights (the GGUF's blocks on 8-bit activations) with every drafter beside llama-server plain on
+#    the same file (2 threads and 1), for README.md, DEFAULT_LIMIT questions (needs `make llamacpp`); q4: the same blocks
+#    on fp32 activations beside llama-cpp-python (needs `make peers`);
 #    the others run the fp32 copy, the model docs/performance.md's sections 1-8 measure)
 #   (eagle3-stages: the default weights, EAGLE-2 beside the shipped EAGLE-3 head and the head in runs/eagle3-before
 #    (the head its last stage started from, `train eagle3 --init`), on the 80 MT-bench questions and on 40 of the
@@ -46,7 +47,7 @@ for part in ${@:-t0 floor t1 variants}; do
                 --json-out docs/results/bench-eagle3-t1.json --md-out docs/results/bench-eagle3-t1.md ;;
         default) bench default --prompts "$QUESTIONS" --limit "${DEFAULT_LIMIT:-80}" --max-new-tokens 128 --temperature 0 \
                 --drafters none,ngram,draft:adaptive=true,medusa,eagle2,eagle2:lookup=4,eagle3,eagle3:lookup=4 --no-peers --quick \
-                --json-out docs/results/bench-default-t0.json --md-out docs/results/bench-default-t0.md ;;
+                --no-llama-cpp --llama-server plain plain:threads=1 --json-out docs/results/bench-default-t0.json --md-out docs/results/bench-default-t0.md ;;
         eagle3-stages)
             STAGES="none,eagle2,eagle2:lookup=4,eagle3:head=runs/eagle3-before,eagle3,eagle3:lookup=4"
             bench eagle3-stages-mt --prompts "$QUESTIONS" --max-new-tokens 128 --temperature 0 --drafters "$STAGES" \
