@@ -13,7 +13,7 @@
 
 --random times a model of SmolLM2-135M's shape with random weights instead of the fetched one (its projections
 rounded to Q4_1, a random Q8_0 head, all on 8-bit activations: the products' speed does not depend on the values),
-so the curve can be measured on a machine the model cannot reach, e.g. a lent machine with AMX:
+so the curve can be measured on a machine the model files cannot reach, e.g. a host with AMX and no network access:
     python3 experiments/forward_split.py --random --paths auto,avx512 --curve-only
 """
 import argparse

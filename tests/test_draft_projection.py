@@ -1,13 +1,17 @@
 """The drafters' projection onto a draft vocabulary (specviz.drafters.base.vocab_projection): on the default weights
 the target's 8-bit head rows on 8-bit activations, each logit with the bits of the whole head's; elsewhere the rows
 packed in the draft's dtype; built once per (head, rows) and reused."""
+import gc
+
 import pytest
 import torch
 from test_q4 import tiny_pair
 from test_q8act import needs_op, q4q8_pair
 
-from specviz.drafters.base import vocab_projection
-from specviz.kernels import quant
+from specviz.drafters.base import PROJECTION_ENV, vocab_projection
+from specviz.errors import SpecvizError
+from specviz.kernels import fastlinear, quant
+from specviz.kernels.fastlinear import rows_projection
 
 pytestmark = needs_op
 
@@ -48,6 +52,7 @@ def test_rows_that_are_not_whole_tiles_or_a_head_on_fp32_activations_take_the_pa
 
 
 def test_the_rows_are_cut_once_and_reused(q8_target, monkeypatch):
+    fastlinear._projections.clear()
     cuts = []
     original = quant.Q8Head.rows
     monkeypatch.setattr(quant.Q8Head, "rows", lambda self, rows: cuts.append(len(rows)) or original(self, rows))
@@ -59,14 +64,31 @@ def test_the_rows_are_cut_once_and_reused(q8_target, monkeypatch):
     assert cuts == [48] and torch.equal(first, again)
 
 
-def test_the_switch_keeps_the_packed_rows(q8_target, monkeypatch):
-    from specviz.drafters.base import PROJECTION_ENV
+def test_each_head_keeps_its_own_rows_and_they_go_with_it():
+    fastlinear._projections.clear()
+    one, two = q4q8_pair(scale=1.0)[1], q4q8_pair(scale=3.0)[1]  # other weights, the same rows
+    vocab = some_rows(32, one.config.vocab_size, seed=3)
+    x = torch.randn(2, one.config.hidden_size)
+    with torch.inference_mode():
+        got = [vocab_projection(model, vocab, torch.float32)(x) for model in (one, two)]
+        assert all(torch.equal(g, quant.q8_head(m)(x)[:, vocab]) for g, m in zip(got, (one, two)))
+    assert not torch.equal(got[0], got[1]) and len(fastlinear._projections) == 2
+    del one, got
+    gc.collect()
+    assert len(fastlinear._projections) == 1  # the first model's rows went with it
 
+
+def test_the_switch_keeps_the_packed_rows_and_refuses_other_values(q8_target, monkeypatch):
     vocab = some_rows(32, q8_target.config.vocab_size, seed=2)
-    x = torch.randn(2, q8_target.config.hidden_size)
+    x = torch.randn(2, q8_target.config.hidden_size).bfloat16()
+    packed = rows_projection(q8_target.get_output_embeddings().weight, vocab, torch.bfloat16)
     monkeypatch.setenv(PROJECTION_ENV, "packed")
     with torch.inference_mode():
-        assert vocab_projection(q8_target, vocab, torch.bfloat16)(x).dtype == torch.bfloat16
-    monkeypatch.delenv(PROJECTION_ENV)
+        assert torch.equal(vocab_projection(q8_target, vocab, torch.bfloat16)(x), packed(x))
+    monkeypatch.setenv(PROJECTION_ENV, "auto")
     with torch.inference_mode():
-        assert vocab_projection(q8_target, vocab, torch.bfloat16)(x).dtype == torch.float32
+        assert torch.equal(vocab_projection(q8_target, vocab, torch.bfloat16)(x),
+                           quant.q8_head(q8_target)(x.float())[:, vocab])
+    monkeypatch.setenv(PROJECTION_ENV, "Packed")
+    with pytest.raises(SpecvizError, match="SPECVIZ_DRAFT_PROJECTION must be auto or packed"):
+        vocab_projection(q8_target, vocab, torch.bfloat16)

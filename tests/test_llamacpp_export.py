@@ -253,6 +253,7 @@ def test_a_pretrained_pair_drafts_on_its_own_draft_gguf(monkeypatch):
     assert files.ggufs("qwen2.5-coder", ["draft-simple"]) == {
         "target": Path("/cache/qwen2.5-coder.gguf"), "draft": Path("/cache/qwen2.5-coder-0.5b.gguf")}
     assert files.ggufs("qwen2.5-coder", ["plain"]) == {"target": Path("/cache/qwen2.5-coder.gguf")}
+    assert "eagle3" not in files.ggufs("qwen2.5-coder", ["draft-eagle3"])  # the lane then says it ships none
     assert exported == []
     monkeypatch.setattr(files, "cache_root", lambda: Path("/nonexistent-cache"))
     files.ggufs("smollm2-135m", ["draft-simple"])

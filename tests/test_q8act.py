@@ -515,7 +515,8 @@ def test_beside_a_4_bit_target_an_eagle3_head_drafts_on_4_bit_products_and_keeps
         activations, own_lm_head, tmp_path, monkeypatch):
     """load_trained gives a 4-bit target's EAGLE-3 head Q4_1 products (fc, the layer's projections), on the
     target's activations; its projection onto the draft vocabulary (its own LM head, where it has one, or the
-    target's rows) stays in draft_dtype; drafting with it leaves the greedy output the target's alone.
+    target's rows: the 8-bit head's beside a target on 8-bit activations) has projection_dtype draft_dtype; drafting
+    with it leaves the greedy output the target's alone.
     SPECVIZ_DRAFT_DTYPE keeps it unquantized."""
     from specviz.drafters.eagle import TreeShape
     from specviz.drafters.eagle3 import Eagle3Drafter

@@ -7,7 +7,8 @@ drafters, fed the same prompt token ids, budget, sampling and seed through specv
 A configuration is llama-server's `--spec-type` (or `plain`), with options after a colon: n_max (drafted tokens a
 step, `--spec-draft-n-max`), n_min, p_min (`--spec-draft-p-min`: the draft stops where its top probability falls
 below it) and threads (default: the threads our engine uses). draft-simple drafts with our draft model and
-draft-eagle3 with our EAGLE-3 head, exported to GGUF (`specviz export llamacpp`) into the cache on first use.
+draft-eagle3 with our EAGLE-3 head, exported to GGUF (`specviz export llamacpp`) into the cache on first use; for a
+pretrained pair (qwen2.5-coder) draft-simple drafts with the pair's own draft GGUF, the file our `draft` reads.
 
 Each lane is timed as a user waits for it: the whole stream, prefill and HTTP included. τ counts every target
 forward that committed tokens (the prefill's included), as ours does; llama.cpp's mean length is its own
@@ -63,7 +64,8 @@ def parse_configs(items: list[str] | tuple[str, ...]) -> list[tuple[str, str, di
 
 
 def lane_files(model: str, configs: list[tuple[str, str, dict[str, Any]]]) -> dict[str, Path]:
-    """The GGUFs the lanes load: the preset's, and our drafters exported for llama-server where a lane drafts."""
+    """The GGUFs the lanes load: the preset's, and where a lane drafts our drafters exported for llama-server (or a
+    pretrained pair's own draft GGUF)."""
     return ggufs(model, [kind for _, kind, _ in configs])
 
 

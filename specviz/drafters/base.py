@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from specviz.models.loading import LoadedModels
 
 PLAIN = "none"  # the plain drafter's name: every comparison's baseline
-PROJECTION_ENV = "SPECVIZ_DRAFT_PROJECTION"  # "packed": vocab_projection keeps the rows in the draft's dtype
+PROJECTION_ENV = "SPECVIZ_DRAFT_PROJECTION"  # "packed": vocab_projection keeps the rows in the draft's dtype; "auto"
 
 
 def check_total_tokens(drafter: str, total_tokens: object, whole_tree_allowed: bool = False) -> None:
@@ -40,12 +40,16 @@ def check_vocab_covers(drafter: str, draft_vocab: torch.Tensor | None, needed: i
 def vocab_projection(model: Any, rows: torch.Tensor | None, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
     """hidden (P, H) → logits (P, Vd) over the rows `rows` of `model`'s LM head (all when None), the drafting
     hot spot. Where the model's head is 8-bit blocks on 8-bit activations (the default weights) and the rows are
-    whole tiles, those rows of it: 3–4× faster than the rows in bf16 over 4,096 tokens and 1–8 rows on a 2-core
-    Xeon with AVX-512 VNNI (experiments/draft_projection.py); else, or where SPECVIZ_DRAFT_PROJECTION=packed, the
-    rows in `dtype` (oneDNN's packed product). A draft only proposes: the choice can change which tokens are
-    drafted, never the output."""
+    whole tiles, those rows of it, whatever the head's dtype (SPECVIZ_DRAFT_DTYPE included): 2.5–3.8× faster than
+    the rows in bf16 over 4,096 tokens and 1–8 rows on a 2-core Xeon with AVX-512 VNNI
+    (experiments/draft_projection.py); else (a head on fp32 activations, rows not whole tiles of 16) or where
+    SPECVIZ_DRAFT_PROJECTION=packed, the rows in `dtype` (oneDNN's packed product). A draft only proposes: the
+    choice can change which tokens are drafted, never the output."""
+    form = os.environ.get(PROJECTION_ENV) or "auto"
+    if form not in ("auto", "packed"):
+        raise SpecvizError(f"{PROJECTION_ENV} must be auto or packed, got {form!r}")
     head = quant.q8_head(model)
-    if head is not None and head.on_8_bit_activations(rows) and os.environ.get(PROJECTION_ENV) != "packed":
+    if head is not None and head.on_8_bit_activations(rows) and form == "auto":
         rows_of_head = head if rows is None else kept_projection(head, rows, "q8", lambda: head.rows(rows))
         return lambda hidden: rows_of_head(hidden.float())
     projection = rows_projection(model.get_output_embeddings().weight, rows, dtype)

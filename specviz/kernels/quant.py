@@ -398,9 +398,13 @@ class Q8Head:
         """The head over its rows `rows` (a draft vocabulary) on 8-bit activations, where on_8_bit_activations(rows):
         each row's logit has the bits of that row of the whole head."""
         assert isinstance(self.linear, Q8Linear) and self.on_8_bit_activations(rows)
-        codes, scales = self.linear.untiled()
+        codes, scales = self.linear.codes, self.linear.scales
         rows = rows.to(codes.device)
-        return with_8_bit_activations(Q8Linear(codes[rows], scales[rows]))
+        tiles, tile_of_row = torch.unique(rows // TILE, return_inverse=True)  # only the tiles that hold `rows`
+        width = codes.shape[1]
+        picked = untile_codes(codes.reshape(-1, TILE * width)[tiles].reshape(-1, width))
+        at = tile_of_row * TILE + rows % TILE
+        return with_8_bit_activations(Q8Linear(picked[at], untile_scales(scales[tiles])[at]))
 
 
 HEAD_ATTRIBUTE = "specviz_q8_head"  # where a model keeps its Q8Head (specviz.models.quantized.attach_q8_head)

@@ -1,5 +1,6 @@
 """`specviz llamacpp build` and `specviz llamacpp serve`: llama-server built for this CPU, and started on a
-preset's GGUF speculating as asked, with our drafters exported for it where the method drafts with ours.
+preset's GGUF speculating as asked, with our drafters exported for it where the method drafts with ours (a
+pretrained pair's draft-simple drafts with the pair's own draft GGUF).
 
     specviz llamacpp serve --spec-type draft-eagle3 --port 8080     # then: llama+http://127.0.0.1:8080
 """
@@ -57,7 +58,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     s.add_argument("--model", default="smollm2-135m", help="a preset with a GGUF target (default: smollm2-135m)")
     s.add_argument("--spec-type", default="none", choices=SPEC_TYPES,
                    help="llama.cpp's method: draft-simple drafts with our draft model, draft-eagle3 with our EAGLE-3 "
-                        "head (both exported on first use); none decodes plainly")
+                        "head (both exported on first use; a pair such as qwen2.5-coder drafts with its own draft "
+                        "GGUF); none decodes plainly")
     s.add_argument("--n-max", type=int, default=None, help="drafted tokens a step at most (--spec-draft-n-max)")
     s.add_argument("--n-min", type=int, default=None, help="drafted tokens a step at least (--spec-draft-n-min)")
     s.add_argument("--p-min", type=float, default=None, help="stop drafting below this draft probability")

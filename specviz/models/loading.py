@@ -187,7 +187,8 @@ def load_trained(kind: str, folder: Path, target: torch.nn.Module) -> torch.nn.M
     reads 0.75 bytes a weight instead of bf16's 2. A draft only proposes, so this can change how many tokens are
     accepted, never the output (experiments/draft_dtype.py --weights q4 measures both).
     Beside a target on 8-bit activations (`weights="q4q8"`) the head's products take 8-bit activations too.
-    The projection onto the draft vocabulary stays in draft_dtype (`projection_dtype`).
+    The projection onto the draft vocabulary is the target's 8-bit head rows where the head runs on 8-bit
+    activations (specviz.drafters.base.vocab_projection), else in draft_dtype (`projection_dtype`).
     SPECVIZ_DRAFT_DTYPE, where set, keeps the head unquantized in that dtype."""
     part = part_of(kind)
     four_bit = (part.four_bit and quant.is_quantized(target) and quant.available()
@@ -196,7 +197,7 @@ def load_trained(kind: str, folder: Path, target: torch.nn.Module) -> torch.nn.M
     module = cast_parameters(part.load(folder, target, dtype).to(device=target.device), dtype)
     if four_bit:
         # an EAGLE-3 head's own LM head (a published head's) is its projection: it stays in draft_dtype, as the
-        # target's rows do for a head without one
+        # target's rows do for a head without one where the target's head takes fp32 activations
         quant.quantize_linears(module, quant.activations(target), keep=("lm_head",))
         module.projection_dtype = draft_dtype(target.dtype, target.device)  # its draft-vocabulary projection's
     return module.eval().requires_grad_(False)
