@@ -52,7 +52,12 @@ def vocab_projection(model: Any, rows: torch.Tensor | None, dtype: torch.dtype) 
     if head is not None and head.on_8_bit_activations(rows) and form == "auto":
         rows_of_head = head if rows is None else kept_projection(head, rows, "q8", lambda: head.rows(rows))
         return lambda hidden: rows_of_head(hidden.float())
-    projection = rows_projection(model.get_output_embeddings().weight, rows, dtype)
+    return packed_rows(model.get_output_embeddings().weight, rows, dtype)
+
+
+def packed_rows(weight: torch.Tensor, rows: torch.Tensor | None, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
+    """hidden (P, H) in any dtype → logits over weight[rows] (all when None) by oneDNN's packed product in `dtype`."""
+    projection = rows_projection(weight, rows, dtype)
     return lambda hidden: projection(hidden.to(dtype))
 
 

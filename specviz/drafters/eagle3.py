@@ -16,12 +16,11 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from specviz.drafters.base import vocab_projection
+from specviz.drafters.base import packed_rows, vocab_projection
 from specviz.drafters.eagle import HEAD, TREE_OPTIONS, EagleDrafter, TreeShape, VerifyCost, tree_options
 from specviz.drafters.spec import DrafterSpec, head_of
 from specviz.errors import SpecvizError
 from specviz.kernels import fastdecoder
-from specviz.kernels.fastlinear import rows_projection
 from specviz.models.eagle3 import Eagle3Head as Head
 from specviz.models.parts import Part
 
@@ -49,8 +48,7 @@ class Eagle3Drafter(EagleDrafter):
         # a 4-bit head's projection is as eagle2's (base.vocab_projection)
         self.project_dtype = dtype = getattr(head, "projection_dtype", self.dtype)
         if head.lm_head is not None:  # a published head's own LM head over its draft vocabulary
-            own = rows_projection(head.lm_head.weight, None, dtype)
-            projection = lambda hidden: own(hidden.to(dtype))  # noqa: E731
+            projection = packed_rows(head.lm_head.weight, None, dtype)
         else:  # the target's LM head rows at the draft ids (the embedded model's head stores none)
             projection = vocab_projection(target, self.vocab, dtype)
         self.project = lambda hidden: projection(head.norm(hidden))  # the norm in the head's dtype
