@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt pyproject.toml | cksum | cut -d' ' -f1)
 PORT ?= 8501
 
-.PHONY: run serve test test-vllm test-llamacpp lint typecheck test-avx2 setup fetch peers vllm llamacpp clean
+.PHONY: run serve test test-vllm test-llamacpp test-room lint typecheck test-avx2 setup fetch peers vllm llamacpp clean
 
 # The pinned requirements, then specviz itself (editable: the `specviz` command, no PYTHONPATH needed).
 $(STAMP): requirements.txt pyproject.toml
@@ -89,6 +89,10 @@ test-avx2: fetch
 test: lint typecheck fetch
 	$(PY) -m pytest -m "not qwen and not llamacpp" --ignore=tests/test_vllm.py --ignore=tests/test_browser_vllm.py tests
 	$(MAKE) --no-print-directory test-avx2
+
+# A room of 30 Chromium pages watching one shared run (make test opens 5; about 3 minutes on 2 cores; CI runs it).
+test-room: fetch
+	SPECVIZ_TEST_VIEWERS=30 $(PY) -m pytest -rs tests/test_browser_watch.py
 
 # Our draft model and EAGLE-3 head loaded in vLLM, decoding, with the same acceptance as in specviz (about 3 minutes
 # after `make vllm`; CI runs it after `make test`). -rs prints the reason of any skip.

@@ -371,6 +371,9 @@ def test_the_parser_reads_the_real_file_as_gguf_does():
     assert torch.equal(gguf_blocks.dequantize_q8(*head), expected)
 
 
+ROWS_READ = 512  # rows of each tensor the qwen parser test compares
+
+
 @pytest.mark.parametrize("key,names", [
     ("qwen2.5-coder-1.5b", ("blk.0.attn_q.weight", "blk.0.attn_v.weight", "blk.0.ffn_down.weight", "output.weight")),
     ("qwen2.5-coder-0.5b", ("blk.0.attn_q.weight", "blk.0.attn_v.weight", "blk.1.ffn_down.weight", "output.weight")),
@@ -387,9 +390,10 @@ def test_the_parsers_read_the_qwen_files_as_gguf_does(key, names):
     seen = set()
     for name in names:
         tensor = tensors[name]
-        parsed = parsers[tensor.tensor_type](tensor.data)
+        rows = tensor.data[:ROWS_READ]  # every block format in full, at a fraction of a 151,936-row head's time
+        parsed = parsers[tensor.tensor_type](rows)
         got = quant.dequantize_blocks(parsed)
-        expected = torch.from_numpy(gguf.quants.dequantize(tensor.data, tensor.tensor_type).copy())
+        expected = torch.from_numpy(gguf.quants.dequantize(rows, tensor.tensor_type).copy())
         assert torch.equal(got, expected), name
         seen.add(tensor.tensor_type.name)
     assert len(seen) >= 2  # more than one format per file
