@@ -21,7 +21,7 @@ from specviz.drafters.ngram import NgramDrafter
 from specviz.errors import SpecvizError
 from specviz.kernels import blocks as gguf_blocks
 from specviz.kernels import fastdecoder, quant
-from specviz.models import quantized
+from specviz.models import gguf_tensors, quantized
 
 from stats import chi_square_p_value, exact_two_tokens, sampled_two_tokens, unnormalised_residual
 from tiny import TinyTokenizer, decode_settings, tiny_llama
@@ -358,7 +358,7 @@ def test_the_parser_reads_the_real_file_as_gguf_does():
     path = quantized.gguf_path(quantized_model_file())
     if not path.is_file():
         pytest.skip(f"no GGUF in {path.parent} (the first `load(..., weights='q4')` fetches it)")
-    tensors = {t.name: t for t in gguf.GGUFReader(path).tensors}
+    tensors = {t.name: t for t in gguf_tensors.tensors(path)}  # as GGUFReader reads them (test_gguf_tensors)
     for name in ("blk.0.attn_q.weight", "blk.7.ffn_down.weight", "blk.29.ffn_up.weight"):
         tensor = tensors[name]
         assert tensor.tensor_type == gguf.GGMLQuantizationType.Q4_1
@@ -385,7 +385,7 @@ def test_the_parsers_read_the_qwen_files_as_gguf_does(key, names):
     path = quantized.gguf_path(preset_model_files()[key])
     if not path.is_file():
         pytest.skip(f"no GGUF in {path.parent} (`load('qwen2.5-coder', weights='q4')` fetches it)")
-    tensors = {t.name: t for t in gguf.GGUFReader(path).tensors}
+    tensors = {t.name: t for t in gguf_tensors.tensors(path)}  # as GGUFReader reads them (test_gguf_tensors)
     parsers = {**quantized.four_bit_parsers(), **quantized.eight_bit_parsers()}
     seen = set()
     for name in names:

@@ -28,6 +28,7 @@ import torch
 
 from specviz.errors import SpecvizError
 from specviz.kernels import blocks, fastdecoder, quant
+from specviz.models import gguf_tensors
 from specviz.models.cache import cache_lock, is_fetched, model_dir
 from specviz.models.files import ModelFile
 
@@ -91,9 +92,7 @@ def four_bit_parsers() -> dict:
 def q8_head_tensors(path: Path) -> tuple[torch.Tensor, ...] | None:
     """The blocks of the GGUF's LM head when it is 8-bit (Q8_0: codes and scales; Q6_K: its two levels; Q5_0):
     `output.weight`, else the tied `token_embd.weight`."""
-    import gguf
-
-    by_name = {t.name: t for t in gguf.GGUFReader(path).tensors}
+    by_name = {t.name: t for t in gguf_tensors.tensors(path)}
     tensor = by_name.get("output.weight") or by_name.get("token_embd.weight")
     parse = None if tensor is None else eight_bit_parsers().get(tensor.tensor_type)
     return None if parse is None else parse(tensor.data)
@@ -121,12 +120,10 @@ def block_tensors(path: Path, config) -> dict[tuple[int, str, str], tuple[torch.
     """(layer, block, projection) → its blocks for every projection in the GGUF at `path` that stays in blocks, as
     its parser gives them (quant.block_linear says which linear they make: Q4_1 and Q4_K, Q8_0, Q5_0 and Q6_K); rows
     in transformers' order (a Llama file's q and k un-permuted, as transformers does when it loads a GGUF)."""
-    import gguf
-
     parsers = {**four_bit_parsers(), **eight_bit_parsers()}
     permuted = getattr(config, "model_type", "llama") in ("llama", "mistral")  # llama.cpp permutes only these
     tensors = {}
-    for tensor in gguf.GGUFReader(path).tensors:
+    for tensor in gguf_tensors.tensors(path):
         parts = tensor.name.split(".")  # blk.<i>.<kind>.weight
         parse = parsers.get(tensor.tensor_type)
         if parse is None or len(parts) != 4 or parts[2] not in PROJECTIONS or parts[3] != "weight":
