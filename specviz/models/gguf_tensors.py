@@ -11,10 +11,14 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from specviz.errors import SpecvizError
+
+if TYPE_CHECKING:
+    import gguf
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
@@ -22,12 +26,15 @@ DEFAULT_ALIGNMENT = 32
 STRING, ARRAY = 8, 9  # GGUF value types with a length; the others are fixed in size
 FIXED_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # u8 i8 u16 i16 u32 i32 f32 bool u64 i64 f64
 UINT32 = 4
+# tensor types stored as numpy numbers (GGUFReader's `data` is typed for these); every other type is blocks of bytes
+TYPED = {name: np.dtype(t) for name, t in (("F16", np.float16), ("F32", np.float32), ("F64", np.float64),
+                                            ("I8", np.int8), ("I16", np.int16), ("I32", np.int32), ("I64", np.int64))}
 
 
 @dataclass(frozen=True)
 class Tensor:
     name: str
-    tensor_type: object  # gguf.GGMLQuantizationType
+    tensor_type: gguf.GGMLQuantizationType
     shape: tuple[int, ...]  # GGUF's dimensions, the fastest-varying first (GGUFReader's `shape`)
     data: np.ndarray  # the bytes as GGUFReader's `data`: typed for float and integer tensors, else uint8 rows
 
@@ -100,7 +107,7 @@ def tensors(path: Path | str) -> list[Tensor]:
     for name, dims, kind, offset in table:
         tensor_type = gguf.GGMLQuantizationType(kind)
         shape = tuple(reversed(dims))  # numpy's order: the slowest-varying first
-        typed = _TYPED.get(tensor_type.name)
+        typed = TYPED.get(tensor_type.name)
         if typed is not None:
             item_type, count = typed, int(np.prod(dims))
         else:
@@ -114,6 +121,3 @@ def tensors(path: Path | str) -> list[Tensor]:
         out.append(Tensor(name, tensor_type, tuple(dims), array))
     return out
 
-
-_TYPED = {name: np.dtype(t) for name, t in (("F16", np.float16), ("F32", np.float32), ("F64", np.float64),
-                                             ("I8", np.int8), ("I16", np.int16), ("I32", np.int32), ("I64", np.int64))}
