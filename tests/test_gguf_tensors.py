@@ -70,6 +70,9 @@ def test_not_a_gguf_or_cut_short_is_a_clear_error(tmp_path):
     (tmp_path / "other.bin").write_bytes(b"PK\x03\x04" + whole[4:])
     with pytest.raises(SpecvizError, match="not a GGUF file"):
         gguf_tensors.tensors(tmp_path / "other.bin")
+    (tmp_path / "empty.gguf").write_bytes(b"")
+    with pytest.raises(SpecvizError, match="not a GGUF file"):
+        gguf_tensors.tensors(tmp_path / "empty.gguf")
     (tmp_path / "head.gguf").write_bytes(whole[:200])  # inside the metadata
     with pytest.raises(SpecvizError, match="cut short"):
         gguf_tensors.tensors(tmp_path / "head.gguf")

@@ -364,7 +364,7 @@ def test_the_parser_reads_the_real_file_as_gguf_does():
         assert tensor.tensor_type == gguf.GGMLQuantizationType.Q4_1
         expected = torch.from_numpy(gguf.quants.dequantize(tensor.data, tensor.tensor_type).copy())
         assert torch.equal(gguf_blocks.dequantize(*gguf_blocks.parse_q4_1(tensor.data)), expected), name
-    head = quantized.q8_head_tensors(path)  # SmolLM2's tied LM head: its Q8_0 embedding
+    head = quantized.q8_head_tensors(list(tensors.values()))  # SmolLM2's tied LM head: its Q8_0 embedding
     embedding = tensors["token_embd.weight"]
     assert head is not None and embedding.tensor_type == gguf.GGMLQuantizationType.Q8_0
     expected = torch.from_numpy(gguf.quants.dequantize(embedding.data, embedding.tensor_type).copy())

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from specviz.models.loading import LoadedModels
 
 PLAIN = "none"  # the plain drafter's name: every comparison's baseline
-PROJECTION_ENV = "SPECVIZ_DRAFT_PROJECTION"  # "packed": vocab_projection keeps the rows in the draft's dtype; "auto"
+PROJECTION_ENV = "SPECVIZ_DRAFT_PROJECTION"  # "auto" (unset) or "packed": vocab_projection keeps the rows in the draft's dtype
 
 
 def check_total_tokens(drafter: str, total_tokens: object, whole_tree_allowed: bool = False) -> None:

@@ -1,10 +1,10 @@
 """The tensors of a GGUF file, read without building its metadata: what the loaders take from it.
 
 gguf's `GGUFReader` turns every metadata value into numpy views before it reaches the tensor table (a tokenizer's
-49,152 strings and merges: about 3.5 s for SmolLM2-135M's file on a 2-core Xeon, 12 s for qwen2.5-coder-1.5B's,
-and a 4-bit load opens its file twice). Here the header is read, the metadata stepped over, and each tensor's bytes
-mapped as `GGUFReader` maps them: the same names, types, dimensions and `data` arrays (tests/test_q4.py compares
-the two on real files and on written ones).
+49,152 strings and merges: about 3.5 s for SmolLM2-135M's file on a 2-core Xeon, 12 s for qwen2.5-coder-1.5B's).
+Here the header is read, the metadata stepped over, and each tensor's bytes mapped as `GGUFReader` maps them: the
+same names, types, dimensions and `data` arrays (tests/test_gguf_tensors.py compares the two on a real file and on
+written ones).
 """
 from __future__ import annotations
 
@@ -23,9 +23,7 @@ if TYPE_CHECKING:
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
-STRING, ARRAY = 8, 9  # GGUF value types with a length; the others are fixed in size
-FIXED_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # u8 i8 u16 i16 u32 i32 f32 bool u64 i64 f64
-UINT32 = 4
+STRING, ARRAY = 8, 9  # GGUF's value types with a length (gguf.GGUFValueType); the rest are fixed in size
 # tensor types stored as numpy numbers (GGUFReader's `data` is typed for these); every other type is blocks of bytes
 TYPED = {name: np.dtype(t) for name, t in (("F16", np.float16), ("F32", np.float32), ("F64", np.float64),
                                             ("I8", np.int8), ("I16", np.int16), ("I32", np.int32), ("I64", np.int64))}
@@ -40,8 +38,8 @@ class Tensor:
 
 
 class _Cursor:
-    def __init__(self, buffer: memoryview) -> None:
-        self.buffer, self.at = buffer, 0
+    def __init__(self, buffer: memoryview, sizes: dict[int, int]) -> None:
+        self.buffer, self.at, self.sizes = buffer, 0, sizes
 
     def take(self, form: str) -> tuple:
         values = struct.unpack_from("<" + form, self.buffer, self.at)
@@ -55,18 +53,18 @@ class _Cursor:
         return text
 
     def skip_value(self, kind: int) -> None:
-        if kind == STRING:
+        if kind in self.sizes:
+            self.at += self.sizes[kind]
+        elif kind == STRING:
             (length,) = self.take("Q")
             self.at += length
         elif kind == ARRAY:
             element, count = self.take("IQ")
-            if element in FIXED_SIZES:
-                self.at += FIXED_SIZES[element] * count
+            if element in self.sizes:
+                self.at += self.sizes[element] * count
             else:
                 for _ in range(count):
                     self.skip_value(element)
-        elif kind in FIXED_SIZES:
-            self.at += FIXED_SIZES[kind]
         else:
             raise SpecvizError(f"unknown GGUF value type {kind}")
 
@@ -75,8 +73,12 @@ def tensors(path: Path | str) -> list[Tensor]:
     """Every tensor of the GGUF at `path`, in the file's order, its bytes mapped read-only from the file."""
     import gguf
 
+    if Path(path).stat().st_size < len(MAGIC):
+        raise SpecvizError(f"{path} is not a GGUF file (no GGUF magic)")
     data = np.memmap(path, mode="r")
-    cursor = _Cursor(memoryview(data))
+    # the size of each fixed-size value type, as gguf's reader maps them to numpy; strings and arrays have a length
+    sizes = {int(kind): np.dtype(scalar).itemsize for kind, scalar in gguf.GGUFReader.gguf_scalar_to_np.items()}
+    cursor = _Cursor(memoryview(data), sizes)
     try:
         if bytes(cursor.buffer[:4]) != MAGIC:
             raise SpecvizError(f"{path} is not a GGUF file (no GGUF magic)")
@@ -89,7 +91,7 @@ def tensors(path: Path | str) -> list[Tensor]:
         for _ in range(kv_count):
             key = cursor.string()
             (kind,) = cursor.take("I")
-            if key == b"general.alignment" and kind == UINT32:
+            if key == b"general.alignment" and kind == gguf.GGUFValueType.UINT32:
                 (alignment,) = cursor.take("I")
             else:
                 cursor.skip_value(kind)
@@ -120,4 +122,3 @@ def tensors(path: Path | str) -> list[Tensor]:
         array = data[begin : begin + count * item_type.itemsize].view(item_type).reshape(shape)
         out.append(Tensor(name, tensor_type, tuple(dims), array))
     return out
-

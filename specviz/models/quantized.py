@@ -89,10 +89,10 @@ def four_bit_parsers() -> dict:
     return {gguf.GGMLQuantizationType.Q4_1: blocks.parse_q4_1, gguf.GGMLQuantizationType.Q4_K: blocks.parse_q4_k_levels}
 
 
-def q8_head_tensors(path: Path) -> tuple[torch.Tensor, ...] | None:
-    """The blocks of the GGUF's LM head when it is 8-bit (Q8_0: codes and scales; Q6_K: its two levels; Q5_0):
-    `output.weight`, else the tied `token_embd.weight`."""
-    by_name = {t.name: t for t in gguf_tensors.tensors(path)}
+def q8_head_tensors(table: list[gguf_tensors.Tensor]) -> tuple[torch.Tensor, ...] | None:
+    """The blocks of a GGUF's LM head (its tensors: gguf_tensors.tensors) when it is 8-bit (Q8_0: codes and
+    scales; Q6_K: its two levels; Q5_0): `output.weight`, else the tied `token_embd.weight`."""
+    by_name = {t.name: t for t in table}
     tensor = by_name.get("output.weight") or by_name.get("token_embd.weight")
     parse = None if tensor is None else eight_bit_parsers().get(tensor.tensor_type)
     return None if parse is None else parse(tensor.data)
@@ -116,14 +116,14 @@ def attach_q8_head(model, tensors: tuple[torch.Tensor, ...] | None, activations:
 q8_head = quant.q8_head
 
 
-def block_tensors(path: Path, config) -> dict[tuple[int, str, str], tuple[torch.Tensor, ...]]:
-    """(layer, block, projection) → its blocks for every projection in the GGUF at `path` that stays in blocks, as
+def block_tensors(table: list[gguf_tensors.Tensor], config) -> dict[tuple[int, str, str], tuple[torch.Tensor, ...]]:
+    """(layer, block, projection) → its blocks for every projection among a GGUF's tensors that stays in blocks, as
     its parser gives them (quant.block_linear says which linear they make: Q4_1 and Q4_K, Q8_0, Q5_0 and Q6_K); rows
     in transformers' order (a Llama file's q and k un-permuted, as transformers does when it loads a GGUF)."""
     parsers = {**four_bit_parsers(), **eight_bit_parsers()}
     permuted = getattr(config, "model_type", "llama") in ("llama", "mistral")  # llama.cpp permutes only these
     tensors = {}
-    for tensor in gguf_tensors.tensors(path):
+    for tensor in table:
         parts = tensor.name.split(".")  # blk.<i>.<kind>.weight
         parse = parsers.get(tensor.tensor_type)
         if parse is None or len(parts) != 4 or parts[2] not in PROJECTIONS or parts[3] != "weight":
@@ -148,12 +148,12 @@ def quantize_target(model, model_file: ModelFile, activations: str = "fp32") -> 
     """Replace the target's projections by block linears from its GGUF (quant.block_linear), in place, and attach
     its 8-bit LM head where the file has one, both in tiles for 8-bit activations where `activations` is "q8";
     returns how many projections were replaced."""
-    path = fetch_gguf(model_file)
-    tensors = block_tensors(path, model.config)
+    table = gguf_tensors.tensors(fetch_gguf(model_file))  # the file's tensor table, read once for both
+    tensors = block_tensors(table, model.config)
     if not any(isinstance(quant.block_linear(blocks), quant.FOUR_BIT) for blocks in tensors.values()):
         raise SpecvizError(f"{model_file.gguf_name} has no 4-bit projections: --weights q4 needs a Q4_1 or Q4_K GGUF")
     replaced = replace_projections(model, tensors, activations)
-    attach_q8_head(model, q8_head_tensors(path), activations)
+    attach_q8_head(model, q8_head_tensors(table), activations)
     return replaced
 
 
