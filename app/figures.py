@@ -60,7 +60,9 @@ def visible(text: str) -> str:
 
 
 def label(text: str) -> str:
-    return escape(visible(text))
+    """Token text for a plotly label or hover: markup escaped, quotes left as they are (plotly decodes &amp;, &lt;
+    and &gt; but prints &quot; as it stands)."""
+    return html.escape(visible(text), quote=False)
 
 
 def md_code(text: str) -> str:

@@ -276,6 +276,15 @@ def columns_at(shares: list[float], n: int, min_expected: float = 5.0) -> int:
     return common + (common < len(shares))
 
 
+
+def samples_for_a_test(shares: list[float], n: int) -> int | None:
+    """The fewest samples a side above n with which `two_sample_test` has two columns (one degree of freedom): the
+    most frequent outcome, at its share in this sample, expects `min_expected` = 5 a side and gets a column of its
+    own beside the pooled rest. None when every sample gave one outcome (no second column at any n)."""
+    if len(shares) < 2:
+        return None
+    return max(n + 1, math.ceil(5 / max(shares) - 1e-9))
+
 # ------------------------------------------------------------------------------- the acceptance histogram
 
 

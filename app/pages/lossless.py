@@ -3,7 +3,7 @@ from collections import Counter
 
 import streamlit as st
 
-from app import figures, state
+from app import figures, state, tokens
 from specviz import analysis
 from specviz.drafters import PLAIN
 
@@ -80,61 +80,78 @@ side_b = [tuple(ids[:width]) for ids in result["samples"][PLAIN]]
 test = analysis.two_sample_test(side_a, side_b)
 m = st.columns(5)
 m[0].metric("N per side", f"{test['n_a']} / {test['n_b']}")
-m[1].metric("total variation (test's columns)", f"{test['tv']:.3f}",
-            help=f"½ Σ |share in A − share in B| over the test's {test['columns']} columns: the common outcomes and "
-                 f"one for the {test['pooled']} rare ones pooled. Over the outcomes themselves it is "
-                 f"{test['tv_outcomes']:.3f}, which on a long tail is large from sampling noise alone.")
-m[2].metric("chi-square", f"{test['chi2']:.2f}", help=f"{test['dof']} degrees of freedom")
-m[3].metric("p-value", "—" if test["p_value"] != test["p_value"] else f"{test['p_value']:.3f}")
 m[4].metric(f"{drafter} runs whose first token was tested", f"{result['tested']} / {test['n_a']}",
             help="Runs where the first step drafted a token, so the first output went through accept/reject.")
-verdict = test["p_value"]
-if verdict != verdict:  # NaN: every outcome too rare to test
-    st.info("No outcome occurred often enough for a chi-square test (each needs an expected count of 5): the "
-            "distribution is too flat for this N. Sample more runs or lower the temperature.")
+needed = analysis.samples_for_a_test(test["shares"], test["n_a"])
+if test["dof"] < 1:  # one column: nothing to compare, so no distance, statistic or p-value is shown
+    m[1].metric("total variation (test's columns)", "no test")
+    m[2].metric("chi-square", "no test")
+    m[3].metric("p-value", "no test")
+    if needed is None:
+        st.info(f"Every run of both sides gave the same {what}: there is nothing to compare. A chi-square test "
+                "needs at least two different outcomes; raise the temperature or change the prompt.")
+    else:
+        st.info(f"No test at N = {test['n_a']}: all {len(test['shares'])} outcomes are too rare for a column of "
+                f"their own (each needs an expected count of 5 a side), so they would all fall into one pooled "
+                f"column, and one column has nothing to compare. From the shares of this sample the most frequent "
+                f"outcome gets a column at about **N = {needed:,} per side**; sample at least that many.")
 else:
+    m[1].metric("total variation (test's columns)", f"{test['tv']:.3f}",
+                help=f"½ Σ |share in A − share in B| over the test's {test['columns']} columns: the common outcomes "
+                     f"and one for the {test['pooled']} rare ones pooled. Over the outcomes themselves it is "
+                     f"{test['tv_outcomes']:.3f}, which on a long tail is large from sampling noise alone.")
+    m[2].metric("chi-square", f"{test['chi2']:.2f}", help=f"{test['dof']} degrees of freedom")
+    m[3].metric("p-value", f"{test['p_value']:.3f}")
+    verdict = test["p_value"]
     (st.success if verdict >= 0.01 else st.warning)(
         f"p-value {verdict:.3f}: " + ("no evidence at the 1 % level that the two distributions differ (not proof "
                                       "that they are equal: see below)." if verdict >= 0.01 else
                                       "the samples differ more than chance usually allows (or this is the 1% case)."))
-st.caption(f"Pearson's chi-square test of homogeneity on a 2 × {test['columns']} table (a standard two-sample "
-           "test; the p-value is the probability of a chi-square at least this large when both samples come from one "
-           f"distribution, so below 0.01 happens 1 % of the time by chance); {test['pooled']} rare outcomes (expected "
-           "count below 5) pooled into one column. Total variation = ½ Σ |share in sample A − share in sample B| over those "
-           "columns; with "
-           f"N = {test['n_a']} and {test['n_b']}, two samples of one distribution (these two pooled) differ by a TV of "
-           f"about {test['noise_tv']:.2f} from sampling noise alone (normal approximation; it shrinks as 1/√N).")
+    st.caption(f"Pearson's chi-square test of homogeneity on a 2 × {test['columns']} table (a standard two-sample "
+               "test; the p-value is the probability of a chi-square at least this large when both samples come "
+               "from one distribution, so below 0.01 happens 1 % of the time by chance); "
+               f"{test['pooled']} rare outcomes (expected count below 5) pooled into one column. Total variation = "
+               "½ Σ |share in sample A − share in sample B| over those columns; with "
+               f"N = {test['n_a']} and {test['n_b']}, two samples of one distribution (these two pooled) differ by a "
+               f"TV of about {test['noise_tv']:.2f} from sampling noise alone (normal approximation; it shrinks as "
+               "1/√N).")
 
+st.subheader("How sure are we?")
 if test["dof"] >= 1:
-    st.subheader("How sure are we?")
     sure = analysis.detectable_tv(test["n_a"], test["n_b"], test["dof"])
     st.metric("smallest difference this N is sure to see (total variation)",
               f"{sure:.3f}" if sure < 1 else "none: too few samples",
               help="Detected with probability at least 80 % by this test at the 1 % level, whatever the shape of "
                    "the difference over the test's columns (the common outcomes and the pooled rest). A difference "
                    "that only moves mass among the pooled rare outcomes is not seen at all, at any size.")
-    sizes = [100, 300, 1_000, 3_000, 10_000, 30_000]
-    rows = []
-    for size in sizes:  # more samples pool fewer outcomes: more columns, more degrees of freedom
-        dof = max(1, analysis.columns_at(test["shares"], size) - 1)
-        rows.append({"N per side": f"{size:,}", "degrees of freedom (outcomes as in this sample)": dof,
-                     "smallest TV seen with probability ≥ 80 %": round(analysis.detectable_tv(size, size, dof), 3)})
-    st.dataframe(rows, hide_index=True)
-    st.caption(
-        "What is bounded: the total variation over the test's columns, not over tokens; mass moved among outcomes "
-        "rare enough to be pooled stays unseen. The table's degrees of freedom are the columns each N would make "
-        "from the outcome shares of this sample (outcomes expecting 5 a side get their own column). "
-        f"Method: with {test['dof']} degrees of freedom the test rejects at the 1 % level above the chi-square "
-        "quantile; under a difference the statistic is about noncentral chi-square with noncentrality "
-        "λ = N_eff · Σ (a − b)² ÷ m (N_eff = N_a·N_b ÷ (N_a + N_b), m the pooled shares), and Σ (a − b)² ÷ m ≥ "
-        "(Σ |a − b|)² = 4·TV² (Cauchy–Schwarz), so every difference of that TV has λ ≥ 4·N_eff·TV². The table "
-        "solves for the TV whose λ gives 80 % power (`specviz.analysis.detectable_tv`, tested by simulation in "
-        "`tests/test_power.py`). A p-value above 0.01 says only that the difference is probably below that; that "
-        "it is zero comes from the proof on *Why it works*, not from sampling.")
+else:
+    st.metric("smallest difference this N is sure to see (total variation)", "none: no test at this N",
+              help="With one column the test sees no difference of any size.")
+sizes = [100, 300, 1_000, 3_000, 10_000, 30_000]
+rows = []
+for size in sizes:  # more samples pool fewer outcomes: more columns, more degrees of freedom
+    dof = max(1, analysis.columns_at(test["shares"], size) - 1)
+    rows.append({"N per side": f"{size:,}", "degrees of freedom (outcomes as in this sample)": dof,
+                 "smallest TV seen with probability ≥ 80 %": round(analysis.detectable_tv(size, size, dof), 3)})
+st.dataframe(rows, hide_index=True)
+st.caption(
+    "What is bounded: the total variation over the test's columns, not over tokens; mass moved among outcomes "
+    "rare enough to be pooled stays unseen. The table's degrees of freedom are the columns each N would make "
+    "from the outcome shares of this sample (outcomes expecting 5 a side get their own column). "
+    "Method: with d degrees of freedom the test rejects at the 1 % level above the chi-square quantile; under a "
+    "difference the statistic is about noncentral chi-square with noncentrality "
+    "λ = N_eff · Σ (a − b)² ÷ m (N_eff = N_a·N_b ÷ (N_a + N_b), m the pooled shares), and Σ (a − b)² ÷ m ≥ "
+    "(Σ |a − b|)² = 4·TV² (Cauchy–Schwarz), so every difference of that TV has λ ≥ 4·N_eff·TV². The table "
+    "solves for the TV whose λ gives 80 % power (`specviz.analysis.detectable_tv`, tested by simulation in "
+    "`tests/test_power.py`). The bound is a statement about the test's power, not about this sample: a difference "
+    "of at least that TV would have given a p-value below 0.01 with probability at least 80 %. A p-value above "
+    "0.01 is therefore no probability that the difference is small; that it is zero comes from the proof on "
+    "*Why it works*, not from sampling.")
 
 counts_a, counts_b = Counter(side_a), Counter(side_b)
 top = sorted(set(counts_a) | set(counts_b), key=lambda o: -(counts_a[o] + counts_b[o]))[:25]
-names = figures.unique_labels([(hash(o), "".join(result["texts"].get(t, f"<{t}>") for t in o)) for o in top])
+tokenizer = shared.models_here().tokenizer if shared.capabilities.bench else None  # joins a character's bytes
+names = figures.unique_labels([(hash(o), tokens.readable(o, result["texts"], tokenizer)) for o in top])
 st.plotly_chart(figures.histogram_pair(
     names, {f"{drafter} (speculative)": [counts_a[o] / test["n_a"] for o in top],
             "none (target alone)": [counts_b[o] / test["n_b"] for o in top]},
