@@ -17,7 +17,9 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from app import regimes
 from app.figures import KIND_COLOURS, KIND_LABELS
+from specviz import roofline
 from specviz.decoding import events as ev
 from specviz.drafters import PLAIN
 from specviz.errors import SpecvizError
@@ -26,7 +28,10 @@ BUNDLE_FORMAT = "specviz-race-bundle"
 BUNDLE_VERSION = 1
 MAX_BUNDLE_BYTES = 256 * 2**20  # uncompressed; a race of a few drafters at 256 tokens is a few MB
 SPEEDS = (0.25, 0.5, 1, 2, 4)
-DRAFTER_NAME = re.compile(r"[a-z][a-z0-9_]*(:[a-z_]+=[A-Za-z0-9_.]+)*")  # a spec such as eagle2:lookup=4
+MODELLED_SPEEDS = (0.01, 0.02, 0.05, 0.1, 0.25, 1)  # a modelled GPU's race lasts a fraction of a second: slowed
+# a spec such as eagle2:lookup=4, on a named weight set where the race runs several (eagle2@fp32)
+DRAFTER_NAME = re.compile(r"[a-z][a-z0-9_]*(:[a-z_]+=[A-Za-z0-9_.]+)*(@[a-z0-9]+)?")
+Regimes = dict  # lane -> {"weights": str | None, "verify_cost_ratio": float | None}: what a lane ran on
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,9 @@ class Lane:
     tau: float
     stop_reason: str
     same_as_none: bool | None  # at temperature 0 beside a `none` lane: is the text none's? else None
+    weights: str | None = None  # the weight set it ran on, where the race names it
+    label: str = ""  # its weights and measured c(8) ÷ c(1) (app.regimes.lane_label)
+    baseline: str | None = None  # the lane its speedup is over: `none` on the same weights
 
 
 def temperature_of(runs: dict[str, list[dict]]) -> float:
@@ -48,24 +56,38 @@ def temperature_of(runs: dict[str, list[dict]]) -> float:
     return max(events[0]["sampling"]["temperature"] for events in runs.values())
 
 
-def build_lanes(runs: dict[str, list[dict]]) -> list[Lane]:
-    """Lanes, in the order of `runs` ({drafter: its events}); each run must be finished (end with done)."""
+def build_lanes(runs: dict[str, list[dict]], regimes_of: Regimes | None = None, clock=None) -> list[Lane]:
+    """Lanes, in the order of `runs` ({lane: its events}); each run must be finished (end with done). regimes_of:
+    each lane's weights and measured c(8) ÷ c(1), where known. clock: a specviz.roofline.Roofline that times the
+    steps instead of the measured elapsed_s (a modelled clock), or None."""
     greedy = temperature_of(runs) == 0
-    base = runs.get(PLAIN)
     lanes = []
-    for drafter, events in runs.items():
+    for name, events in runs.items():
         done = events[-1]
         steps = [e for e in events if e["type"] == "step"]
+        base = regimes.baseline_of(name, list(runs), PLAIN)
+        regime = (regimes_of or {}).get(name, {})
+        weights = regime.get("weights", regimes.split_lane(name)[1])
+        timed = clock if clock is None or "draft_share" not in regime else roofline.with_draft_share(
+            clock, regime["draft_share"])
+        times = [s["timing"]["elapsed_s"] for s in steps] if timed is None else roofline.step_times(events, timed)
+        made = [sum(len(s["committed"]) for s in steps[:i + 1]) for i in range(len(steps))]
+        rates = ([s["timing"]["tokens_per_s"] for s in steps] if timed is None
+                 else [n / t if t else 0.0 for n, t in zip(made, times)])
         lanes.append(Lane(
-            drafter=drafter,
-            steps=[{"step": s["step"], "t": s["timing"]["elapsed_s"], "tokens_per_s": s["timing"]["tokens_per_s"],
-                    "tokens": [[c["text"], c["kind"]] for c in s["committed"]]} for s in steps],
-            finish_s=steps[-1]["timing"]["elapsed_s"] if steps else 0.0,
+            drafter=name,
+            steps=[{"step": s["step"], "t": t, "tokens_per_s": rate,
+                    "tokens": [[c["text"], c["kind"]] for c in s["committed"]]} for s, t, rate in zip(steps, times, rates)],
+            finish_s=times[-1] if steps else 0.0,
             new_tokens=done["stats"]["new_tokens"],
-            tokens_per_s=done["stats"]["tokens_per_s"],
+            tokens_per_s=done["stats"]["tokens_per_s"] if timed is None else roofline.modelled_tokens_per_s(events, timed),
             tau=done["stats"]["tau"],
             stop_reason=done["stop_reason"],
-            same_as_none=done["token_ids"] == base[-1]["token_ids"] if greedy and base else None,
+            same_as_none=done["token_ids"] == runs[base][-1]["token_ids"] if greedy and base else None,
+            weights=weights,
+            label=" · ".join(filter(None, (regimes.lane_label(weights, regime.get("verify_cost_ratio"))
+                                           if regime or weights else "", "" if clock is None else "MODELLED"))),
+            baseline=base,
         ))
     return lanes
 
@@ -98,11 +120,17 @@ def _script_json(data) -> str:
 
 
 def race_data(lanes: list[Lane], *, prompt: str, temperature: float, max_new_tokens: int, note: str,
-              presenter: bool = False) -> dict:
-    """Everything the document shows, as the JSON it embeds."""
+              presenter: bool = False, clock=None, one_run: bool = True) -> dict:
+    """Everything the document shows, as the JSON it embeds. clock: the specviz.roofline.Roofline the lanes were
+    timed on (the document then says MODELLED, with the formula and its caveat), or None (measured time).
+    one_run: each bar is one run of each lane (the document says so)."""
     return {
         "prompt": prompt, "temperature": temperature, "max_new_tokens": max_new_tokens, "note": note,
-        "presenter": presenter, "speeds": list(SPEEDS),
+        "presenter": presenter, "speeds": list(SPEEDS if clock is None else MODELLED_SPEEDS),
+        "speed": 1 if clock is None else MODELLED_SPEEDS[1],
+        "clock": "measured" if clock is None else "MODELLED",
+        "clock_note": "" if clock is None else f"{clock.describe()}. {roofline.FORMULA}. {roofline.CAVEAT}",
+        "one_run": one_run,
         "kinds": {k: {"colour": KIND_COLOURS[k], "label": KIND_LABELS[k]} for k in KIND_COLOURS},
         "lanes": [asdict(lane) for lane in lanes],
     }
@@ -150,6 +178,8 @@ body.presenter .note { font-size: 0.6em; }
 .lane-head { display: flex; gap: 14px; align-items: baseline; flex-wrap: wrap; font-variant-numeric: tabular-nums; }
 .lane-name { font-weight: 700; font-family: monospace; font-size: 1.1em; min-width: 7em; }
 .stat b { font-weight: 600; }
+.lane-label { font-size: 0.85em; color: #555; font-family: monospace; }
+.note.modelled { color: #9a3412; font-weight: 600; }
 .finish { margin-left: auto; font-weight: 700; color: #2ca02c; visibility: hidden; }
 .lane.finished .finish { visibility: visible; }
 .same { font-size: 0.85em; visibility: hidden; }
@@ -182,11 +212,12 @@ _JS = r"""
   };
   const fmt = (x, d) => x.toFixed(d);
   const ordinal = n => n + ({ 1: "st", 2: "nd", 3: "rd" }[n % 100 > 10 && n % 100 < 14 ? 0 : n % 10] || "th");
-  const base = D.lanes.find(l => l.drafter === "none");
+  const byName = Object.fromEntries(D.lanes.map(l => [l.drafter, l]));
+  const based = D.lanes.some(l => l.baseline);
   const end = Math.max(0, ...D.lanes.map(l => l.finish_s));
   // the global clock's steps: every moment at which some lane commits tokens
   const times = [...new Set(D.lanes.flatMap(l => l.steps.map(s => s.t)))].sort((a, b) => a - b);
-  let clock = 0, speed = 1, playing = false, last = null;
+  let clock = 0, speed = D.speed, playing = false, last = null;
 
   const controls = el("div", "controls");
   const play = el("button", "primary", "Start");
@@ -194,12 +225,13 @@ _JS = r"""
   const back = el("button", "", "◀ step");
   const next = el("button", "", "step ▶");
   const speedSel = el("select");
-  D.speeds.forEach(s => { const o = el("option", "", s + "×"); o.value = s; if (s === 1) o.selected = true; speedSel.appendChild(o); });
+  D.speeds.forEach(s => { const o = el("option", "", s + "×"); o.value = s; if (s === D.speed) o.selected = true; speedSel.appendChild(o); });
   const clockEl = el("span", "clock");
   play.id = "race-play"; next.id = "race-next"; back.id = "race-back"; restart.id = "race-restart"; speedSel.id = "race-speed";
   controls.append(play, restart, back, next, el("span", "", "speed"), speedSel, clockEl);
   root.appendChild(controls);
   root.appendChild(el("div", "note", D.note));
+  if (D.clock_note) root.appendChild(el("div", "note modelled", D.clock_note));
   const legend = el("div", "legend");
   for (const k in D.kinds) { const s = el("span", "", D.kinds[k].label); s.style.background = D.kinds[k].colour; legend.appendChild(s); }
   root.appendChild(legend);
@@ -211,8 +243,10 @@ _JS = r"""
     const head = el("div", "lane-head");
     const stats = { tokens: el("span", "stat"), steps: el("span", "stat"), tau: el("span", "stat"), tps: el("span", "stat") };
     const finish = el("span", "finish");
-    head.append(el("span", "lane-name", lane.drafter), stats.tokens, stats.steps, stats.tau, stats.tps);
-    if (lane.same_as_none !== null && lane.drafter !== "none") {
+    head.append(el("span", "lane-name", lane.drafter));
+    if (lane.label) head.appendChild(el("span", "lane-label", lane.label));
+    head.append(stats.tokens, stats.steps, stats.tau, stats.tps);
+    if (lane.same_as_none !== null && lane.drafter !== lane.baseline) {
       head.appendChild(el("span", "same " + (lane.same_as_none ? "ok" : "bad"),
         lane.same_as_none ? "same text as none ✓" : "differs from none ⚠"));
     }
@@ -233,15 +267,18 @@ _JS = r"""
   });
 
   const bars = el("div", "bars");
-  bars.appendChild(el("h4", "", base ? "Speedup over none (tokens/s ÷ none's tokens/s, measured)" : "tokens/s (measured)"));
-  const value = l => base ? l.tokens_per_s / base.tokens_per_s : l.tokens_per_s;
+  const clockWord = D.clock === "MODELLED" ? "MODELLED" : "measured";
+  const runs = D.one_run ? "; one run of each lane, not a median: a rerun moves them" : "";
+  bars.appendChild(el("h4", "", based ? "Speedup over none on the same weights (tokens/s ÷ that none's tokens/s, " + clockWord + runs + ")"
+                                      : "tokens/s (" + clockWord + runs + ")"));
+  const value = l => l.baseline ? l.tokens_per_s / byName[l.baseline].tokens_per_s : l.tokens_per_s;
   const top = Math.max(1e-9, ...D.lanes.map(value));
   const barRows = D.lanes.map(lane => {
     const row = el("div", "bar-row"), bar = el("div", "bar");
     row.dataset.drafter = lane.drafter;
     bar.style.width = (60 * value(lane) / top) + "%";
     row.append(el("span", "bar-name", lane.drafter), bar,
-      el("span", "bar-value", base ? fmt(value(lane), 2) + "×" : fmt(value(lane), 1) + " tokens/s"));
+      el("span", "bar-value", lane.baseline ? fmt(value(lane), 2) + "×" : fmt(value(lane), 1) + " tokens/s"));
     bars.appendChild(row);
     return row;
   });
@@ -271,7 +308,7 @@ _JS = r"""
       v.fill.style.width = (100 * tokens / Math.max(1, D.max_new_tokens)) + "%";
       barRows[i].classList.toggle("shown", done);
     });
-    clockEl.textContent = "t = " + fmt(clock, 2) + " s of " + fmt(end, 2) + " s (measured time)";
+    clockEl.textContent = "t = " + fmt(clock, 3) + " s of " + fmt(end, 3) + " s (" + clockWord + " time)";
     play.textContent = playing ? "Pause" : (clock >= end ? "Replay" : (clock > 0 ? "Resume" : "Start"));
     document.body.dataset.clock = String(clock);
   }
@@ -316,11 +353,15 @@ def lane_file(index: int, drafter: str) -> str:
     return f"lane-{index}-{re.sub(r'[^A-Za-z0-9_.-]+', '_', drafter)}.jsonl"
 
 
-def write_bundle(runs: dict[str, list[dict]]) -> bytes:
-    """The race as a zip: one trace per lane (events.write_trace's JSONL) and manifest.json naming them."""
+def write_bundle(runs: dict[str, list[dict]], regimes_of: Regimes | None = None, about: dict | None = None) -> bytes:
+    """The race as a zip: one trace per lane (events.write_trace's JSONL) and manifest.json naming them, with each
+    lane's weights and measured c(8) ÷ c(1) where known (regimes_of) and where the race was measured (about:
+    machine, date, command)."""
     manifest = {"format": BUNDLE_FORMAT, "version": BUNDLE_VERSION, "schema_version": ev.SCHEMA_VERSION,
                 "prompt": next(iter(runs.values()))[0]["prompt_text"] if runs else "",
-                "lanes": [{"drafter": d, "trace": lane_file(i, d), "new_tokens": events[-1]["stats"]["new_tokens"]}
+                **({"about": about} if about else {}),
+                "lanes": [{"drafter": d, "trace": lane_file(i, d), "new_tokens": events[-1]["stats"]["new_tokens"],
+                           **(regimes_of or {}).get(d, {})}
                           for i, (d, events) in enumerate(runs.items(), 1)]}
     buffer = io.BytesIO()
     with tempfile.TemporaryDirectory() as tmp, zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as zf:
@@ -354,11 +395,22 @@ def read_bundle(data: bytes, name: str = "bundle") -> dict[str, list[dict]]:
             except KeyError:
                 raise SpecvizError(f"{name}: the manifest names {member}, which the zip does not hold") from None
             runs[drafter] = parse_trace(text, f"{name}: {member}", finished=True)
-            if runs[drafter][0]["drafter"] != drafter.split(":", 1)[0]:  # eagle2:lookup=4 runs eagle2
+            if runs[drafter][0]["drafter"] != re.split("[:@]", drafter, maxsplit=1)[0]:  # eagle2:lookup=4 runs eagle2
                 raise SpecvizError(f"{name}: {member} is a run of {runs[drafter][0]['drafter']!r}, "
                                    f"not of {drafter!r} as the manifest says")
     _check_one_race(runs, name)
     return runs
+
+
+def bundle_about(data: bytes) -> tuple[Regimes, dict]:
+    """A bundle's lanes' weights and c(8) ÷ c(1) (as build_lanes takes them) and where it was measured (its
+    manifest's `about`: machine, date, command; empty where it says nothing). Read after read_bundle checked it."""
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        manifest = json.loads(zf.read("manifest.json"))
+    regimes_of = {lane["drafter"]: {key: lane[key] for key in ("weights", "verify_cost_ratio") if key in lane}
+                  for lane in manifest["lanes"]}
+    about = manifest.get("about")
+    return {k: v for k, v in regimes_of.items() if v}, about if isinstance(about, dict) else {}
 
 
 RACE_FIELDS = ("model", "prompt_text", "sampling", "seed", "max_new_tokens")  # what every lane of one race shares

@@ -49,10 +49,53 @@ class Settings(DecodeSettings):
         return run.with_defaults(dict(tree)) if tree else run  # a variant's own options (eagle2:lookup=4) win
 
 
-@st.cache_resource(show_spinner=False, max_entries=2)
-def _shared_models(name: str, _progress: Callable | None = None) -> Backend:
+@st.cache_resource(show_spinner=False, max_entries=4)
+def _shared_models(name: str, _progress: Callable | None = None, weights: str = "auto") -> Backend:
     # the tree drafters' "auto" budget measured now (warm), not in a visitor's first run
-    return open_backend(f"local:{name}", progress=_progress, warm=True)
+    return open_backend(f"local:{name}", progress=_progress, warm=True, weights=weights)
+
+
+def weight_sets(shared: Backend | None) -> list[str]:
+    """The weight sets the shared model runs on in this process, its own first (specviz.models.loading.weight_sets):
+    one for a remote engine (its own, not loaded here) or a model without a GGUF."""
+    if shared is None or not shared.capabilities.bench:
+        return [] if shared is None else [getattr(shared, "weights", "")]
+    from specviz.models.loading import weight_sets as sets
+
+    return list(dict.fromkeys([shared.weights, *sets(shared.name)]))
+
+
+def on_weights(shared: Backend, weights: str) -> Backend | None:
+    """The shared model on `weights`: itself, or the same model on another weight set, loaded once per process
+    beside it and sharing its tokenizer (specviz.models.loading.share_parts); None after showing the error."""
+    if weights == shared.weights:
+        return shared
+    from specviz.models.loading import share_parts
+
+    try:
+        with st.spinner(f"Loading {shared.name} on {weights} weights beside {shared.weights} (once per server "
+                        "process)…"):
+            other = _shared_models(shared.name, None, weights)
+    except SpecvizError as err:
+        st.error(f"Could not load {shared.name} on {weights} weights: {err}")
+        return None
+    share_parts(other.models_here(), shared.models_here())
+    return other
+
+
+def verify_ratio(backend: Backend) -> float | None:
+    """c(8) ÷ c(1) of the backend's target, from its verify-cost curve (measured once per loaded model, under the
+    backend's lock: never beside a run); None for an engine that does not measure one here."""
+    if not backend.capabilities.bench:  # an engine in this process (models_here)
+        return None
+    from app.regimes import cost_ratio
+    from specviz.decoding.costs import verify_curve
+
+    models = backend.models_here()
+    if models.verify_curve is None:
+        with backend.exclusive():
+            verify_curve(models)
+    return cost_ratio(models.verify_curve)
 
 
 @st.cache_resource(show_spinner=False, ttl=30)

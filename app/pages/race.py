@@ -1,17 +1,19 @@
 import os
 import re
 from dataclasses import replace
+from pathlib import Path
 
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import figures, lanes, state, teaching
+from app import clocks, figures, lanes, regimes, state, teaching
 from specviz import analysis as measures
 from specviz.backends import open_backend
 from specviz.drafters import PLAIN
 from specviz.errors import SpecvizError
 
 TRUE = ("1", "true", "yes", "on")
+REFERENCE = Path(__file__).resolve().parents[2] / "assets" / "race-regimes.zip"  # the reference race (assets/README.md)
 # Presenter mode: the sidebar and Streamlit's header hidden, the page's type larger.
 PRESENTER_CSS = """<style>
 [data-testid="stSidebar"], [data-testid="stSidebarCollapsedControl"], [data-testid="stExpandSidebarButton"],
@@ -73,12 +75,18 @@ def url_number(name: str, cast, low, high, problems: list[str]):
     return value
 
 
-def prefill_from_url(drafters: list[str]) -> None:
-    """Once per session: the race settings of the URL into the page's fields, so a bookmark opens a prepared race."""
+def prefill_from_url(drafters: list[str], sets: list[str]) -> None:
+    """Once per session: the race settings of the URL into the page's fields, so a bookmark opens a prepared race
+    (weights=q4q8,fp32: each drafter raced on each weight set)."""
     if st.session_state.get("race_url_read"):
         return
     st.session_state["race_url_read"] = True
     qp, problems = st.query_params, []
+    if "weights" in qp:
+        asked = [w.strip() for w in qp["weights"].split(",") if w.strip()]
+        if unknown := [w for w in asked if w not in sets]:
+            problems.append(f"weights {plain(', '.join(unknown))} (this model runs on {', '.join(sets)} here)")
+        st.session_state["race_weights"] = [w for w in asked if w in sets] or sets[:1]
     if "prompt" in qp:
         st.session_state["race_prompt"] = qp["prompt"]
     if "drafters" in qp:
@@ -107,21 +115,29 @@ def follow_sidebar(settings: state.Settings) -> None:
     st.session_state["race_side"] = side
 
 
-def write_url(prompt: str, chosen: list[str], temperature: float, seed: int, max_new: int, presenter: bool) -> None:
+def write_url(prompt: str, chosen: list[str], temperature: float, seed: int, max_new: int, presenter: bool,
+              weights: list[str] | None = None) -> None:
     """The race's settings in the address bar: bookmarking the page keeps the race."""
     st.query_params.from_dict({"prompt": prompt, "drafters": ",".join(chosen), "seed": str(seed),
                                "temperature": f"{temperature:g}", "max_tokens": str(max_new),
+                               **({"weights": ",".join(weights)} if weights else {}),
                                **({"presenter": "1"} if presenter else {})})
 
 
-def load_bundle(box) -> tuple[str, dict[str, list[dict]]] | None:
-    """A race bundle uploaded in `box`: (its name, {drafter: events}), or None (with the error shown)."""
+def load_bundle(box) -> tuple[str, dict[str, list[dict]], lanes.Regimes, dict] | None:
+    """A race bundle uploaded in `box`, or the reference race shipped in assets/ once its button is pressed: (its
+    name, {lane: events}, each lane's weights and c(8) ÷ c(1), where it was measured), or None (with the error
+    shown)."""
     upload = box.file_uploader("A race bundle (.zip, as downloaded below a race)", type=["zip"], key="race_upload")
-    if upload is None:
+    if upload is None and REFERENCE.is_file():
+        box.button("Load the reference race (both regimes, measured on a quiet host)", key="race_reference",
+                   on_click=lambda: st.session_state.update(race_use_reference=True))
+    if upload is None and not st.session_state.get("race_use_reference"):
         return None
-    name = figures.md_code(upload.name)  # messages are Markdown: no links or markup from a file name
+    name = figures.md_code(upload.name) if upload is not None else f"`{REFERENCE.name}`"  # Markdown: no links
+    data = upload.getvalue() if upload is not None else REFERENCE.read_bytes()
     try:
-        return name, lanes.read_bundle(upload.getvalue(), name)
+        return name, lanes.read_bundle(data, name), *lanes.bundle_about(data)
     except SpecvizError as err:
         box.error(f"Could not load the race bundle: {err}")
         return None
@@ -134,8 +150,12 @@ def other_engines(runs: dict[str, list[dict]]) -> dict[str, str]:
             if events[0].get("engine", "specviz") != ours}
 
 
-def show_race(runs: dict[str, list[dict]], where: str, presenter: bool) -> None:
-    """The lanes replayed together, the downloads and (outside presenter mode) the analysis."""
+def show_race(runs: dict[str, list[dict]], where: str, presenter: bool, regimes_of: lanes.Regimes | None = None,
+              clock=None, about: dict | None = None) -> None:
+    """The lanes replayed together, the downloads and (outside presenter mode) the analysis. regimes_of: each lane's
+    weights and measured c(8) ÷ c(1); clock: a modelled clock (specviz.roofline.Roofline) or None (measured);
+    about: where a loaded bundle was measured (machine, date, command)."""
+    regimes_of = regimes_of or {}
     start = next(iter(runs.values()))[0]
     temperature = lanes.temperature_of(runs)
     elsewhere = other_engines(runs)
@@ -145,14 +165,19 @@ def show_race(runs: dict[str, list[dict]], where: str, presenter: bool) -> None:
             + "; the lanes replay them on one clock, each step's tokens appearing at the time measured for it since "
             "its own run began (timing.elapsed_s). Lanes decoding truly at the same moment would need one engine "
             "worker per lane, and the engine runs one decode at a time per device.")
-    data = lanes.race_data(lanes.build_lanes(runs), prompt=start["prompt_text"], temperature=temperature,
-                           max_new_tokens=max(e[0]["max_new_tokens"] for e in runs.values()), note=note,
-                           presenter=presenter)
+    data = lanes.race_data(lanes.build_lanes(runs, regimes_of, clock), prompt=start["prompt_text"],
+                           temperature=temperature, max_new_tokens=max(e[0]["max_new_tokens"] for e in runs.values()),
+                           note=note, presenter=presenter, clock=clock)
+    if (reason := clocks.why(regimes_of)) is not None:
+        st.info(f"**Why the lanes differ by weights:** {reason}")
+    if clock is not None:
+        st.warning(clocks.modelled_note(clock, regimes_of))
     for lane in data["lanes"]:  # another engine's text is compared below, for information, not marked as ours is
         if lane["drafter"] in elsewhere:
             lane["same_as_none"] = None
     document = lanes.race_document(data)
-    st.iframe(document, height="content", alt="The race's lanes, replayed at their measured timings")
+    st.iframe(document, height="content", alt="The race's lanes, replayed at their "
+              + ("MODELLED" if clock is not None else "measured") + " timings")
     if presenter:
         return
     if temperature == 0 and PLAIN in runs:
@@ -185,29 +210,38 @@ def show_race(runs: dict[str, list[dict]], where: str, presenter: bool) -> None:
     c1, c2 = st.columns(2)
     c1.download_button("Download the race (HTML, replays offline)", document, file_name="specviz-race.html",
                        mime="text/html", key="race_dl_html")
-    c2.download_button("Download the trace bundle (zip: one JSONL trace per lane)", lanes.write_bundle(runs),
+    c2.download_button("Download the trace bundle (zip: one JSONL trace per lane)",
+                       lanes.write_bundle(runs, regimes_of, about),
                        file_name="specviz-race-bundle.zip", mime="application/zip", key="race_dl_bundle")
-    analysis(runs, temperature, where)
+    analysis(runs, temperature, where, regimes_of)
 
 
-def analysis(runs: dict[str, list[dict]], temperature: float, where: str) -> None:
-    base = runs.get(PLAIN)
+def analysis(runs: dict[str, list[dict]], temperature: float, where: str, regimes_of: lanes.Regimes) -> None:
+    first = next(iter(runs))
+    base = runs.get(regimes.baseline_of(first, list(runs)) or PLAIN)
     base_tps = state.done_of(base)["stats"]["tokens_per_s"] if base else None
     rows = []
     for name, events in runs.items():
         stats = state.done_of(events)["stats"]
+        own = runs.get(regimes.baseline_of(name, list(runs)) or "")
         rows.append({
-            "drafter": name,
+            "lane": name,
+            "weights": regimes_of.get(name, {}).get("weights"),
+            "c(8)/c(1)": (None if (ratio := regimes_of.get(name, {}).get("verify_cost_ratio")) is None
+                          else round(ratio, 2)),
             "tokens": stats["new_tokens"],
             "steps": stats["steps"],
             "τ (tokens/step)": round(stats["tau"], 2),
             "acceptance": None if stats["acceptance_rate"] is None else round(stats["acceptance_rate"], 3),
             "tokens/s": round(stats["tokens_per_s"], 2),
-            "speedup vs none": round(stats["tokens_per_s"] / base_tps, 2) if base_tps else None,
+            "speedup vs none (same weights)": round(stats["tokens_per_s"] / state.done_of(own)["stats"]["tokens_per_s"],
+                                                    2) if own else None,
+            **({f"speedup vs {regimes.baseline_of(first, list(runs))}": round(stats["tokens_per_s"] / base_tps, 2)}
+               if base_tps and "@" in first else {}),
             "draft s": round(stats["draft_s"], 2),
             "verify s": round(stats["verify_s"], 2),
-            "same text as none (greedy)": (state.done_of(events)["token_ids"] == state.done_of(base)["token_ids"])
-            if base and temperature == 0 else None,
+            "same text as none (greedy)": (state.done_of(events)["token_ids"] == state.done_of(own)["token_ids"])
+            if own and temperature == 0 else None,
         })
     st.subheader("Results")
     st.dataframe(rows, hide_index=True)
@@ -216,7 +250,9 @@ def analysis(runs: dict[str, list[dict]], temperature: float, where: str) -> Non
                + "".join(f"; `{n}` on {teaching.ENGINE_NAMES.get(e, e)}'s server, as its client waits (its draft "
                          "and verify time are not told apart)" for n, e in elsewhere.items())
                + ". At temperature 0 every drafter produces `none`'s text up to floating-point near-ties (*Why it "
-               "works* says why). " + ("" if base else "Add `none` to the drafters to get speedups."))
+               "works* says why). " + ("" if base else "Add `none` to the drafters to get speedups.")
+               + " Each figure is one run of each lane, not a median over several: on a shared host a rerun moves "
+               "it (*Decode every lane again* measures anew; the bench takes medians over prompts).")
 
     st.subheader("Which tokens each step produced")
     cols = st.columns(min(len(runs), 2))
@@ -284,12 +320,20 @@ with box:
     bundle_box = box.container() if presenter else box.expander("Replay a saved race bundle (no model needed)")
     loaded = load_bundle(bundle_box)
 if loaded is not None:
-    name, runs = loaded
+    name, runs, bundle_regimes, about = loaded
     start = next(iter(runs.values()))[0]
-    st.caption(f"Replaying the bundle {name}: model {figures.md_code(start['model'])}, "
-               f"{len(runs)} lanes. Remove the file above to return to this server's race.")
+    measured_on = "; ".join(f"{k}: {figures.md_code(str(about[k]))}" for k in ("machine", "date", "command") if k in about)
+    st.caption(f"Replaying the bundle {name}: model {figures.md_code(start['model'])}, {len(runs)} lanes"
+               + (f", measured on {measured_on}" if measured_on else "") + ". "
+               + ("Remove the file above" if st.session_state.get("race_upload") is not None else "Press *Back to "
+                  "this server's race*") + " to return to this server's race.")
+    if st.session_state.get("race_use_reference") and st.session_state.get("race_upload") is None:
+        st.button("Back to this server's race", key="race_reference_off",
+                  on_click=lambda: st.session_state.update(race_use_reference=False))
+    with box:
+        bundle_clock = clocks.clock_choice(st)
     show_race(runs, f"on {figures.md_code(start['device'])} ({figures.md_code(start['dtype'])}) when the bundle was recorded",
-              presenter)
+              presenter, bundle_regimes, bundle_clock, about)
     st.stop()
 
 with box:
@@ -298,17 +342,17 @@ if shared is None:
     st.stop()
 
 extra = other_engine()  # another engine's lane beside ours, when one is given
-lanes_of = {d: (shared, d) for d in shared.drafters() + shared.variants()}  # lane -> (backend, drafter)
-if extra is not None:
-    lanes_of.setdefault(extra.engine, (extra, None))  # None: the drafter that engine runs by default
-drafters = list(lanes_of)
-prefill_from_url(drafters)
+drafters = shared.drafters() + shared.variants() + ([extra.engine] if extra is not None else [])
+sets = state.weight_sets(shared)  # the weight sets this model runs on here, the sidebar's first
+prefill_from_url(drafters, sets)
 follow_sidebar(settings)
 for key, default in (("race_prompt", state.DEFAULT_PROMPT), ("race_drafters", drafters),
-                     ("race_max_new", min(settings.max_new_tokens, 32))):
+                     ("race_max_new", min(settings.max_new_tokens, 32)), ("race_weights", sets[:1])):
     st.session_state.setdefault(key, default)  # defaults here, not in the widgets: the URL may have set them
 st.session_state["race_drafters"] = [d for d in st.session_state["race_drafters"] if d in drafters]  # another model
+st.session_state["race_weights"] = [w for w in st.session_state["race_weights"] if w in sets] or sets[:1]
 with box:
+    clocks.pays_preset(sets, drafters, st)
     prompt = st.text_input("Prompt", key="race_prompt")
     c1, c2, c3, c4 = st.columns([1, 1, 1, 4])
     max_new = c1.number_input("Max new tokens", 1, 256, key="race_max_new",
@@ -317,8 +361,24 @@ with box:
                                   help="The race's own; it starts at the sidebar's and follows its changes.")
     seed = c3.number_input("Seed", 0, 2**31 - 1, key="race_seed", help="The race's own; it starts at the "
                            "sidebar's and follows its changes. The same seed gives the same runs.")
-    chosen = c4.multiselect("Drafters", drafters, key="race_drafters")
-write_url(prompt, chosen, temperature, int(seed), int(max_new), presenter)
+    picked = c4.multiselect("Drafters", drafters, key="race_drafters")
+    c1, c2 = st.columns([3, 4])
+    chosen_sets = (c1.multiselect("Weights", sets, key="race_weights", help="Each drafter is raced on each weight "
+                                  "set chosen, in this one process (the second set is loaded beside the first "
+                                  "once).") if len(sets) > 1 else sets[:1])
+    clock = clocks.clock_choice(c2)
+write_url(prompt, picked, temperature, int(seed), int(max_new), presenter,
+          chosen_sets if len(sets) > 1 and chosen_sets != sets[:1] else None)
+several = len(chosen_sets) > 1
+lanes_of = {}  # lane -> (backend, drafter)
+for weights in chosen_sets:
+    on = state.on_weights(shared, weights) if weights else shared
+    for d in picked:
+        if d == getattr(extra, "engine", None):
+            lanes_of.setdefault(d, (extra, None))  # None: the drafter that engine runs by default
+        elif on is not None:
+            lanes_of[regimes.lane_name(d, weights if several else None)] = (on, d)
+chosen = list(lanes_of)
 race_settings = replace(settings, temperature=float(temperature), seed=int(seed))
 cache = st.session_state.setdefault("race_cache", {})  # (run_key(d), d) → events; revisits reuse runs
 store = finished_runs()
@@ -327,7 +387,8 @@ store = finished_runs()
 def run_key(drafter: str) -> tuple:
     """What a run depends on besides its drafter: the prompt and the race's settings; the tree settings only
     for eagle2 (changing them re-runs only the eagle2 runs)."""
-    return prompt, replace(race_settings, drafter="", max_new_tokens=int(max_new), tree=race_settings.tree_for(drafter))
+    return prompt, replace(race_settings, drafter="", max_new_tokens=int(max_new),
+                           tree=race_settings.tree_for(regimes.split_lane(drafter)[0]))
 
 
 def store_key(drafter: str) -> tuple:
@@ -376,4 +437,4 @@ runs = {d: cache[(run_key(d), d)] for d in chosen if (run_key(d), d) in cache}
 if not runs or not st.session_state.get("race_started"):
     st.info("Press **Run the race**: each drafter decodes in turn, then the lanes replay together.")
     st.stop()
-show_race(runs, shared.where(), presenter)
+show_race(runs, shared.where(), presenter, clocks.lane_regimes(lanes_of, list(runs)), clock)

@@ -173,6 +173,42 @@ def load(model: str = "smollm2-135m", draft_model: str | None = None, device: st
     return LoadedModels(model, target, None, tokenizer, chosen_device, chosen_dtype, parts=shipped, weights=weights)
 
 
+def weight_sets(model: str, device: str | torch.device = "auto", dtype: str | torch.dtype | None = None) -> list[str]:
+    """The weight sets `model` loads with here, the default first: "fp32" always; "q4q8" beside it for a preset whose
+    file is a GGUF, run on the CPU in float32 where specviz's C++ ops are built (specviz.models.quantized)."""
+    from specviz.models import quantized
+
+    chosen_device = resolve_device(device)
+    chosen_dtype = as_dtype(dtype) if dtype is not None else default_dtype(chosen_device)
+    source = PRESETS[model].target if model in PRESETS else preset_model_files().get(model)
+    default = quantized.resolve_weights("auto", source, chosen_device, chosen_dtype)
+    return list(dict.fromkeys([default, "fp32"]))
+
+
+def share_parts(models: LoadedModels, other: LoadedModels) -> LoadedModels:
+    """`models` (the same model loaded on another weight set) given `other`'s tokenizer. The draft parts stay each
+    set's own: beside a 4-bit target a head's products are 4-bit too (load_trained) and a preset draft streams
+    4 bits, while beside fp32 weights they keep draft_dtype, so no part is the same module on both."""
+    if models.name != other.name:
+        raise SpecvizError(f"{models.name} and {other.name} are different models: only one model's weight sets share")
+    models.tokenizer = other.tokenizer
+    return models
+
+
+def load_weight_sets(model: str, sets: list[str], **options) -> dict[str, LoadedModels]:
+    """The target (and its draft parts) on each weight set of `sets` in this process, sharing one tokenizer
+    (share_parts): {weights: LoadedModels}. `options` as load()'s."""
+    if not sets or len(set(sets)) != len(sets):
+        raise SpecvizError(f"name each weight set once, e.g. q4q8,fp32 (got {','.join(sets) or 'none'})")
+    loaded: dict[str, LoadedModels] = {}
+    for weights in sets:
+        models = load(model, weights=weights, **options)
+        if models.weights != weights:
+            raise SpecvizError(f"{model} cannot load weights {weights!r} here (it got {models.weights!r})")
+        loaded[weights] = share_parts(models, next(iter(loaded.values()))) if loaded else models
+    return loaded
+
+
 def load_shipped(preset: Preset, target: torch.nn.Module, assets: Path = ASSETS) -> dict:
     """The trained drafters shipped for a preset (assets/), on the target's device, in draft_dtype."""
     return {kind: load_trained(kind, assets / name, target) for kind, name in preset.shipped

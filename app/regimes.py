@@ -1,0 +1,87 @@
+"""Two regimes on one machine: the target on two weight sets (fp32 and the default 4-bit blocks on 8-bit
+activations), the lanes that name the weights they ran on, and which regime a measured verify-cost curve puts
+each set in. No streamlit here.
+
+The premise of speculative decoding is that a target forward over a few tokens costs about what one over a single
+token costs, because decoding streams every weight once per forward (memory-bound). Where the arithmetic is the
+bottleneck instead (compute-bound: integer products on a few CPU cores), verifying 8 tokens costs several times
+one, and speculation cannot pay for itself.
+"""
+from __future__ import annotations
+
+from specviz.decoding.costs import interpolate
+from specviz.models.quantized import WEIGHT_WORDS
+
+SEPARATOR = "@"  # a lane on a named weight set: eagle2@fp32
+RATIO_N = 8  # the verify-cost ratio the lanes show: c(8) ÷ c(1)
+MEMORY_BOUND_BELOW = 1.5  # c(8) ÷ c(1) under this: verifying 8 tokens costs about one forward
+
+
+def lane_name(drafter: str, weights: str | None) -> str:
+    """`drafter` on `weights` (eagle2@fp32), or the drafter alone where the race runs one weight set."""
+    return f"{drafter}{SEPARATOR}{weights}" if weights else drafter
+
+
+def split_lane(lane: str) -> tuple[str, str | None]:
+    """(drafter, weights or None) of a lane name."""
+    drafter, _, weights = lane.partition(SEPARATOR)
+    return drafter, weights or None
+
+
+def baseline_of(lane: str, lanes: list[str], plain: str = "none") -> str | None:
+    """The lane a lane's speedup is measured against: `none` on the same weights, where the race has it."""
+    base = lane_name(plain, split_lane(lane)[1])
+    return base if base in lanes else None
+
+
+def cost_ratio(curve: dict[int, float], n: int = RATIO_N) -> float:
+    """c(n) ÷ c(1) of a verify-cost curve ({tokens: seconds}; linear between measured sizes)."""
+    cost = interpolate({int(k): float(v) for k, v in curve.items()})
+    return cost(n) / cost(1)
+
+
+def regime(ratio: float) -> str:
+    return "memory-bound" if ratio < MEMORY_BOUND_BELOW else "compute-bound"
+
+
+def weights_words(weights: str | None) -> str:
+    return WEIGHT_WORDS.get(weights or "", weights or "weights not recorded")
+
+
+def lane_label(weights: str | None, ratio: float | None) -> str:
+    """What a lane says of its regime: its weights and measured c(8) ÷ c(1)."""
+    if ratio is None:
+        return f"{weights or 'weights not recorded'} · verify cost not measured"
+    return f"{weights} · c({RATIO_N})/c(1) {ratio:.2f} ({regime(ratio)})"
+
+
+def regime_sentence(ratios: dict[str, float]) -> str:
+    """One sentence per weight set, chosen from its measured c(8) ÷ c(1): which regime it is in and what that
+    means for speculation."""
+    parts = []
+    for weights, ratio in ratios.items():
+        head = f"On {weights_words(weights)} ({weights}) a verify of {RATIO_N} tokens costs {ratio:.2f}× one"
+        if ratio < MEMORY_BOUND_BELOW:
+            parts.append(f"{head}: memory-bound, so a step that commits several tokens costs about one forward "
+                         "and speculation pays here.")
+        else:
+            parts.append(f"{head}: compute-bound, so every extra token verified costs real time, a step must "
+                         f"commit about {ratio:.1f} tokens just to break even, and speculation does not pay here.")
+    return " ".join(parts)
+
+
+def part_share(models, part: str | None) -> float | None:
+    """A draft part's parameters ÷ the target's (a specviz.models.LoadedModels), block linears counted by their
+    shape: the draft size a modelled clock gives a draft of this pair. None where the part is not loaded."""
+    module = models.part(part) if part else None
+    if module is None:
+        return None
+    return parameters(module) / parameters(models.target)
+
+
+def parameters(module) -> int:
+    from specviz.kernels.quant import BLOCK_LINEARS
+
+    blocks = [m for m in module.modules() if isinstance(m, BLOCK_LINEARS)]
+    return (sum(p.numel() for p in module.parameters())
+            + sum(m.in_features * m.out_features for m in blocks))

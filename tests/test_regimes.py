@@ -1,0 +1,156 @@
+"""Both regimes on one machine: the target on two weight sets at once, race lanes that name their weights and
+measured c(8) ÷ c(1), the sentence that says which regime each set is in (chosen from the measured numbers), and
+the modelled clock (specviz.roofline) against the Cost page's formula.
+
+The app tests inject the tiny model as both weight sets, with verify-cost curves given to them (the numbers a
+memory-bound and a compute-bound target measure), so nothing here depends on this host's timings."""
+import pytest
+from test_race import ok, race_page
+
+from app import lanes, regimes, state
+from specviz import analysis, roofline
+from specviz import models as m
+from specviz.models import loading
+from specviz.models.heads import EagleHead
+
+# seconds of one verify forward over n tokens: flat (memory-bound) on fp32, steep (compute-bound) on q4q8
+CURVES = {"fp32": {1: 0.020, 2: 0.0201, 4: 0.0205, 8: 0.0212, 16: 0.024},
+          "q4q8": {1: 0.010, 2: 0.013, 4: 0.016, 8: 0.0267, 16: 0.050}}
+
+
+# ------------------------------------------------------------------------------------------ the regime
+
+
+def test_the_ratio_and_the_regime_follow_the_curve():
+    assert regimes.cost_ratio(CURVES["fp32"]) == pytest.approx(1.06)
+    assert regimes.cost_ratio(CURVES["q4q8"]) == pytest.approx(2.67)
+    assert regimes.cost_ratio({1: 1.0, 4: 2.0, 12: 4.0}) == pytest.approx(3.0)  # linear between measured sizes
+    assert regimes.regime(1.06) == "memory-bound" and regimes.regime(2.67) == "compute-bound"
+
+
+def test_the_regime_sentence_is_chosen_from_the_measurement():
+    said = regimes.regime_sentence({"q4q8": 2.67, "fp32": 1.06})
+    q4q8, fp32 = said.split(". On ")
+    assert "2.67×" in q4q8 and "compute-bound" in q4q8 and "does not pay" in q4q8
+    assert "1.06×" in fp32 and "memory-bound" in fp32 and "pays here" in fp32 and "not" not in fp32
+    # the same weights measured flat on another machine get the other sentence
+    assert "memory-bound" in regimes.regime_sentence({"q4q8": 1.1}) and "compute" not in regimes.regime_sentence(
+        {"q4q8": 1.1})
+
+
+def test_lanes_on_weight_sets_take_the_same_weights_none_as_their_baseline():
+    names = ["none@q4q8", "eagle2@q4q8", "none@fp32", "eagle2@fp32", "ngram"]
+    assert [regimes.baseline_of(n, names) for n in names] == ["none@q4q8", "none@q4q8", "none@fp32", "none@fp32", None]
+    assert regimes.split_lane("eagle2:lookup=4@fp32") == ("eagle2:lookup=4", "fp32")
+    assert lanes.DRAFTER_NAME.fullmatch("eagle2:lookup=4@fp32") and not lanes.DRAFTER_NAME.fullmatch("eagle2@")
+
+
+# ------------------------------------------------------------------------------------------ the modelled clock
+
+
+def chain_run(k: int, accepted: list[int]) -> list[dict]:
+    """A chain drafter's run (the draft model): every step drafts k tokens and accepts the first accepted[i]."""
+    events = [{"type": "start", "drafter": "draft", "options": {"k": k}}]
+    for i, a in enumerate(accepted):
+        tested = min(a + 1, k)  # a chain stops testing at its first rejection
+        events.append({"type": "step", "step": i, "drafted": k, "accepted": a,
+                       "nodes": [{"depth": d + 1} for d in range(k)],
+                       "tests": [{"accepted": j < a} for j in range(tested)],
+                       "committed": [{"kind": "accepted"}] * a + [{"kind": "bonus" if a == k else "replacement"}],
+                       "timing": {"elapsed_s": 0.1 * (i + 1), "tokens_per_s": 1.0}})
+    tokens = sum(a + 1 for a in accepted)
+    stats = {"steps": len(accepted), "tokens_per_s": 1.0, "tau": tokens / len(accepted), "acceptance_rate": None,
+             "draft_s": 0.0, "verify_s": 0.0, "new_tokens": tokens}
+    return events + [{"type": "done", "stats": stats}]
+
+
+@pytest.mark.parametrize("clock", list(roofline.PRESETS))
+def test_the_modelled_clock_gives_the_cost_pages_speedup_for_the_same_alpha_and_k(clock):
+    """α = 0.5, K = 2: steps accepting 0, 0, 1, 2 are E(α, K)'s shares exactly (½, ¼, ¼), so the replay of the run
+    at the modelled step costs must give E(α, K) ÷ (step cost in plain forwards)."""
+    model = roofline.with_draft_share(roofline.PRESETS[clock], 0.03)
+    run = chain_run(2, [0, 0, 1, 2])
+    summary = analysis.summarise(run)
+    assert summary.alpha == 0.5 and summary.k == 2
+    step_cost = model.step_cost(draft_forwards=2, verified=3)
+    formula = analysis.predicted_speedup(analysis.expected_tokens_per_step(summary.alpha, summary.k), step_cost)
+    plain = 1 / model.forward_s(1)  # `none`: one token per plain forward
+    assert roofline.modelled_tokens_per_s(run, model) / plain == pytest.approx(formula, rel=1e-12)
+
+
+def test_the_h100_70b_clock_is_memory_bound_and_a_tree_step_costs_about_one_forward():
+    model = roofline.PRESETS[roofline.H100_70B]
+    assert model.forward_s(1) == pytest.approx(70e9 * 2 / (8 * 3.35e12))  # the Cost page's node: 5.2 ms a token
+    assert model.forward_s(16) == model.forward_s(1)  # 16 tokens of arithmetic take less than streaming the weights
+    assert model.forward_s(10_000) > model.forward_s(1)  # ... and enough of them do not
+
+
+# ------------------------------------------------------------------------------------------ the app
+
+
+@pytest.fixture
+def two_regimes(tiny_model_dir, monkeypatch):
+    """The tiny model as both weight sets (with itself as draft and a random EAGLE head, so eagle2 races), each
+    with its verify-cost curve given; the process-wide models start empty."""
+    load = m.load
+    loads = []
+
+    def fake(name, weights="auto", **options):
+        chosen = "q4q8" if weights == "auto" else weights
+        loaded = load(name, **{**options, "draft_model": name, "weights": "fp32"})
+        loaded.weights, loaded.verify_curve = chosen, dict(CURVES[chosen])
+        loaded.parts["eagle"] = EagleHead(loaded.target.config).eval()
+        loads.append(loaded)
+        return loaded
+
+    monkeypatch.setattr(m, "load", fake)
+    monkeypatch.setattr(loading, "weight_sets", lambda *args, **kwargs: ["q4q8", "fp32"])
+    monkeypatch.setenv(state.ENV_MODEL, str(tiny_model_dir))
+    state.st.cache_resource.clear()
+    yield loads
+    state.st.cache_resource.clear()
+
+
+def test_the_preset_races_none_and_eagle2_on_both_weight_sets_with_the_reason(two_regimes):
+    at = race_page(max_tokens="6")
+    at.button(key="race_pays").click()
+    ok(at.run())
+    assert at.multiselect(key="race_drafters").value == ["none", "eagle2"]
+    assert at.multiselect(key="race_weights").value == ["q4q8", "fp32"]
+    assert at.query_params["weights"] == "q4q8,fp32"
+    at.button(key="race_run").click()
+    ok(at.run())
+    assert not at.error, [e.value for e in at.error]
+    # one process, two weight sets, one tokenizer
+    assert [x.weights for x in two_regimes] == ["q4q8", "fp32"] and two_regimes[1].tokenizer is two_regimes[0].tokenizer
+    data = lanes.read_race_data(at.get("iframe")[0].proto.srcdoc)
+    by_name = {lane["drafter"]: lane for lane in data["lanes"]}
+    assert list(by_name) == ["none@q4q8", "eagle2@q4q8", "none@fp32", "eagle2@fp32"]
+    assert by_name["eagle2@fp32"]["label"] == "fp32 · c(8)/c(1) 1.06 (memory-bound)"
+    assert by_name["eagle2@q4q8"]["label"] == "q4q8 · c(8)/c(1) 2.67 (compute-bound)"
+    assert by_name["eagle2@fp32"]["baseline"] == "none@fp32" and by_name["eagle2@q4q8"]["baseline"] == "none@q4q8"
+    assert data["clock"] == "measured" and data["one_run"]
+    reason = next(i.value for i in at.info if "Why the lanes differ by weights" in i.value)
+    assert "2.67×" in reason and "does not pay" in reason and "1.06×" in reason and "pays here" in reason
+    table = at.dataframe[0].value
+    assert list(table["c(8)/c(1)"]) == [2.67, 2.67, 1.06, 1.06]
+    assert list(table["weights"]) == ["q4q8", "q4q8", "fp32", "fp32"]
+    assert any("one run of each lane" in c.value for c in at.caption)
+
+
+def test_the_url_names_the_weights_and_a_modelled_clock_says_so(two_regimes):
+    at = race_page(drafters="none,ngram", weights="fp32,q4q8,fp16", max_tokens="5")
+    assert at.multiselect(key="race_weights").value == ["fp32", "q4q8"]
+    assert any("weights fp16" in w.value for w in at.warning)
+    at.selectbox(key="race_clock").set_value(roofline.H100_70B)
+    at.button(key="race_run").click()
+    ok(at.run())
+    data = lanes.read_race_data(at.get("iframe")[0].proto.srcdoc)
+    assert [lane["drafter"] for lane in data["lanes"]] == ["none@fp32", "ngram@fp32", "none@q4q8", "ngram@q4q8"]
+    assert data["clock"] == "MODELLED" and roofline.FORMULA in data["clock_note"] and "not a large target" in data[
+        "clock_note"]
+    assert all(lane["label"].endswith("MODELLED") for lane in data["lanes"])
+    none = next(lane for lane in data["lanes"] if lane["drafter"] == "none@fp32")
+    # `none` on the modelled clock: one 70B forward a token, whatever this host measured
+    assert none["tokens_per_s"] == pytest.approx(1 / roofline.PRESETS[roofline.H100_70B].forward_s(1))
+    assert any("MODELLED" in w.value and "not a large target" in w.value for w in at.warning)
