@@ -17,6 +17,7 @@ from specviz.decoding.settings import FIELD_HELP, DecodeSettings
 from specviz.drafters import APP_PREFERRED, REGISTRY, DrafterSpec, Option, drafter_name, first_available
 from specviz.drafters.spec import K
 from specviz.errors import SpecvizError
+from specviz.models.quantized import WEIGHT_WORDS
 
 ENV_MODEL = "SPECVIZ_DEFAULT_MODEL"  # a preset name or a local model folder the sidebar starts with
 ENV_BACKEND = "SPECVIZ_BACKEND"  # an engine's address (specviz.backends.open_backend): http://host:8000, vllm+http://...
@@ -221,6 +222,11 @@ def sidebar() -> tuple[Backend | None, Settings | None]:
         choice = _model_choice()
         shared = None if choice is None else load_shared(choice[0]) if choice[1] else load_remote(choice[0])
     settings = None
+    if shared is not None and len(sets := weight_sets(shared)) > 1:  # every page's runs, Live's included
+        chosen = st.sidebar.selectbox("Weights", sets, key="sb_weights", format_func=lambda w: f"{w}: {WEIGHT_WORDS[w]}",
+                                      help="The target's weights for every page's runs. The other set is loaded "
+                                           "beside the first, once per process; the race can run both at once.")
+        shared = on_weights(shared, chosen) or shared
     if shared is not None:
         names = shared.drafters()
         default = names.index(first_available(APP_PREFERRED, names, names[0]))

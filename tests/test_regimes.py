@@ -154,3 +154,18 @@ def test_the_url_names_the_weights_and_a_modelled_clock_says_so(two_regimes):
     # `none` on the modelled clock: one 70B forward a token, whatever this host measured
     assert none["tokens_per_s"] == pytest.approx(1 / roofline.PRESETS[roofline.H100_70B].forward_s(1))
     assert any("MODELLED" in w.value and "not a large target" in w.value for w in at.warning)
+
+
+def test_the_sidebar_names_the_weights_every_page_runs_on(two_regimes):
+    at = race_page()
+    assert at.sidebar.selectbox(key="sb_weights").value == "q4q8"
+    assert any("4-bit weights, 8-bit activations" in c.value for c in at.sidebar.caption)
+    at.sidebar.selectbox(key="sb_weights").set_value("fp32")
+    at.switch_page("app/pages/live.py")
+    ok(at.run())
+    assert any("(float32; fp32 weights)" in c.value for c in at.sidebar.caption)
+    at.sidebar.slider(key="sb_max_new").set_value(4)
+    at.button(key="live_run").click()
+    ok(at.run())
+    assert not at.error, [e.value for e in at.error]
+    assert [x.weights for x in two_regimes] == ["q4q8", "fp32"]  # the live run loaded the fp32 set beside q4q8
