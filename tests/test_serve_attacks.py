@@ -110,3 +110,23 @@ def test_openai_fields_that_change_nothing_are_taken(served):
 def served(tiny_models):
     with Running(Service({"tiny": tiny_models})) as running:
         yield running
+
+
+@pytest.mark.parametrize("top_p", [1e-46, 5e-324, 1e-40])
+def test_a_top_p_so_small_only_the_likeliest_token_stays_decodes_as_greedy(served, top_p):
+    """Below float32's smallest number top_p rounded to 0 in the cut and removed every token: the run then failed
+    blaming the model's weights for NaN logits."""
+    sampled = list(Client(served.url).stream("abc abc", model="tiny", max_new_tokens=6, temperature=1.0, top_p=top_p,
+                                             seed=5, drafter="ngram"))
+    greedy = list(Client(served.url).stream("abc abc", model="tiny", max_new_tokens=6, temperature=0.0, drafter="ngram"))
+    assert sampled[-1].type == "done" and sampled[-1].token_ids == greedy[-1].token_ids
+
+
+def test_client_names_that_differ_past_64_characters_are_two_clients(served):
+    first, second = "viewer-" + "x" * 60 + "-1", "viewer-" + "x" * 60 + "-2"
+    created = post(served.url, {"prompt": "abc", "model": "tiny", "max_new_tokens": 2}, headers={"X-Specviz-Client": first})
+    run_id = created.json()["run_id"]
+    assert httpx.get(f"{served.url}/v1/runs/{run_id}", headers={"X-Specviz-Client": first}).status_code == 200
+    for other in (second, first[:64], first + "-and-more"):
+        assert httpx.get(f"{served.url}/v1/runs/{run_id}", headers={"X-Specviz-Client": other}).status_code == 404
+        assert httpx.delete(f"{served.url}/v1/runs/{run_id}", headers={"X-Specviz-Client": other}).status_code == 404

@@ -2,7 +2,11 @@
 and no error message repeats more than 60 characters of what the client sent, whatever the error."""
 from __future__ import annotations
 
+import json
+import random
 import re
+import threading
+import time
 
 import httpx
 import pytest
@@ -96,3 +100,127 @@ def test_a_conversation_that_cannot_fit_is_refused_without_tokenizing(served, mo
     response = post(served.url, {"messages": many[:340], "model": "tiny", "max_new_tokens": 2})
     assert response.status_code == 400 and "exceeds tiny's context" in response.json()["error"]["message"]
     assert tokenized == [340]
+
+
+# ------------------------------------------------------------------------------- numbers past any bound
+
+HUGE = "1" + "0" * 309  # past the largest float: math.isfinite(int) raised OverflowError on it
+RUN_HUGE = {  # the field, as the JSON body sends it; what the 400 must name
+    "k": ('"k": %s', "k", "from 1 to 16"),
+    "a tree option": ('"drafter": "eagle2", "drafter_options": {"depth": %s}', "depth", "from 1 to 12"),
+    "an ngram option": ('"drafter": "ngram", "drafter_options": {"max_ngram": %s}', "max_ngram", "from 1 to 8"),
+    "a float option": ('"drafter": "medusa", "drafter_options": {"epsilon": %s}', "epsilon", "between 0 and 1"),
+    "max_new_tokens": ('"max_new_tokens": %s', "max_new_tokens", "from 1 to 512"),
+    "a negative max_new_tokens": ('"max_new_tokens": -%s', "max_new_tokens", "from 1 to 512"),
+    "seed": ('"seed": %s', "seed", "from 0 to 18,446,744,073,709,551,615"),
+    "top_k": ('"top_k": %s', "top_k", "from 0 to 1,000,000"),
+    "n_top": ('"n_top": %s', "n_top", "from 0 to 20"),
+}
+CHAT_HUGE = {
+    "specviz.k": ('"specviz": {"k": %s}', "k", "from 1 to 16"),
+    "a drafter option": ('"specviz": {"drafter": "ngram", "max_ngram": %s}', "max_ngram", "from 1 to 8"),
+    "max_tokens": ('"max_tokens": %s', "max_tokens", "from 1 to 512"),
+    "max_completion_tokens": ('"max_completion_tokens": %s', "max_tokens", "from 1 to 512"),
+    "seed": ('"seed": %s', "seed", "from 0 to"),
+}
+
+
+def sent(url: str, path: str, fields: str) -> httpx.Response:
+    base = ('{"prompt": "abc", "model": "tiny", %s}' if path == "/v1/runs" else
+            '{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, %s}')
+    return httpx.post(url + path, content=(base % fields).encode(), headers={"Content-Type": "application/json"}, timeout=30)
+
+
+@pytest.mark.parametrize("path,case", [("/v1/runs", c) for c in RUN_HUGE] + [("/v1/chat/completions", c) for c in CHAT_HUGE])
+def test_a_number_past_any_bound_is_a_400_naming_the_option_and_its_bounds(served, path, case):
+    field, name, bounds = (RUN_HUGE if path == "/v1/runs" else CHAT_HUGE)[case]
+    response = sent(served.url, path, field % HUGE)
+    assert response.status_code == 400, response.text[:300]
+    message = response.json()["error"]["message"]
+    assert name in message and bounds in message, message
+    assert max(len(d) for d in re.findall(r"\d+", message)) <= ECHO_CHARS, message
+
+
+@pytest.mark.parametrize("drafter", ["eagle2:depth=" + "9" * 240, "ngram:max_ngram=" + "9" * 240, "ngram:k=" + "9" * 240])
+def test_a_long_number_in_a_drafter_string_is_echoed_cut_short(served, drafter):
+    response = post(served.url, {"prompt": "abc", "model": "tiny", "max_new_tokens": 2, "drafter": drafter})
+    assert response.status_code == 400, response.text[:300]
+    message = response.json()["error"]["message"]
+    assert "9" * 20 in message and "…" in message and max(len(d) for d in re.findall("9+", message)) <= ECHO_CHARS
+
+
+# ---------------------------------------------------------------------- prompts the bounds must refuse
+
+EMOJI = "\U0001F600" * 32_000  # 128,000 bytes, 96,000 tokens: the longest token (162 bytes) bounded it at 791
+
+
+def test_an_emoji_prompt_past_the_context_is_refused_without_tokenizing(served, monkeypatch):
+    tokenized = []
+    encode = validate.encode_prompt
+    monkeypatch.setattr(validate, "encode_prompt", lambda *a, **k: tokenized.append(len(a[1])) or encode(*a, **k))
+    for body in ({"prompt": EMOJI}, {"messages": [{"role": "user", "content": EMOJI}]}, {"prompt": EMOJI, "chat": False}):
+        response = httpx.post(served.url + "/v1/runs", timeout=30, headers={"Content-Type": "application/json"},
+                              content=json.dumps({**body, "model": "tiny", "max_new_tokens": 2}, ensure_ascii=False))
+        assert response.status_code == 400, response.text[:300]
+        assert "is at least 64,0" in response.json()["error"]["message"]  # 64,005 with the template's tokens
+    assert tokenized == []
+
+
+SAMPLED = [*"aeiou tnrsAB  \n\t0123456789.,;!?-_'\"", "\U0001F600", "\U0001F44D\U0001F3FD", "漢", "字", "é", "ß", "Ω",
+           "\u200b", "<|im_start|>", "<|im_end|>", "<|endoftext|>", "\r\n", "e\u0301"]
+
+
+def test_the_fewest_tokens_of_a_text_are_never_more_than_the_tokenizer_gives(tiny_models):
+    tokenizer = tiny_models.tokenizer
+    bounds = validate.token_bounds(tokenizer)
+    assert bounds.byte_weight is not None  # SmolLM2's tokenizer is byte-level BPE: the byte bounds apply
+    rng = random.Random(0)
+    for _ in range(1500):
+        text = "".join(rng.choice(SAMPLED) for _ in range(rng.randint(1, 120)))
+        if rng.random() < 0.3:
+            text = "".join(chr(rng.choice([rng.randint(32, 126), rng.randint(0x80, 0x7FF), rng.randint(0x800, 0xD7FF),
+                                           rng.randint(0x10000, 0x10FFFF)])) for _ in range(rng.randint(1, 60)))
+        actual = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+        assert validate.fewest_tokens(bounds, text) <= actual, text
+
+
+TOKENIZE_S = 0.4  # each tokenizing made this slow, so that what waits behind it shows
+
+
+def test_prompts_that_must_be_tokenized_do_not_hold_up_other_clients(tiny_models, monkeypatch):
+    """A room of clients sending prompts that only tokenizing can refuse (bounded near the context, past it in
+    fact) once held every other client's submit behind them in the threads that admit runs."""
+    encode = validate.encode_prompt
+
+    def slow(*args, **kwargs):
+        time.sleep(TOKENIZE_S)
+        return encode(*args, **kwargs)
+
+    monkeypatch.setattr(validate, "encode_prompt", slow)
+    near = "\U0001F600" * 700  # at least 1,400 tokens, at most 2,800 bytes: 2,100 tokens in fact, past 2,048
+    with Running(Service({"tiny": tiny_models}, max_queue=64, max_per_client=64)) as running:
+        stop, answers = threading.Event(), []
+
+        def flood(i: int) -> None:
+            while not stop.is_set():
+                answers.append(post(running.url, {"prompt": near, "model": "tiny", "max_new_tokens": 2},
+                                    headers={"X-Specviz-Client": f"room-{i}"}).status_code)
+
+        threads = [threading.Thread(target=flood, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        try:
+            time.sleep(2 * TOKENIZE_S)  # the flood has filled the threads that tokenize
+            took = []
+            for i in range(5):
+                started = time.monotonic()
+                response = post(running.url, {"prompt": "abc", "model": "tiny", "max_new_tokens": 2},
+                                headers={"X-Specviz-Client": f"polite-{i}"})
+                took.append(time.monotonic() - started)
+                assert response.status_code == 201, response.text
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(30)
+        assert 400 in answers and set(answers) <= {400, 429}, set(answers)
+        assert sorted(took)[2] < TOKENIZE_S / 2, took  # the median submit did not wait for even one tokenizing

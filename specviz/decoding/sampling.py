@@ -62,7 +62,9 @@ def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """Keep the smallest set of most likely tokens whose mass reaches top_p (always at least one)."""
     sorted_p, order = probs.sort(dim=-1, descending=True)
     mass_before = sorted_p.cumsum(-1) - sorted_p  # mass of the strictly more likely tokens
-    sorted_p = sorted_p.masked_fill(mass_before >= top_p, 0.0)
+    cut = mass_before >= top_p  # a top_p below float32's smallest number rounds to 0 here and would cut them all
+    cut[..., 0] = False  # the most likely token always stays
+    sorted_p = sorted_p.masked_fill(cut, 0.0)
     kept = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
     return kept / kept.sum(-1, keepdim=True)
 

@@ -10,7 +10,7 @@ import torch
 from specviz.decoding.drafter import Drafter, DraftRequest
 from specviz.decoding.tree import DraftTree
 from specviz.drafters.spec import DrafterSpec, Option
-from specviz.errors import SpecvizError
+from specviz.errors import SpecvizError, shown
 from specviz.kernels import quant
 from specviz.kernels.fastlinear import kept_projection, rows_projection
 
@@ -27,7 +27,8 @@ def check_total_tokens(drafter: str, total_tokens: object, whole_tree_allowed: b
     if total_tokens == "auto" or (total_tokens is None and whole_tree_allowed):
         return
     if isinstance(total_tokens, bool) or not isinstance(total_tokens, int) or total_tokens < 1:
-        raise SpecvizError(f"{drafter} option total_tokens must be 'auto' or a whole number of nodes >= 1, got {total_tokens!r}")
+        raise SpecvizError(f"{drafter} option total_tokens must be 'auto' or a whole number of nodes >= 1, got "
+                           f"{shown(total_tokens)}")
 
 
 def check_vocab_covers(drafter: str, draft_vocab: torch.Tensor | None, needed: int) -> None:

@@ -6,7 +6,7 @@ import inspect
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from specviz.decoding.drafter import Drafter
-from specviz.errors import SpecvizError
+from specviz.errors import SpecvizError, shown
 
 if TYPE_CHECKING:
     import torch
@@ -23,7 +23,7 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
     for part in parts:
         key, eq, value = part.partition("=")
         if not eq or not key:
-            raise SpecvizError(f"drafter option '{part}' in '{spec}' is not KEY=VALUE")
+            raise SpecvizError(f"drafter option {shown(part)} in {shown(spec)} is not KEY=VALUE")
         options[key.strip()] = _option_value(value.strip())
     return name, options
 
@@ -81,7 +81,7 @@ def draft_vocabulary(heads: object, choice: int | str = "trained") -> torch.Tens
             raise SpecvizError("this head's draft vocabulary is sorted by id, not by frequency: draft_vocab=N needs "
                                "a head trained by this version (or use draft_vocab=full / trained)")
         return trained[:choice]
-    raise SpecvizError(f"draft_vocab must be 'trained', 'full' or a positive number of tokens, got {choice!r}")
+    raise SpecvizError(f"draft_vocab must be 'trained', 'full' or a positive number of tokens, got {shown(choice)}")
 
 
 def construct(cls: Callable[..., D], name: str, options: dict[str, Any], *args: Any, **fixed: Any) -> D:

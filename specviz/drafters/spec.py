@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from specviz.decoding.drafter import Drafter
-from specviz.errors import SpecvizError
+from specviz.errors import SpecvizError, shown
 from specviz.models.parts import Part
 
 if TYPE_CHECKING:
@@ -37,20 +37,21 @@ class Option:
             return
         if self.type is bool:
             if not isinstance(value, bool):
-                raise SpecvizError(f"{drafter} option {self.name} must be true or false, got {value!r}")
+                raise SpecvizError(f"{drafter} option {self.name} must be true or false, got {shown(value)}")
             return
         if self.type is str:
             if not isinstance(value, str):
-                raise SpecvizError(f"{drafter} option {self.name} must be text, got {value!r}")
+                raise SpecvizError(f"{drafter} option {self.name} must be text, got {shown(value)}")
             return
         number = int if self.type is int else (int, float)
-        if isinstance(value, bool) or not isinstance(value, number) or not math.isfinite(value):
-            raise SpecvizError(f"{drafter} option {self.name} must be {self.takes()}, got {value!r}")
+        # an int is compared as it is: math.isfinite would convert it to a float, which overflows past 1.8e308
+        if isinstance(value, bool) or not isinstance(value, number) or (isinstance(value, float) and not math.isfinite(value)):
+            raise SpecvizError(f"{drafter} option {self.name} must be {self.takes(served)}, got {shown(value)}")
         high = self.high if served else None
         below = self.low is not None and (value <= self.low if self.open_interval else value < self.low)
         above = high is not None and (value >= high if self.open_interval else value > high)
         if below or above:
-            raise SpecvizError(f"{drafter} option {self.name} must be {self.takes(served)}, got {value!r}")
+            raise SpecvizError(f"{drafter} option {self.name} must be {self.takes(served)}, got {shown(value)}")
 
     def takes(self, served: bool = False) -> str:
         """What the option takes, in words: 'a whole number from 1 to 16 or auto'."""

@@ -3,6 +3,7 @@ is read), the body limit, who a client is, and the one shape of every error ({"e
 message cut short)."""
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
 from typing import Annotated
@@ -92,7 +93,16 @@ async def client_of(request: Request, x_specviz_client: Annotated[str | None, He
     """Who is asking: the address, and the name an app gives each of its viewers. A run belongs to it (only it
     reads or cancels the run by its id), and the per-client limit counts by it."""
     host = request.client.host if request.client else "?"
-    return f"{host}/{(x_specviz_client or '')[:CLIENT_NAME_CHARS]}"
+    return f"{host}/{client_name(x_specviz_client or '')}"
+
+
+def client_name(header: str) -> str:
+    """The X-Specviz-Client value as a run's owner keeps it: as it is up to CLIENT_NAME_CHARS characters, else a
+    digest of the whole value (longer than any name kept as it is, so the two never meet): two names that differ
+    anywhere are two clients."""
+    if len(header) <= CLIENT_NAME_CHARS:
+        return header
+    return "sha256:" + hashlib.sha256(header.encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def problems(errors: list[dict]) -> str:

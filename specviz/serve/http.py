@@ -39,14 +39,16 @@ from specviz.serve import streaming
 from specviz.serve.guard import BodyLimit, ClientError, ErrorBody, HostAllowList, TokenGate, authorised, client_of, error, problems, shown
 from specviz.serve.metrics import ServiceMetrics
 from specviz.serve.runs import QueueFull, Run, RunRequest, Scheduler
-from specviz.serve.validate import ChatBody, Limits, RunBody, chat_run_body, check_context, run_request, token_bounds
+from specviz.serve.validate import ChatBody, Limits, RunBody, chat_run_body, check_context, check_tokens, must_tokenize, run_request, token_bounds
 
 __all__ = ["ClientError", "Limits", "RunBody", "Service"]
 
 ERRORS = {"4XX": {"model": ErrorBody, "description": "refused: `error.message` says what is wrong"}}
 SSE = {200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
              "description": "Server-Sent Events (docs/service.md, the event stream)"}}
-PREPARE_THREADS = 2  # threads that admit runs (a long prompt is tokenized there), besides the engine workers
+PREPARE_THREADS = 2  # threads that admit runs, besides the engine workers ...
+TOKENIZE_THREADS = 1  # ... and that tokenize a prompt the bounds cannot tell, apart: they never hold up the others
+TOKENIZING_MAX = 16  # prompts waiting to be tokenized at most; past it a new one gets 429
 LAST_EVENT_ID_CHARS = 20  # a sequence number has fewer digits
 Owner = Annotated[str, Depends(client_of)]  # who asks: a run is theirs, or 404
 
@@ -91,6 +93,8 @@ class Service:
         first = models[self.default_model]
         self.default_drafter = default_drafter or first_available(SERVICE_PREFERRED, available(first), DEFAULT)
         self.executor: ThreadPoolExecutor | None = None  # started with the app (see prestarted)
+        self.tokenizer_pool: ThreadPoolExecutor | None = None  # the same
+        self.tokenizing = 0  # prompts waiting for it or being tokenized (read and written on the event loop only)
         self.started = time.time()
         for loaded in models.values():  # the tree drafters' "auto" budget reads it: measured now, never beside a run
             if reads_verify_cost(loaded):
@@ -110,12 +114,14 @@ class Service:
     def chat_request(self, body: ChatBody) -> RunRequest:
         return self.request_of(chat_run_body(body, self.default_drafter, self.limits))
 
-    def submit(self, request: RunRequest, owner: str, share: bool = False) -> Run:
+    def submit(self, request: RunRequest, owner: str, share: bool = False, tokenize: bool | None = None) -> Run:
         """Queue the run (QueueFull past the limits); only once admitted is its prompt checked against the
-        context (and tokenized, when it might not fit)."""
+        context (and tokenized, when it might not fit). `tokenize`: what must_tokenize said of it, when it was
+        asked already (False: the bounds took it; None: ask now)."""
         models = self.models[request.model]
+        check = check_context if tokenize is None else check_tokens if tokenize else None
         return self.scheduler.submit(request, owner, str(models.device), share=share,
-                                     prepare=lambda r: check_context(models, r))
+                                     prepare=None if check is None else lambda r: check(models, r))
 
     def describe(self) -> list[dict]:
         """What is loaded; the verify-cost curve as the constructor measured it (never measured here: that would
@@ -147,14 +153,31 @@ class Service:
         async def lifespan(app: FastAPI):
             scheduler.start()  # the engine workers and the reaper run while the app does
             service.executor = prestarted(PREPARE_THREADS)
+            service.tokenizer_pool = prestarted(TOKENIZE_THREADS, "specviz-tokenize")
             yield
             scheduler.stop()
-            service.executor.shutdown(wait=False, cancel_futures=True)
+            for pool in (service.executor, service.tokenizer_pool):
+                pool.shutdown(wait=False, cancel_futures=True)
 
-        async def off_the_loop(work, *args):
-            """Work that may take a while (a long prompt tokenized for the context check), in the service's own
-            threads."""
-            return await asyncio.get_running_loop().run_in_executor(service.executor, work, *args)
+        async def off_the_loop(work, *args, pool: ThreadPoolExecutor | None = None):
+            """Work that may take a while, in the service's own threads."""
+            return await asyncio.get_running_loop().run_in_executor(pool or service.executor, work, *args)
+
+        async def admit(request: RunRequest, owner: str, share: bool = False) -> Run:
+            """Check the prompt against the context from bounds (refused at once when it cannot fit), then queue
+            the run; a prompt only tokenizing can tell is admitted in its own thread, so that many of them (a
+            room of clients sending prompts just past the context) never make the other clients' runs wait."""
+            tokenize = await off_the_loop(must_tokenize, service.models[request.model], request)
+            if not tokenize:
+                return await off_the_loop(service.submit, request, owner, share, False)
+            if service.tokenizing >= TOKENIZING_MAX:
+                raise QueueFull(f"{service.tokenizing} long prompts are being checked against the context; try again "
+                                "shortly", retry_after_s=2)
+            service.tokenizing += 1
+            try:
+                return await off_the_loop(service.submit, request, owner, share, True, pool=service.tokenizer_pool)
+            finally:
+                service.tokenizing -= 1
 
         # no /docs page (it would load its scripts from a CDN, and a browser cannot send the token to it); the
         # schema is at /openapi.json, behind the token
@@ -202,7 +225,7 @@ class Service:
         @app.post("/v1/runs", dependencies=auth, status_code=201, responses=ERRORS)
         async def create_run(body: RunBody, owner: Owner) -> RunCreated:
             request = service.request_of(body)
-            run = await off_the_loop(service.submit, request, owner, body.share)
+            run = await admit(request, owner, body.share)
             return RunCreated(run_id=run.id, position=scheduler.position(run), share_id=run.share_id)
 
         @app.get("/v1/runs/{run_id}", dependencies=auth, responses=ERRORS)
@@ -244,7 +267,7 @@ class Service:
         @app.post("/v1/chat/completions", dependencies=auth, response_class=JSONResponse,
                   responses={**ERRORS, 200: {"content": {"application/json": {}, "text/event-stream": {}}}})
         async def chat(body: ChatBody, owner: Owner, request: Request):
-            run = await off_the_loop(service.submit, service.chat_request(body), owner)
+            run = await admit(service.chat_request(body), owner)
             if body.stream:
                 return StreamingResponse(streaming.chat_chunks(scheduler, run), media_type="text/event-stream")
             return await streaming.chat_whole(scheduler, run, request.is_disconnected)
@@ -258,10 +281,10 @@ class Service:
         return server_config(self.app(), host, port, **limits)
 
 
-def prestarted(threads: int) -> ThreadPoolExecutor:
+def prestarted(threads: int, name: str = "specviz-prepare") -> ThreadPoolExecutor:
     """A pool whose threads all start now (a pool starts them as work comes and never ends them), so the
     service's thread count is the same from its first request on."""
-    pool = ThreadPoolExecutor(threads, thread_name_prefix="specviz-prepare")
+    pool = ThreadPoolExecutor(threads, thread_name_prefix=name)
     barrier = threading.Barrier(threads)
     for _ in range(threads):
         pool.submit(barrier.wait, 10)  # each thread waits for the others: the pool must start them all

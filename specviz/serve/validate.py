@@ -5,10 +5,12 @@ Every refusal is a ClientError whose message echoes at most a short prefix of wh
 from __future__ import annotations
 
 import functools
+import json
 import math
 from dataclasses import dataclass, fields
 from typing import Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from specviz.backends.request import check_text, drafter_of
@@ -185,11 +187,21 @@ def chat_run_body(body: ChatBody, default_drafter: str, limits: Limits) -> RunBo
 @dataclass(frozen=True)
 class TokenBounds:
     """What a tokenizer can give a prompt, known without tokenizing it: its longest token in UTF-8 bytes (a text
-    of B bytes is at least B / longest tokens) and the fewest and most tokens its chat template adds per message."""
+    of B bytes is at least B / longest tokens), the fewest and most tokens its chat template adds per message, and,
+    for a byte-level BPE tokenizer that normalises nothing (SmolLM2's, Qwen's), what each byte tells:
+    `byte_weight[b]` is 1 / the byte length of the longest token holding byte b, and `joins[a * 256 + b]` says
+    whether any token holds byte a followed by byte b. A token of m bytes holds m bytes of weight at most 1/m each,
+    so a text has at least as many tokens as its weights add up to; and a token ends between two bytes no token
+    holds side by side, so each run between such places takes at least the ceiling of its own weights."""
 
     longest_token_bytes: int
     message_min: int
     message_max: int
+    byte_weight: np.ndarray | None = None  # (256,) float64; 0 for a byte no token holds
+    joins: np.ndarray | None = None  # (65536,) bool
+
+
+WEIGHT_SLACK = 1e-3  # a run's weights summed in float64 are within far less of their exact sum: never round up past it
 
 
 @functools.lru_cache(maxsize=8)  # per tokenizer (by identity): the service loads a few models at most
@@ -204,28 +216,84 @@ def token_bounds(tokenizer) -> TokenBounds:
                 counts.append(len(encode_prompt(tokenizer, two)) - len(encode_prompt(tokenizer, one)))
             except Exception:  # a template that refuses such a conversation: no bound from it
                 counts.append(0)
-    return TokenBounds(max(longest, 1), max(min(counts, default=0), 0), max(max(counts, default=0), 0))
+    weight, joins = byte_bounds(tokenizer, vocab)
+    return TokenBounds(max(longest, 1), max(min(counts, default=0), 0), max(max(counts, default=0), 0), weight, joins)
 
 
-def check_context(models, request: RunRequest) -> None:
-    """The prompt plus max_new_tokens within the model's context, tokenizing only where cheap bounds cannot
-    tell. A text of B UTF-8 bytes gives at least B / (the longest token's bytes) tokens and at most B (byte-level
-    BPE, and SentencePiece with byte fallback, give at most one token per byte), and each message of a
-    conversation adds what its chat template adds: a prompt whose fewest tokens are past the context is refused
-    without tokenizing it, one whose most fit is taken (the engine worker tokenizes it, once)."""
-    limit = getattr(models.target.config, "max_position_embeddings", None) or 2**31
+def byte_bounds(tokenizer, vocab: dict) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """TokenBounds.byte_weight and .joins from the vocabulary, for a byte-level BPE tokenizer with no normaliser
+    (each token is then bytes of the text as they are); (None, None) for any other."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    try:
+        config = json.loads(backend.to_str()) if backend is not None else {}
+    except Exception:
+        config = {}
+    byte_level = "ByteLevel" in json.dumps(config.get("pre_tokenizer")) and config.get("model", {}).get("type") == "BPE"
+    if not byte_level or config.get("normalizer") is not None:
+        return None, None
+    inverse = {chr(c): b for b, c in byte_level_chars().items()}
+    longest, pairs = [0] * 256, set()
+    for token in vocab:  # its bytes through the byte-level alphabet, and as UTF-8 (an added token, "<|im_end|>")
+        forms = {token.encode("utf-8")}
+        if all(c in inverse for c in token):
+            forms.add(bytes(inverse[c] for c in token))
+        for raw in forms:
+            for b in set(raw):
+                longest[b] = max(longest[b], len(raw))
+            pairs.update(zip(raw, raw[1:]))
+    held = np.array(longest, dtype=np.float64)
+    weight = np.divide(1.0, held, out=np.zeros(256), where=held > 0)
+    joins = np.zeros((256, 256), dtype=bool)
+    if pairs:
+        first, second = zip(*pairs)
+        joins[list(first), list(second)] = True
+    joins[held == 0, :] = joins[:, held == 0] = True  # a byte no token holds may vanish: it ends no run
+    return weight, joins.reshape(-1)
+
+
+@functools.lru_cache(maxsize=1)
+def byte_level_chars() -> dict[int, int]:
+    """GPT-2's byte-level alphabet: byte -> the code point a byte-level vocabulary writes it as."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in printable]
+    return {**{b: b for b in printable}, **{b: 256 + i for i, b in enumerate(others)}}
+
+
+def fewest_tokens(bounds: TokenBounds, text: str) -> int:
+    """A number of tokens the tokenizer gives `text` at least, from its bytes alone (TokenBounds)."""
+    data = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+    by_length = -(-len(data) // bounds.longest_token_bytes)
+    if bounds.byte_weight is None or bounds.joins is None or len(data) == 0:
+        return by_length
+    ends = np.flatnonzero(~bounds.joins[data[:-1].astype(np.int32) * 256 + data[1:]]) + 1  # a token ends there
+    runs = np.add.reduceat(bounds.byte_weight[data], np.concatenate(([0], ends)))
+    return max(by_length, int(np.ceil(runs - WEIGHT_SLACK).clip(min=0).sum()))
+
+
+def must_tokenize(models, request: RunRequest) -> bool:
+    """The prompt plus max_new_tokens against the model's context from bounds alone (a ClientError when even
+    the fewest tokens the prompt can be do not fit); True when only tokenizing it can tell. A text of B UTF-8
+    bytes gives at most B tokens (byte-level BPE, and SentencePiece with byte fallback, give at most one token
+    per byte) and at least fewest_tokens, and each message of a conversation adds what its chat template adds (a
+    template may trim a message, so its fewest are counted without the spaces around it)."""
+    limit = context_of(models)
     prompt, new = request.prompt, request.settings.max_new_tokens
     bounds = token_bounds(models.tokenizer)
     contents = [prompt] if isinstance(prompt, str) else [m["content"] for m in prompt]
-    sizes = [len(t.encode("utf-8")) for t in contents]
     messages = 0 if isinstance(prompt, str) else len(prompt)
-    fewest = messages * bounds.message_min + sum(-(-size // bounds.longest_token_bytes) for size in sizes)
+    fewest = messages * bounds.message_min + sum(fewest_tokens(bounds, t.strip()) for t in contents)
     if fewest + new > limit:
         what = "the prompt" if isinstance(prompt, str) else f"the conversation ({messages:,} messages)"
         raise ClientError(f"{what} is at least {fewest:,} tokens, so with max_new_tokens ({new}) past "
                           f"{request.model}'s context of {limit} tokens")
-    if sum(sizes) + messages * bounds.message_max + TEMPLATE_TOKENS + new <= limit:
-        return
+    size = sum(len(t.encode("utf-8")) for t in contents)
+    return size + messages * bounds.message_max + TEMPLATE_TOKENS + new > limit
+
+
+def check_tokens(models, request: RunRequest) -> None:
+    """The prompt, tokenized, plus max_new_tokens within the model's context (for a prompt must_tokenize could
+    not tell)."""
+    limit, prompt, new = context_of(models), request.prompt, request.settings.max_new_tokens
     try:
         ids = encode_prompt(models.tokenizer, prompt, request.chat)
     except SpecvizError as err:
@@ -235,3 +303,13 @@ def check_context(models, request: RunRequest) -> None:
     if len(ids) + new > limit:
         raise ClientError(f"the prompt ({len(ids)} tokens) + max_new_tokens ({new}) exceeds {request.model}'s "
                           f"context of {limit} tokens")
+
+
+def check_context(models, request: RunRequest) -> None:
+    """The prompt plus max_new_tokens within the model's context, tokenizing it only where the bounds cannot tell."""
+    if must_tokenize(models, request):
+        check_tokens(models, request)
+
+
+def context_of(models) -> int:
+    return getattr(models.target.config, "max_position_embeddings", None) or 2**31
