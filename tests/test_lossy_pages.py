@@ -8,7 +8,7 @@ import torch
 from streamlit.testing.v1 import AppTest
 from test_app import APP, TIMEOUT, ok, open_page
 
-from app import figures, teaching
+from app import figures, quiz, teaching
 from specviz.decoding import engine
 from specviz.decoding import events as ev
 from specviz.drafters.medusa import MedusaDrafter
@@ -72,7 +72,7 @@ def test_the_lab_explains_a_typical_test_and_its_quiz_and_sandbox_render(uploade
     assert any("typical acceptance (lossy)" in w.value for w in at.warning)
     assert not any("greedy" in str(c.proto) for c in at.get("plotly_chart"))  # the gauge said "greedy: no u"
     assert "p-value" in labels  # the sandbox tab, after the quiz, rendered
-    first = teaching.questions(typical_run, seed=0)[0]
+    first = quiz.questions(typical_run, seed=0)[0]
     assert first.rule == "typical" and "typical" in first.reason() and first.threshold is not None
     at.radio(key="quiz_0_0_guess").set_value("accepted" if first.accepted else "rejected")
     ok(at.run())
@@ -106,4 +106,4 @@ def test_an_older_typical_trace_without_rules_is_still_read_as_typical(typical_r
     step = next(s for s in steps(old) if s["tests"])
     assert {r["rule_name"] for r in teaching.verification_walkthrough(step, greedy=False)} == {"typical"}
     assert "argmax" not in figures.final_source(step) and "drawn from p" in figures.final_source(step)
-    assert all(q.rule == "typical" for q in teaching.questions(old, n=100))
+    assert all(q.rule == "typical" for q in quiz.questions(old, n=100))

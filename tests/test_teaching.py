@@ -1,12 +1,14 @@
 """The teaching pages: tree verification shown as it ran (point masses beside the chain rule), the acceptance
 numbers under each name, the topology comparison, the guided path and the lab's self-check on real tests."""
+import json
+
 import numpy as np
 import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 from test_app import APP, TIMEOUT, ok, open_page
 
-from app import teaching
+from app import quiz, teaching
 from specviz import analysis
 from specviz.decoding import engine
 from specviz.decoding import events as ev
@@ -90,18 +92,18 @@ def test_acceptance_numbers_under_each_name(tree_run):
 
 
 def test_self_check_questions_are_answered_by_the_engine_values(tree_run):
-    qs = teaching.questions(tree_run, seed=1)
+    qs = quiz.questions(tree_run, seed=1)
     assert len(qs) == 6 and {q.kind for q in qs} == {"accept", "alpha"}
     assert len({(q.step, q.test_index) for q in qs}) == len(qs)  # one question per test
     assert any(q.accepted for q in qs if q.kind == "accept") and any(not q.accepted for q in qs if q.kind == "accept")
     for q in qs:
         if q.kind == "accept":
-            assert teaching.check_answer(q, q.accepted)[0] and not teaching.check_answer(q, not q.accepted)[0]
+            assert quiz.check_answer(q, q.accepted)[0] and not quiz.check_answer(q, not q.accepted)[0]
             assert ("<" if q.accepted else "≥") in q.reason()  # u against α decides it
         else:
             assert 0.02 < q.alpha < 0.98
-            assert teaching.check_answer(q, q.alpha + 0.004)[0]
-            assert not teaching.check_answer(q, min(q.alpha + 0.1, 1.0) if q.alpha < 0.9 else q.alpha - 0.1)[0]
+            assert quiz.check_answer(q, q.alpha + 0.004)[0]
+            assert not quiz.check_answer(q, min(q.alpha + 0.1, 1.0) if q.alpha < 0.9 else q.alpha - 0.1)[0]
             assert "α = p" in q.reason()  # point masses: α is p(x) (or p'(x))
 
 
@@ -165,7 +167,7 @@ def test_the_tree_page_shows_the_rule_applied_beside_the_chain_rule(app, tree_ru
 def test_the_lab_self_check_scores_the_learners_answers(app, tree_run):
     app.session_state["trace"], app.session_state["trace_source"] = tree_run, "test run"
     at = open_page(app, "app/pages/lab.py")
-    first = teaching.questions(tree_run, seed=0)[0]
+    first = quiz.questions(tree_run, seed=0)[0]
     assert first.kind == "accept"
     wrong = "rejected" if first.accepted else "accepted"
     at.radio(key="quiz_0_0_guess").set_value(wrong)
@@ -178,7 +180,45 @@ def test_the_lab_self_check_scores_the_learners_answers(app, tree_run):
     at.button(key="quiz_0_0_check").click()
     ok(at.run())
     assert any(s.value.startswith("Right") for s in at.success)
-    assert next(m.value for m in at.metric if m.label == "Score") == "1 of 1 answered"
+    assert next(m.value for m in at.metric if m.label == "Score") == "1 right, 1 of 6 answered"
+
+
+def test_the_quiz_counts_every_answer_of_the_sheet(app, tree_run):
+    """Six answers read "k right, 6 of 6 answered" (a bare "5 of 6 answered" read as a question left out)."""
+    app.session_state["trace"], app.session_state["trace_source"] = tree_run, "test run"
+    at = open_page(app, "app/pages/lab.py")
+    qs = quiz.questions(tree_run, seed=0)
+    assert len(qs) == 6
+    for i, q in enumerate(qs):
+        if q.kind == "accept":
+            at.radio(key=f"quiz_0_{i}_guess").set_value("accepted")
+        else:
+            at.number_input(key=f"quiz_0_{i}_guess").set_value(round(q.alpha, 4))
+        ok(at.run())
+        at.button(key=f"quiz_0_{i}_check").click()
+        ok(at.run())
+    right = sum(q.accepted if q.kind == "accept" else True for q in qs)
+    assert next(m.value for m in at.metric if m.label == "Score") == f"{right} right, 6 of 6 answered"
+
+
+def test_one_q_per_node_on_every_view(app, tree_run):
+    """A top-k child has the draft's q but is tested as a point mass: the lab, the tree explorer's node table and
+    its verification table all show the node's own q under one name, never None beside a number elsewhere."""
+    app.session_state["trace"], app.session_state["trace_source"] = tree_run, "test run"
+    step = next(e for e in tree_run if e["type"] == "step" and e["tests"])
+    expected = [teaching.q_text(step["nodes"][t["node"]]) for t in step["tests"]]
+    assert all(t["q"] is None for t in step["tests"]) and expected[0] != teaching.q_text({"q": None})
+    at = open_page(app, "app/pages/tree.py")
+    nodes, walk = at.dataframe[0].value, at.dataframe[-1].value
+    assert list(nodes[teaching.Q_DRAFT]) == expected == list(walk[teaching.Q_DRAFT])
+    for table in (nodes, walk):
+        assert not table.isna().any().any() and "None" not in table.astype(str).to_numpy()
+    at = open_page(at, "app/pages/lab.py")
+    labels = [m.label for m in at.metric]
+    assert next(m.value for m in at.metric if m.label == teaching.Q_DRAFT) == expected[0]  # the first tab's test
+    assert "q(x) in the test" not in labels and "q(x)" not in labels
+    titles = [json.loads(c.proto.spec)["layout"]["title"]["text"] for c in at.get("plotly_chart")]
+    assert not any("`" in t or "has no draft distribution" in t for t in titles), titles
 
 
 def test_the_lab_sandbox_samples_picked_siblings_and_catches_their_bug(app):
@@ -208,16 +248,16 @@ def greedy_tree_run() -> list[dict]:
 
 def test_the_quiz_labels_p_and_alpha_by_the_rule_that_ran(greedy_tree_run, tree_run):
     """At T = 0 a later sibling's test reads the raw p and α is the argmax rule's 0 or 1: no p′, no min(1, p/q)."""
-    greedy = teaching.questions(greedy_tree_run, n=100)
+    greedy = quiz.questions(greedy_tree_run, n=100)
     later = [q for q in greedy if any(
         s["step"] == q.step and any(s["nodes"][t["node"]]["parent"] == s["nodes"][s["tests"][q.test_index]["node"]]["parent"]
                                     for t in s["tests"][:q.test_index]) for s in greedy_tree_run if s["type"] == "step")]
     assert later, "the greedy run has no later sibling to label"
     assert all(q.p_label == "p(x), target" and not q.after_rejection for q in greedy)
-    assert teaching.alpha_label(True, False) == teaching.alpha_label(True, True) == "α (T = 0: 1 if x is the argmax, else 0)"
-    sampled = teaching.questions(tree_run, n=100)
+    assert quiz.alpha_label(True, False) == quiz.alpha_label(True, True) == "α (T = 0: 1 if x is the argmax, else 0)"
+    sampled = quiz.questions(tree_run, n=100)
     assert any(q.after_rejection and q.p_label == "p′(x), after the rejected siblings" for q in sampled)
-    assert teaching.alpha_label(False, True, True) == "α = p′(x)" and teaching.alpha_label(False, False) == "α = min(1, p/q)"
+    assert quiz.alpha_label(False, True, True) == "α = p′(x)" and quiz.alpha_label(False, False) == "α = min(1, p/q)"
 
 
 def test_the_lab_labels_a_greedy_test_by_the_argmax_rule(app, greedy_tree_run):
@@ -226,6 +266,15 @@ def test_the_lab_labels_a_greedy_test_by_the_argmax_rule(app, greedy_tree_run):
     labels = [m.label for m in at.metric]
     assert "α (T = 0: 1 if x is the argmax, else 0)" in labels
     assert not any("min(1, p/q)" in label or "p′" in label for label in labels)
+    # Check yourself at T = 0 asks whether x is the argmax: the target's top tokens are the answer, shown after it
+    assert not any("most likely tokens here" in c.value for c in at.caption)
+    assert any("what is α?" in m.value and "temperature above 0" in m.value for m in at.markdown)
+    first = quiz.questions(greedy_tree_run, seed=0)[0]
+    at.radio(key="quiz_0_0_guess").set_value("accepted" if first.accepted else "rejected")
+    ok(at.run())
+    at.button(key="quiz_0_0_check").click()
+    ok(at.run())
+    assert sum("most likely tokens here" in c.value for c in at.caption) == 1
 
 
 def test_the_lab_p_value_says_what_it_can_and_declines_with_too_few_samples(app):

@@ -2,7 +2,7 @@ import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import figures, state, teaching
+from app import figures, quiz, state, teaching
 from specviz import analysis
 from specviz.decoding.events import GREEDY, TYPICAL, rule_of
 
@@ -52,20 +52,19 @@ with tab_run:
         after = bool(earlier) and rule not in (GREEDY, TYPICAL)  # only the lossless sampled rules update p
         point_mass = test["q"] is None
         m = st.columns(5)
-        m[0].metric(teaching.p_label(greedy, after, rule), f"{test['p']:.4f}")
+        m[0].metric(quiz.p_label(greedy, after, rule), f"{test['p']:.4f}")
         if rule == TYPICAL:
             kept = test["node"] in step["accepted_path"]
-            m[1].metric("q(x), the head's", "—" if node["q"] is None else f"{node['q']:.4f}",
+            m[1].metric(teaching.Q_DRAFT, teaching.q_text(node),
                         help="The typical test does not read q: it compares P(x) with a threshold.")
             m[2].metric("threshold min(ε, δ·e^−H)", "—" if test.get("threshold") is None else f"{test['threshold']:.4f}")
             m[3].metric("u", "— (no draw: a threshold test)")
             m[4].metric("decision", ("passed, kept" if kept else "passed, off the kept path") if test["accepted"]
                         else "failed")
         else:
-            m[1].metric("q(x) in the test", "1 (point mass)" if point_mass else f"{test['q']:.4f}",
-                        help="A picked token (prompt lookup, a tree's top-k child) is a point mass: q = δx."
-                        if point_mass else None)
-            m[2].metric(teaching.alpha_label(greedy, point_mass, after), f"{test['alpha']:.4f}")
+            m[1].metric(teaching.Q_DRAFT, teaching.q_text(node),
+                        help=teaching.POINT_MASS_Q if point_mass else "The test's α = min(1, p(x)/q(x)) reads it.")
+            m[2].metric(quiz.alpha_label(greedy, point_mass, after), f"{test['alpha']:.4f}")
             m[3].metric("u", "— (greedy)" if test["u"] is None else f"{test['u']:.4f}")
             m[4].metric("decision", "accept" if test["accepted"] else "reject")
         if after:
@@ -77,17 +76,21 @@ with tab_run:
             p_title += " (after top-k/top-p; the test read softmax(logits / T))"
         b1.plotly_chart(figures.distribution_bars(p_row["p_top"] if p_row else None, p_title, "#1f77b4",
                                                   highlight=test["token"]), key=f"lab_p_{chosen}_{index}")
+        q_bars = node["q_top"] or ([[node["token"], node["text"], node["q"]]] if node["q"] is not None else None)
         if node["q_top"] and point_mass:  # a top-k pick: the draft's distribution ranked it; the test used δx
             q_title = "the draft's top tokens (it picked x from them: the test treats x as a point mass)"
         elif node["q_top"]:
             q_title = "q: the draft distribution x was sampled from"
+        elif node["q"] is not None:  # only x's own q was recorded
+            q_title = f"the draft's q(x) = {node['q']:.4f}" + (" (it picked x: the test treats x as a point mass)"
+                                                             if point_mass else "")
         else:
-            q_title = f"q: a point mass (`{start['drafter']}` has no draft distribution)"
+            q_title = f"q: a point mass ({start['drafter']} has no draft distribution)"
         if rule == TYPICAL:
             q_title = "the head's top tokens (it picked x from them; the typical test does not read q)"
-        b2.plotly_chart(figures.distribution_bars(
-            node["q_top"], q_title, "#ff7f0e", highlight=test["token"],
-            point_mass=None if node["q_top"] else (node["token"], node["text"])), key=f"lab_q_{chosen}_{index}")
+        b2.plotly_chart(figures.distribution_bars(q_bars, q_title, "#ff7f0e", highlight=test["token"],
+                                                  point_mass=None if q_bars else (node["token"], node["text"])),
+                        key=f"lab_q_{chosen}_{index}")
         if rule == TYPICAL:
             if test.get("threshold") is not None:
                 st.plotly_chart(figures.threshold_gauge(test["p"], test["threshold"]), key=f"lab_u_{chosen}_{index}")
@@ -136,14 +139,18 @@ with tab_quiz:
         if st.session_state.get("quiz_id") != quiz_id:
             st.session_state["quiz_id"], st.session_state["quiz_answers"] = quiz_id, {}
         answers = st.session_state["quiz_answers"]
-        qs = teaching.questions(trace, seed=seed)
+        qs = quiz.questions(trace, seed=seed)
         greedy = trace[0]["sampling"]["temperature"] == 0
         st.markdown(f"{len(qs)} questions on real tests of the {source} (drafter `{trace[0]['drafter']}`, "
                     f"temperature {trace[0]['sampling']['temperature']}). Answer, then press **Check**: your answer "
-                    "is shown against what the engine did, and why.")
+                    "is shown against what the engine did, and why."
+                    + (" At temperature 0 α is 1 for the target's argmax and 0 otherwise, so every question asks "
+                       "whether the token was accepted; decode at a temperature above 0 for *what is α?* questions."
+                       if greedy else ""))
         for i, q in enumerate(qs):
             with st.container(border=True):
                 asked = next(s for s in state.steps_of(trace) if s["step"] == q.step)
+                node = asked["nodes"][asked["tests"][q.test_index]["node"]]
                 st.markdown(f"**{i + 1}.** Step {q.step}, drafted token {figures.md_code(q.token)}")
                 facts = st.columns(3)
                 facts[0].metric(q.p_label, f"{q.p:.4g}")
@@ -151,13 +158,10 @@ with tab_quiz:
                     facts[1].metric("threshold min(ε, δ·e^−H)", "—" if q.threshold is None else f"{q.threshold:.4g}")
                     facts[2].metric("temperature", f"{trace[0]['sampling']['temperature']} (typical, lossy)")
                 else:
-                    facts[1].metric("q(x)", "point mass (picked)" if q.q is None else f"{q.q:.4g}")
+                    facts[1].metric(teaching.Q_DRAFT, teaching.q_text(node),
+                                    help=teaching.POINT_MASS_Q if q.q is None else None)
                 if greedy:
-                    node = asked["nodes"][asked["tests"][q.test_index]["node"]]
-                    top = next((r["p_top"] for r in asked["target"] if r["node"] == node["parent"]), None)
-                    facts[2].metric("temperature", "0 (greedy)")
-                    st.caption("The target's most likely tokens here: " + ", ".join(
-                        f"{figures.md_code(t[1])} {t[2]:.3f}" for t in (top or [])[:3]))
+                    facts[2].metric("temperature", "0 (greedy: accepted when x is the target's argmax)")
                 elif q.kind == "accept" and q.u is not None:
                     facts[2].metric("u (the uniform draw)", f"{q.u:.4f}")
                 key = f"quiz_{seed}_{i}"
@@ -169,7 +173,7 @@ with tab_quiz:
                     value = st.number_input("What is α here?", 0.0, 1.0, value=None, step=0.0001, format="%.4f",
                                             key=f"{key}_guess")
                 if st.button("Check", key=f"{key}_check", disabled=value is None):
-                    right, truth = teaching.check_answer(q, value)
+                    right, truth = quiz.check_answer(q, value)
                     answers[i] = {"guess": guess if q.kind == "accept" else f"{value:.4f}", "right": right,
                                   "truth": truth}
                 if i in answers:
@@ -177,8 +181,12 @@ with tab_quiz:
                     say = st.success if a["right"] else st.error
                     say(f"{'Right' if a['right'] else 'Not quite'}: you said **{a['guess']}**, the engine's value "
                         f"is **{a['truth']}**. {q.reason()}")
+                    if greedy:  # the answer, so only after it is checked
+                        top = next((r["p_top"] for r in asked["target"] if r["node"] == node["parent"]), None)
+                        st.caption("The target's most likely tokens here: " + ", ".join(
+                            f"{figures.md_code(t[1])} {t[2]:.3f}" for t in (top or [])[:3]))
         if answers:
-            st.metric("Score", f"{sum(a['right'] for a in answers.values())} of {len(answers)} answered")
+            st.metric("Score", quiz.score(answers, len(qs)))
         if st.button("New questions", key="quiz_new"):
             st.session_state["quiz_seed"] = seed + 1
             st.rerun()

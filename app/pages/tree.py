@@ -142,11 +142,10 @@ def show(step: dict, stage: str, key: str) -> None:
     mask.plotly_chart(figures.mask_figure(step), key=f"tree_mask_{key}")
     table.dataframe(
         [{"node": r["node"], "token": figures.visible(r["token"]), "rule": r["rule_name"],
-          "p(x)": round(r["p used by the test"], 4), "q(x)": None if t["q"] is None else round(t["q"], 4),
-          "α": None if r["rule_name"] == TYPICAL else round(r["α"], 4),
-          "threshold": None if r["threshold"] is None else round(r["threshold"], 4),
-          "u": None if r["u"] is None else round(r["u"], 4), "decision": decision(r, step)}
-         for r, t in zip(teaching.verification_walkthrough(step, greedy), step["tests"])],
+          "p(x)": round(r["p used by the test"], 4), teaching.Q_DRAFT: teaching.q_text(step["nodes"][r["node"]]),
+          "α": "—" if r["rule_name"] == TYPICAL else figures.fmt(r["α"], 4),
+          "threshold": figures.fmt(r["threshold"], 4), "u": figures.fmt(r["u"], 4), "decision": decision(r, step)}
+         for r in teaching.verification_walkthrough(step, greedy)],
         hide_index=True,
     )
 
@@ -168,8 +167,9 @@ else:
 st.caption("Colours: green = accepted path, red = tested and rejected, light green = passed Medusa's typical "
            "threshold but off the kept (longest) path, grey = never tested (an ancestor was rejected or a sibling "
            "was accepted first), orange = the token that ends the step after a rejection, blue = the one after a "
-           "fully accepted path. A node's q is null for drafters without a distribution (n-gram lookup: a point "
-           "mass, α = p).")
+           "fully accepted path. q(x) is the node's own: the draft's probability of the token, the same here, "
+           "in the table below and in the lab; a picked token (a tree's top-k child, a lookup) is tested as a "
+           "point mass whatever its q (α = p), and a drafter without a distribution (n-gram lookup) has none.")
 
 
 # ------------------------------------------------------------------------------ how this step was verified
@@ -185,11 +185,10 @@ st.dataframe(
     [{"order": r["order"], "depth": r["depth"], "parent": figures.visible(r["parent"]),
       "token x": figures.visible(r["token"]), "rule applied": r["rule"],
       "p(x) at the parent": round(r["p (target, at the parent)"], 6), "p used by the test": round(r["p used by the test"], 6),
-      "α": None if r["rule_name"] == TYPICAL else round(r["α"], 6),
-      "threshold": None if r["threshold"] is None else round(r["threshold"], 6),
-      "u": None if r["u"] is None else round(r["u"], 4), "decision": decision(r, step),
-      "chain rule on the same x: min(1, p/q)": None if r["chain_alpha"] is None else round(r["chain_alpha"], 6),
-      "q (draft's probability)": None if r["q (draft)"] is None else round(r["q (draft)"], 6)}
+      "α": "—" if r["rule_name"] == TYPICAL else figures.fmt(r["α"], 6),
+      "threshold": figures.fmt(r["threshold"], 6), "u": figures.fmt(r["u"], 4), "decision": decision(r, step),
+      "chain rule on the same x: min(1, p/q)": figures.fmt(r["chain_alpha"], 6),
+      teaching.Q_DRAFT: teaching.q_text(step["nodes"][r["node"]])}
      for r in rows],
     hide_index=True, key=f"tree_walk_{chosen}",
 )
