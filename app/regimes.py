@@ -9,12 +9,10 @@ one, and speculation cannot pay for itself.
 """
 from __future__ import annotations
 
-from specviz.decoding.costs import interpolate
+from specviz.bench.regimes import MEMORY_BOUND_BELOW, RATIO_N, SEPARATOR, cost_ratio, regime
 from specviz.models.quantized import WEIGHT_WORDS
 
-SEPARATOR = "@"  # a lane on a named weight set: eagle2@fp32
-RATIO_N = 8  # the verify-cost ratio the lanes show: c(8) ÷ c(1)
-MEMORY_BOUND_BELOW = 1.5  # c(8) ÷ c(1) under this: verifying 8 tokens costs about one forward
+__all__ = ["MEMORY_BOUND_BELOW", "RATIO_N", "SEPARATOR", "cost_ratio", "regime"]  # what the pages read from here too
 
 
 def lane_name(drafter: str, weights: str | None) -> str:
@@ -32,16 +30,6 @@ def baseline_of(lane: str, lanes: list[str], plain: str = "none") -> str | None:
     """The lane a lane's speedup is measured against: `none` on the same weights, where the race has it."""
     base = lane_name(plain, split_lane(lane)[1])
     return base if base in lanes else None
-
-
-def cost_ratio(curve: dict[int, float], n: int = RATIO_N) -> float:
-    """c(n) ÷ c(1) of a verify-cost curve ({tokens: seconds}; linear between measured sizes)."""
-    cost = interpolate({int(k): float(v) for k, v in curve.items()})
-    return cost(n) / cost(1)
-
-
-def regime(ratio: float) -> str:
-    return "memory-bound" if ratio < MEMORY_BOUND_BELOW else "compute-bound"
 
 
 def weights_words(weights: str | None) -> str:

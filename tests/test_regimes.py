@@ -169,3 +169,59 @@ def test_the_sidebar_names_the_weights_every_page_runs_on(two_regimes):
     ok(at.run())
     assert not at.error, [e.value for e in at.error]
     assert [x.weights for x in two_regimes] == ["q4q8", "fp32"]  # the live run loaded the fp32 set beside q4q8
+
+
+# ------------------------------------------------------------------------------------------ the bench
+
+
+def tiny_sets() -> dict:
+    """Two weight sets of one tiny model (the same weights under two names: a test double), one tokenizer."""
+    import torch
+
+    from specviz.models.loading import LoadedModels
+
+    from tiny import TinyTokenizer, tiny_llama
+
+    tokenizer, out = TinyTokenizer(64), {}
+    for weights in ("q4q8", "fp32"):
+        target, draft = tiny_llama(scale=3.0), tiny_llama(seed=0, layers=2, scale=2.0)
+        out[weights] = LoadedModels("tiny", target, draft, tokenizer, target.device, torch.float32, weights=weights)
+    return out
+
+
+def test_the_bench_runs_every_drafter_on_each_weight_set_in_one_interleaved_run():
+    from specviz import bench
+    from specviz.bench import regimes as bench_regimes
+
+    prompts = [bench.Prompt("a", "abc abc abc abc"), bench.Prompt("b", "the cat sat on the mat. the cat")]
+    settings = bench.quick_settings(drafters=("ngram", "draft"), max_new_tokens=8, verify_sizes=(1, 2), cost_repeats=1,
+                                    bandwidth_mb=8, bandwidth_repeats=1, context_len=16)
+    order = []
+    report = bench_regimes.run_regimes(tiny_sets(), prompts, settings, lambda d, t, label: order.append(label))
+    assert list(report["methods"]) == [f"{d}@{w}" for w in ("q4q8", "fp32") for d in ("none", "ngram", "draft")]
+    # interleaved: prompt a's six decodes, then prompt b's, in a rotated order
+    decodes = [label for label in order if "·" in label]
+    assert [label.split(" · ")[0] for label in decodes] == ["a"] * 6 + ["b"] * 6
+    assert decodes[0].endswith("none@q4q8") and decodes[6].endswith("ngram@q4q8")
+    for name, method in report["methods"].items():
+        assert method["speedup_vs_none_same_weights"]["n"] == 2 and method["outputs_match_none"] is True
+        if name.startswith("none@"):
+            assert method["speedup_vs_none_same_weights"]["median"] == 1.0
+    assert report["methods"]["none@q4q8"]["speedup_vs_first_none"]["median"] == 1.0
+    for w, s in report["weight_sets"].items():  # c(8) is measured on each set whatever --verify-sizes says
+        tree = s["verify_cost_ms"]["tree"]
+        assert set(tree) == {"1", "2", "8"} and s["c8_over_c1"] == pytest.approx(tree["8"] / tree["1"])
+        assert s["regime"] == regimes.regime(s["c8_over_c1"])
+    text = bench_regimes.to_markdown(report)
+    assert "## The regime of each weight set" in text and "speedup vs none@q4q8" in text and "`draft@fp32`" in text
+
+
+def test_the_bench_takes_several_weight_sets_and_refuses_unknown_ones(capsys):
+    from specviz.bench.cli import build_bench_parser
+
+    parser = build_bench_parser()
+    assert parser.parse_args(["--weights", "q4q8, fp32"]).weights == "q4q8,fp32"
+    assert parser.parse_args([]).weights == "auto"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--weights", "q4q8,fp16"])
+    assert "several weight sets" in capsys.readouterr().err

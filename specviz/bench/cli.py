@@ -11,7 +11,7 @@ import torch
 
 from specviz.arguments import add_decoding_args, add_model_args, add_weights_arg, decode_settings, int_list
 from specviz.atomic import check_writable, write_atomically
-from specviz.bench import QUICK_SIZES, BenchSettings, load_prompts, quick_settings, run_bench, to_markdown, validate
+from specviz.bench import QUICK_SIZES, BenchSettings, load_prompts, quick_settings, regimes, run_bench, to_markdown, validate
 from specviz.bench.llamaserver import parse_configs
 from specviz.bench.vllm import parse_lanes
 from specviz.errors import SpecvizError
@@ -51,6 +51,7 @@ def build_bench_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m specviz bench",
                                 description="Every drafter against `none` and against transformers' generate(), side by side.")
     add_model_args(p)
+    regimes.allow_weight_sets(p)  # --weights q4q8,fp32: every drafter on each set (specviz/bench/regimes.py)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: bfloat16 on cuda, float32 elsewhere)")
     p.add_argument("--drafters", default="", help="comma-separated, e.g. none,ngram,draft,medusa,eagle2 (default: all available); a drafter may carry options: eagle2:draft_vocab=full:total_tokens=16")
@@ -150,19 +151,24 @@ def bench_main(argv: list[str] | None = None) -> int:
                 raise SpecvizError(f"--threads must be >= 1, got {args.threads}")
             torch.set_num_threads(args.threads)
         prompts = load_prompts(args.prompts, args.limit)
-        models = _load_models(args)
 
         def progress(done: int, total: int, label: str) -> None:
             print(f"[{done}/{total}] {label}", file=sys.stderr, flush=True)
 
-        report = run_bench(models, prompts, settings, progress, command=shlex.join(["python", "-m", "specviz", "bench", *argv]))
-        validate(report)
+        command = shlex.join(["python", "-m", "specviz", "bench", *argv])
+        several = "," in args.weights
+        if several:
+            report = regimes.main(args, settings, prompts, command, progress)
+        else:
+            report = run_bench(_load_models(args), prompts, settings, progress, command=command)
+            validate(report)
     except SpecvizError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    markdown = to_markdown(report)
+    markdown = (regimes.to_markdown if several else to_markdown)(report)
     print(markdown)  # first: a run's result is never lost to an output file that fails after it
-    report_mismatches(report)
+    if not several:
+        report_mismatches(report)
     for path, text in ((args.json_out, json.dumps(report, indent=1) + "\n"), (args.md_out, markdown)):
         if path:
             try:
