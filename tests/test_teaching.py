@@ -297,3 +297,31 @@ def test_the_teaching_text_quotes_its_sources_as_they_are():
     assert "near-ties" in teaching.GREEDY_IDENTITY and "within hardware numerics" in teaching.GREEDY_IDENTITY
     assert "evaluate_posterior" in teaching.SAFEAILAB_EAGLE
     assert "all or nothing" in teaching.HISTOGRAM_NOTE and "right early and wrong late" in teaching.HISTOGRAM_NOTE
+
+
+def test_each_live_token_hovers_with_the_test_behind_it(tree_run):
+    """Live decoding's hover gives an accepted token its test's p, q, α, u and rule, a replacement the rejection it
+    follows, a bonus where it was drawn; the legend says what a bonus means on a tree, not "all drafts accepted"."""
+    from app import figures
+
+    assert "all drafts accepted" not in figures.legend_html()
+    assert "no drafted child" in figures.KIND_LABELS["bonus"]
+    seen = set()
+    for step in (e for e in tree_run if e["type"] == "step"):
+        tests = {t["node"]: t for t in step["tests"]}
+        for i, c in enumerate(step["committed"]):
+            hover = figures.token_hover(step, i)
+            seen.add(c["kind"])
+            if c["kind"] == "accepted":
+                test, node = tests[step["accepted_path"][i]], step["nodes"][step["accepted_path"][i]]
+                assert f"α = p(x) = {figures.fmt(test['p'])}, u = {figures.fmt(test['u'])}" in hover
+                assert f"q(x), the draft's: {figures.fmt(node['q'], 4)} → accepted" in hover
+            elif c["kind"] == "replacement":
+                assert f"u = {figures.fmt(step['tests'][-1]['u'])}" in hover and "→ rejected" in hover
+                assert "this token: drawn from p with the rejected tokens removed" in hover
+            elif c["kind"] == "bonus":
+                assert "this token: drawn from p" in hover
+    assert {"accepted", "replacement"} <= seen
+    html = figures.tokens_html([s for s in tree_run if s["type"] == "step"])
+    assert html.count("α = p(x)") >= len([1 for s in tree_run if s["type"] == "step" for c in s["committed"]
+                                          if c["kind"] == "accepted"])

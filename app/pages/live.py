@@ -12,7 +12,9 @@ state.intro(
     "Live decoding",
     "Type a prompt and press **Run**: tokens appear as the target commits them, coloured by how they were made. "
     "Each step is one target forward pass (p = target, q = draft): it verifies the drafted tokens and always adds "
-    "one token of its own (a replacement after a rejection, or a bonus when everything was accepted).",
+    "one token of its own: a replacement after a rejection, or a bonus when the accepted path reached a drafted "
+    "token with no drafted child (on a chain: every drafted token accepted; on a tree: a leaf of the tree, "
+    "wherever its siblings were). Hover a token for the test behind it: p, q, α, u and the rule.",
 )
 shared, settings = state.current()
 
@@ -40,7 +42,7 @@ class View:
     def draw(self, events: list[dict]) -> None:
         start = events[0]
         steps = state.steps_of(events)
-        self.text.html(figures.tokens_html(steps, start["prompt_text"]))
+        self.text.html(figures.tokens_html(steps, start["prompt_text"], start["sampling"]["temperature"] == 0))
         done = state.done_of(events)
         new_tokens = sum(len(s["committed"]) for s in steps)
         drafted = sum(analysis.drafted_in(s) or 0 for s in steps)
