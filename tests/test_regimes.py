@@ -225,3 +225,19 @@ def test_the_bench_takes_several_weight_sets_and_refuses_unknown_ones(capsys):
     with pytest.raises(SystemExit):
         parser.parse_args(["--weights", "q4q8,fp16"])
     assert "several weight sets" in capsys.readouterr().err
+
+
+def test_why_it_works_shows_both_curves_and_the_sentence_the_measurement_chose(two_regimes):
+    at = race_page()
+    at.switch_page("app/pages/overview.py")
+    ok(at.run())
+    at.button(key="ov_regimes").click()
+    ok(at.run())
+    assert not at.error, [e.value for e in at.error]
+    chart = next(c for c in at.get("plotly_chart") if "verify cost" in c.proto.spec)
+    assert '"name":"q4q8 (' in chart.proto.spec and '"name":"fp32 (' in chart.proto.spec
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["c(8) ÷ c(1), q4q8"] == "2.67" and metrics["c(8) ÷ c(1), fp32"] == "1.06"
+    assert metrics["Copy bandwidth (measured)"].endswith("GB/s")
+    said = [i.value for i in at.info if "a verify of 8 tokens costs" in i.value]
+    assert said == [regimes.regime_sentence({"q4q8": 2.67, "fp32": 1.06})]

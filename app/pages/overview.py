@@ -1,8 +1,9 @@
 """Why it works: decoding one token streams every weight through memory once, so a step costs about the
 same whether the target scores 1 token or 5. Speculative decoding uses that idle compute."""
+import plotly.graph_objects as go
 import streamlit as st
 
-from app import state, teaching
+from app import regimes, state, teaching
 from specviz import analysis
 from specviz.bench import probes
 from specviz.drafters import PLAIN
@@ -11,10 +12,52 @@ state.intro(
     "Why speculative decoding works",
     "Generating one token at batch 1 reads **every weight of the model from memory once**, so the time per "
     "token is set by memory bandwidth, not arithmetic.  \nA cheap **draft** guesses a few tokens ahead and the "
-    "big **target** checks them all in one forward pass, which costs about the same as producing one token.",
+    "big **target** checks them all in one forward pass, which, where decoding is memory-bound, costs about the same "
+    "as producing one token (section 2 measures whether it is on this machine).",
 )
 st.info("**Notation used on every page:** **p** is the target model's probability distribution, **q** the "
         "draft's (both after temperature, top-k and top-p). τ (tau) = tokens committed per target forward.")
+
+
+
+def premise_measured(shared) -> None:
+    """The premise on this machine: the verify-cost curve, ms for n = 1…16 tokens, of every weight set the model
+    runs on here, beside the measured bandwidth, and the regime each set is in, chosen from the measurement."""
+    st.subheader("Does one forward over several tokens cost about one over a single token here?")
+    st.markdown("The premise of speculative decoding, measured: c(n), one verify forward of the target over n tokens "
+                "(as a tree of drafted tokens, after 128 cached ones), on each weight set this model runs on here.")
+    if shared is None or not shared.capabilities.bench:
+        st.info("Measured where the app runs the engine itself (`make run` on the engine's machine).")
+        return
+    if st.button("Measure the verify cost on every weight set", key="ov_regimes"):
+        found = {}
+        with st.spinner("Measuring the verify-cost curve of each weight set (once per loaded model)…"):
+            for weights in state.weight_sets(shared):
+                backend = state.on_weights(shared, weights)
+                if backend is not None and state.verify_ratio(backend) is not None:
+                    found[weights] = {n: 1e3 * t for n, t in sorted(backend.models_here().verify_curve.items()) if n <= 16}
+            gb_s = probes.BandwidthProbe(shared.models_here().device).measure()
+        st.session_state["ov_premise"] = {"curves": found, "gb_s": gb_s, "where": shared.where()}
+    measured = st.session_state.get("ov_premise")
+    if not measured or not measured["curves"]:
+        return
+    chart, side = st.columns([3, 1])
+    fig = go.Figure([go.Scatter(x=list(curve), y=list(curve.values()), mode="lines+markers",
+                                name=f"{weights} ({regimes.weights_words(weights)})")
+                     for weights, curve in measured["curves"].items()])
+    fig.update_layout(title="verify cost c(n), measured here", height=320, xaxis={"title": "n tokens verified",
+                      "dtick": 1}, yaxis={"title": "ms", "rangemode": "tozero"}, legend={"orientation": "h"},
+                      margin={"l": 10, "r": 10, "t": 40, "b": 10})
+    chart.plotly_chart(fig, key="ov_premise_chart")
+    side.metric("Copy bandwidth (measured)", f"{measured['gb_s']:,.1f} GB/s")
+    ratios = {w: regimes.cost_ratio(curve) for w, curve in measured["curves"].items()}
+    for weights, ratio in ratios.items():
+        side.metric(f"c(8) ÷ c(1), {weights}", f"{ratio:.2f}")
+    st.info(regimes.regime_sentence(ratios))
+    st.caption(f"Measured {measured['where']}: each c(n) the median of 3 timed forwards (specviz.decoding.costs."
+               "verify_curve, the curve the tree drafters' auto budget reads); bandwidth as section 2's. The "
+               "*Topology race*'s preset *Where speculation pays and where it does not* races both sets.")
+
 
 # ---------------------------------------------------------------------------------------- calculator
 st.header("1. The memory-bandwidth calculator")
@@ -99,6 +142,8 @@ if measured:
         "bandwidths above its weights would stream in a fraction of a millisecond); weight streaming dominates "
         "for models of billions of parameters, as in the calculator. This page measures only the machine it runs on."
     )
+
+premise_measured(shared)
 
 # ------------------------------------------------------------------------------------ the algorithm
 st.header("3. Draft → verify → accept")
