@@ -23,6 +23,7 @@ SPECINFER = ("Miao et al., 2024, *SpecInfer: Accelerating Large Language Model S
 MEDUSA = "Cai et al., 2024, *Medusa: Simple LLM Inference Acceleration Framework with Multiple Decoding Heads*"
 EAGLE = "Li et al., 2024, *EAGLE: Speculative Sampling Requires Rethinking Feature Uncertainty*"
 EAGLE2 = "Li et al., 2024, *EAGLE-2: Faster Inference of Language Models with Dynamic Draft Trees*"
+EAGLE2_V1 = f"{EAGLE2}, arXiv:2406.16858v1 (its abstract)"  # the EMNLP 2024 abstract says up to 5×, 1.3× EAGLE's
 EAGLE3 = "Li et al., 2025, *EAGLE-3: Scaling up Inference Acceleration of Large Language Models via Training-Time Test*"
 PROMPT_LOOKUP = "Saxena, 2023, *Prompt Lookup Decoding* (github.com/apoorvumang/prompt-lookup-decoding)"
 VLLM_METRICS = "vLLM documentation, *Speculative decoding* metrics (mean acceptance length)"
@@ -267,14 +268,15 @@ TOPOLOGIES = (
         f"{MEDUSA}; {MEDUSA_CODE}", "medusa-smollm2-135m"),
     Topology(
         "eagle2", "EAGLE-2 (Extrapolation Algorithm for Greater Language-model Efficiency)",
-        "the target's second-to-top-layer features plus the token sampled one step ahead (the next token), "
+        "the target's top-layer feature (its last hidden state, before the LM head: EAGLE's \"second-to-top "
+        "layer\", counting the LM head) plus the token sampled one step ahead (the next token), "
         "predicting the next feature; a dynamic tree grown by the draft's own path confidence",
         "one decoder layer trained to regress the target's features and predict its tokens (self-distilled here)",
         "one decoder layer and a small KV cache; reuses the target's embedding and LM head",
         "yes: tree children are point masses, α = p'(x)",
         "EAGLE: LLaMA2-Chat 70B 2.7×–3.5× (over MT-bench, HumanEval, GSM8K and Alpaca; 4× A100 40 GB); EAGLE-2: "
-        "3.05×–4.26×, 20–40 % faster than EAGLE",
-        f"{EAGLE}; {EAGLE2}", "eagle-smollm2-135m"),
+        "3.05×–4.26×, 20–40 % faster than EAGLE (arXiv v1 abstract; the EMNLP 2024 version: up to 5×, 1.3× EAGLE's)",
+        f"{EAGLE}; {EAGLE2_V1}", "eagle-smollm2-135m"),
     Topology(
         "eagle3", "EAGLE-3 (training-time test)",
         "the inputs of three of the target's layers (low, middle, high) side by side, fused by one linear layer, "
@@ -311,7 +313,9 @@ def card_of(spec: DrafterSpec) -> Topology:
 
 EAGLE3_NOTE = (
     "**EAGLE-3** drops EAGLE's feature-regression loss, "
-    "fuses the target's low-, middle- and top-layer hidden states instead of the second-to-top layer alone, and "
+    "replaces the target's top-layer feature (the last hidden state, which EAGLE's paper calls the second-to-top "
+    "layer, counting the LM head) with the inputs of a low, a middle and a high layer side by side (SafeAILab's "
+    "code: layers 2, L/2 and L − 3 of an L-layer target), fused by one linear layer, and "
     "trains with the draft's own predictions fed back (*training-time test*); it reports speedups up to 6.5× and "
     "about 1.4× over EAGLE-2 (" + EAGLE3 + "). specviz runs both on the same EAGLE-2 tree: `eagle2` is an "
     "EAGLE-1/2 head, `eagle3` an EAGLE-3 head (the embedded model's own, or a published one: "

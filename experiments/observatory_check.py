@@ -149,13 +149,13 @@ def main() -> int:
              + ", ".join(f"{n}: {ms:.2f}" for n, ms in curve.items()) + ".", "",
              f"Plain decode: target {target_ms:.2f} ms/token, our draft model alone {draft_ms:.2f} ms/token "
              f"(d = {draft_ms / target_ms:.3f}).", "",
-             "| server | acceptance | τ̂ | K | plain share | c(K+1) | d | predicted | measured | predicted ÷ measured |",
+             "| server | acceptance | L̂ | K | plain share | c(K+1) | d | predicted | measured | predicted ÷ measured |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for label, w, p, measured, d in rows:
         if p is None:
             lines.append(f"| {label} | – (no drafts) | | | | | | | {measured:.2f}× | |")
             continue
-        lines.append(f"| {label} | {w.acceptance_rate:.3f} | {p.tau:.2f} | {p.k:.2f} | {p.plain_share:.2f} | "
+        lines.append(f"| {label} | {w.acceptance_rate:.3f} | {p.mean_length:.2f} | {p.k:.2f} | {p.plain_share:.2f} | "
                      f"{p.verify_cost:.2f} | {d:.3f} | {p.speedup:.2f}× | {measured:.2f}× | "
                      f"{p.speedup / measured:.2f} |")
     lines += ["", "Observatory polls of /metrics under the load (seconds):", "",

@@ -3,11 +3,16 @@ or llama.cpp's llama-server started with `--metrics` (`llamacpp:...`). The app's
 this module computes; nothing here imports streamlit.
 
 A scrape becomes a Snapshot: the server's cumulative counters at one moment. Two snapshots make a Window, what
-happened between them, and from it (p = target, q = draft; a draft is one verify step that checked drafted tokens):
+happened between them, and from it (p = target, q = draft; a draft is one request's drafted tokens checked in one
+verify step: both engines count one per request per verify step, so a batched step over B requests adds B):
 
     acceptance rate           = accepted / drafted tokens
-    mean acceptance length τ  = 1 + accepted / drafts     (both engines' definition: it counts the bonus token)
-    acceptance at position i  = accepted_at[i] / drafts   (the share of verify steps that accepted position i)
+    mean acceptance length    = 1 + accepted / drafts     (both engines' name and definition: over the steps that
+                                                           drafted, the bonus token counted; specviz's τ divides by
+                                                           every target forward instead, and is smaller where some
+                                                           steps draft nothing)
+    acceptance at position i  = accepted_at[i] / drafts   (over every draft, as both engines divide; specviz's
+                                                           per-depth acceptance divides by the drafts reaching i)
 
 Counters only grow while a server runs; one that goes back (or a new process start time) means the server
 restarted, and a Watcher's history starts again there.
@@ -17,7 +22,8 @@ model_name and engine; prometheus_client prints a counter `x` as `x_total`, besi
 
     quantity                vLLM 0.32 (v1/spec_decode/metrics.py,          llama.cpp build 11434
                             v1/metrics/loggers.py)                         (tools/server/server-task.cpp, to_metrics)
-    drafts (verify steps)   vllm:spec_decode_num_drafts_total              llamacpp:spec_decode_num_drafts_total
+    drafts (per request     vllm:spec_decode_num_drafts_total              llamacpp:spec_decode_num_drafts_total
+      per verify step)
     drafted tokens          vllm:spec_decode_num_draft_tokens_total        llamacpp:spec_decode_num_draft_tokens_total
     accepted tokens         vllm:spec_decode_num_accepted_tokens_total     llamacpp:spec_decode_num_accepted_tokens_total
     accepted at position i  vllm:spec_decode_num_accepted_tokens_per_pos_total{position="i"}   (the same, llamacpp:)
@@ -221,12 +227,14 @@ class Window:
 
     @property
     def mean_acceptance_length(self) -> float | None:
-        """τ = 1 + accepted / drafts: tokens per verify step, counting the bonus (vLLM's and llama.cpp's definition)."""
+        """1 + accepted / drafts: tokens per draft verified, counting the bonus (vLLM's and llama.cpp's mean
+        acceptance length, over the steps that drafted; not specviz's τ, which divides by every target forward)."""
         return 1.0 + self.accepted / self.drafts if self.speculative else None
 
     @property
     def per_position(self) -> tuple[float, ...]:
-        """Acceptance at each draft position: the share of verify steps that accepted position i."""
+        """Acceptance at each draft position: the share of all drafts that accepted position i (both engines'
+        denominator; a draft that stopped short of i counts as not accepting it)."""
         return tuple(a / self.drafts for a in self.accepted_per_pos) if self.speculative else ()
 
     @property
@@ -315,14 +323,15 @@ def relative_cost(curve: Mapping[str | int, float]) -> Callable[[float], float]:
 class Prediction:
     """The speedup a chain's measured per-position acceptance predicts under a cost model:
 
-        speedup = (f + (1 − f) · τ̂) / (f + (1 − f) · (c(K + 1) + d · K)),   τ̂ = 1 + Σᵢ aᵢ
+        speedup = (f + (1 − f) · L̂) / (f + (1 − f) · (c(K + 1) + d · K)),   L̂ = 1 + Σᵢ aᵢ
 
     aᵢ: acceptance at draft position i; K: drafted tokens per verify step; c(n): the target's cost of verifying n
     tokens in one forward, relative to one token; d: the draft's cost per drafted token, relative to one target
     forward (0 for n-gram lookup); f: the share of steps that verified no draft (one token for one plain forward).
-    With f = 0 it is τ̂ / (c(K + 1) + d · K)."""
+    L̂ is the predicted mean acceptance length (tokens per draft verified), not specviz's τ. With f = 0 it is
+    L̂ / (c(K + 1) + d · K)."""
 
-    tau: float  # τ̂: tokens per verify step
+    mean_length: float  # L̂: tokens per draft verified
     k: float
     verify_cost: float  # c(K + 1)
     draft_cost: float  # d
@@ -333,11 +342,11 @@ class Prediction:
 def predict(per_position: Sequence[float], k: float, verify_cost: Callable[[float], float] = flat_cost,
             draft_cost: float = 0.0, plain_share: float = 0.0) -> Prediction:
     """Prediction's formula for acceptance `per_position` (a chain of K = `k` drafted tokens)."""
-    tau = 1.0 + sum(per_position)
+    length = 1.0 + sum(per_position)
     c = verify_cost(k + 1)
     f = plain_share
-    speedup = (f + (1 - f) * tau) / (f + (1 - f) * (c + draft_cost * k))
-    return Prediction(tau=tau, k=k, verify_cost=c, draft_cost=draft_cost, plain_share=f, speedup=speedup)
+    speedup = (f + (1 - f) * length) / (f + (1 - f) * (c + draft_cost * k))
+    return Prediction(mean_length=length, k=k, verify_cost=c, draft_cost=draft_cost, plain_share=f, speedup=speedup)
 
 
 def predict_window(w: Window, verify_cost: Callable[[float], float] = flat_cost,

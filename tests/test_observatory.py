@@ -204,9 +204,9 @@ def test_the_recent_window_spans_the_reads_within_its_seconds():
 
 # --------------------------------------------------------------------------------------------- prediction
 def test_the_predicted_speedup_on_numbers_worked_by_hand():
-    a = (0.8, 0.6, 0.4)  # τ̂ = 1 + 0.8 + 0.6 + 0.4 = 2.8
+    a = (0.8, 0.6, 0.4)  # L̂ = 1 + 0.8 + 0.6 + 0.4 = 2.8
     flat = obs.predict(a, 3)
-    assert (flat.tau, flat.verify_cost, flat.speedup) == pytest.approx((2.8, 1.0, 2.8))
+    assert (flat.mean_length, flat.verify_cost, flat.speedup) == pytest.approx((2.8, 1.0, 2.8))
     assert obs.predict(a, 3, draft_cost=0.05).speedup == pytest.approx(2.8 / 1.15)  # 1 + 0.05 · 3
     assert obs.predict(a, 3, lambda n: 1.3, 0.1).speedup == pytest.approx(2.8 / 1.6)  # 1.3 + 0.1 · 3 = 1.6
     half = obs.predict(a, 3, lambda n: 1.3, 0.1, plain_share=0.5)
@@ -221,7 +221,7 @@ def test_a_measured_verify_cost_curve_is_taken_relative_to_one_token():
     assert obs.predict((0.5, 0.25), 2, c).speedup == pytest.approx(1.75 / 1.4)
     w = obs.window(snap(0.0), snap(1.0, drafts=4, draft_tokens=8, accepted=3, per_pos=(2, 1), generated=7))
     p = obs.predict_window(w, c, 0.25)
-    assert (p.k, p.tau, p.plain_share) == (2.0, 1.75, 0.0)
+    assert (p.k, p.mean_length, p.plain_share) == (2.0, 1.75, 0.0)
     assert p.speedup == pytest.approx(1.75 / (1.4 + 0.5))
     assert obs.measured_speedup(150.0, 50.0) == 3.0 and obs.measured_speedup(150.0, None) is None
 
@@ -389,8 +389,10 @@ def test_the_page_shows_the_numbers_the_server_reports():
         assert not at.error, [e.value for e in at.error]
         shown = metrics_of(at)
         assert shown["engine"] == "llama.cpp (llama-server)"
-        assert shown["acceptance rate"] == "0.600" and shown["mean acceptance length τ"] == "2.80"
-        assert shown["τ̂ = 1 + Σ aᵢ"] == "2.80" and shown["K (drafted per verify step)"] == "3.00"
+        assert shown["acceptance rate"] == "0.600" and shown["mean acceptance length"] == "2.80"
+        assert shown["L̂ = 1 + Σ aᵢ"] == "2.80" and shown["K (drafted tokens per draft)"] == "3.00"
+        assert not any("τ" in label for label in shown)  # τ is committed ÷ every forward on the other pages
+        assert any("one per request per verify step" in c.value for c in at.caption)  # vLLM's num_drafts
         assert shown["predicted speedup"] == "2.15×"  # 2.8 / (1 + 0.1 · 3)
         assert shown["measured speedup"] == "2.80×"  # 140 tokens/s of generation (280 tokens in 2 s) ÷ 50
         charts = charts_of(at)

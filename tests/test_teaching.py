@@ -325,3 +325,30 @@ def test_each_live_token_hovers_with_the_test_behind_it(tree_run):
     html = figures.tokens_html([s for s in tree_run if s["type"] == "step"])
     assert html.count("α = p(x)") >= len([1 for s in tree_run if s["type"] == "step" for c in s["committed"]
                                           if c["kind"] == "accepted"])
+
+
+def test_the_labels_read_as_their_sources_have_them():
+    """Each label as its primary source has it: EAGLE-2's figures from its arXiv v1 abstract (the EMNLP one says up
+    to 5×); EAGLE-3 replaces the top-layer feature with layers 2, L/2 and L − 3 (SafeAILab's code); llama.cpp drops
+    a draft shorter than --spec-draft-n-min (`result.clear()`), so that step drafts nothing."""
+    import argparse
+
+    from specviz.llamacpp import cli
+
+    eagle = next(t for t in teaching.TOPOLOGIES if t.drafter == "eagle2")
+    assert "3.05×–4.26×" in eagle.published and "2406.16858v1" in eagle.source and "up to 5×" in eagle.published
+    assert "second-to-top layer alone" not in teaching.EAGLE3_NOTE
+    assert "replaces the target's top-layer feature" in teaching.EAGLE3_NOTE and "2, L/2 and L − 3" in teaching.EAGLE3_NOTE
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers())
+    serve = parser._subparsers._group_actions[0].choices["llamacpp"]._subparsers._group_actions[0].choices["serve"]
+    n_min = next(a for a in serve._actions if "--n-min" in a.option_strings)
+    assert "dropped" in n_min.help and "drafts nothing" in n_min.help and "at least" not in n_min.help
+
+
+def test_both_per_position_acceptances_are_named(app, tree_run):
+    app.session_state["trace"], app.session_state["trace_source"] = tree_run, "test run"
+    at = open_page(app, "app/pages/topologies.py")
+    text = " ".join(m.value for m in at.markdown)
+    assert "**per-position acceptance** (÷ drafts reaching d)" in text
+    assert "**per-position acceptance** (÷ every draft)" in text and "num_accepted_tokens_per_pos" in text

@@ -14,7 +14,7 @@ from specviz.errors import SpecvizError
 state.intro(
     "Server observatory",
     "Point this page at a running vLLM or llama.cpp server (llama-server, started with `--metrics`) and watch it "
-    "speculate: acceptance, tokens per verify step, acceptance at each draft position and throughput, read from its "
+    "speculate: acceptance, mean acceptance length, acceptance at each draft position and throughput, read from its "
     "Prometheus `/metrics` every second or two.  \nNothing here decodes: every number is a difference of the "
     "server's own counters between two reads.",
 )
@@ -22,8 +22,8 @@ state.intro(
 WATCHERS = "obs_watchers"  # session key: {url: Watcher}, the history of each server watched in this session
 BASELINE = "obs_baseline"  # session key: a plain tokens/s kept from a window: {"tokens_per_s", "kind", "source"}
 COSTS = ("flat: c(n) = 1", "entered: c(K + 1) = r", "measured: the shipped CPU batch surface")
-FORMULA = (r"\text{predicted speedup} = \frac{f + (1 - f)\,\hat\tau}{f + (1 - f)\,\big(c(K{+}1) + d\,K\big)}, "
-           r"\qquad \hat\tau = 1 + \sum_i a_i")
+FORMULA = (r"\text{predicted speedup} = \frac{f + (1 - f)\,\hat L}{f + (1 - f)\,\big(c(K{+}1) + d\,K\big)}, "
+           r"\qquad \hat L = 1 + \sum_i a_i")
 CHART_MARGIN = {"l": 10, "r": 10, "t": 40, "b": 10}
 
 c = st.columns([3, 1, 1, 2])
@@ -108,9 +108,11 @@ def headline(w: obs.Window, latest: obs.Snapshot, watcher: obs.Watcher) -> None:
     m = st.columns(7)
     m[0].metric("engine", obs.ENGINES[w.engine])
     m[1].metric("acceptance rate", fmt(w.acceptance_rate, ".3f"), help="accepted ÷ drafted tokens")
-    m[2].metric("mean acceptance length τ", fmt(w.mean_acceptance_length, ".2f"),
-                help="1 + accepted ÷ drafts (verify steps): tokens per verify step, counting the bonus token, as vLLM "
-                     "and llama.cpp define it")
+    m[2].metric("mean acceptance length", fmt(w.mean_acceptance_length, ".2f"),
+                help="1 + accepted ÷ drafts, the bonus token counted: tokens per draft verified, over the steps that "
+                     "drafted, as vLLM and llama.cpp name and define it. Not τ: the other pages' τ divides by every "
+                     "target forward, steps that drafted nothing included, and is smaller wherever some steps do not "
+                     "draft (prompt lookup that finds no match).")
     m[3].metric("drafted tokens/s", f"{w.drafted_per_s:.1f}")
     m[4].metric("accepted tokens/s", f"{w.accepted_per_s:.1f}")
     m[5].metric("generated tokens/s", f"{w.generated_per_s:.1f}", help="wall clock, every request together")
@@ -122,7 +124,7 @@ def headline(w: obs.Window, latest: obs.Snapshot, watcher: obs.Watcher) -> None:
            "finished in it." if w.engine == "llamacpp" else "")
     st.caption(f"Over the last {w.seconds:.1f} s of reads of {watcher.url}/metrics, every {every:g} s: the "
                f"differences of `{names['draft_tokens']}_total` (drafted), `{names['accepted']}_total` (accepted), "
-               f"`{names['drafts']}_total` (drafts: verify steps) and `{names['generated']}_total` (generated), "
+               f"`{names['drafts']}_total` (drafts: one per request per verify step that checked a draft, so a batched step over B requests adds B) and `{names['generated']}_total` (generated), "
                f"summed over their label sets, each ÷ the seconds between the reads; requests running: the gauge "
                f"`{names['running']}` at the latest read.{lag}")
 
@@ -135,11 +137,13 @@ def charts(windows: list[obs.Window], w: obs.Window) -> None:
                                text=[f"{a:.2f}" for a in per], textposition="outside"))
         fig.update_layout(title="Acceptance at each draft position (this window)", height=320, margin=CHART_MARGIN,
                           xaxis={"title": "draft position i (1: the first drafted token)", "type": "category"},
-                          yaxis={"title": "share of verify steps accepting it", "range": [0, 1.1]})
+                          yaxis={"title": "share of all drafts accepting it", "range": [0, 1.1]})
         st.plotly_chart(fig, key="obs_positions")
         st.caption(f"aᵢ = `{obs.METRICS[w.engine]['accepted_per_pos']}_total{{position=\"i − 1\"}}` ÷ drafts, over the "
-                   "window. A chain accepts position i only when it accepted every position before it, so the bars "
-                   "can only fall.")
+                   "window: over every draft, as vLLM and llama.cpp divide, so a draft that stopped short of position "
+                   "i counts as not accepting it. (The *Topologies* page's per-position acceptance divides by the "
+                   "drafts that reached depth d instead; the two differ wherever the draft length varies.) A chain "
+                   "accepts position i only when it accepted every position before it, so the bars can only fall.")
     with right:
         rates = [v.acceptance_rate for v in windows if v.acceptance_rate is not None]
         fig = go.Figure(go.Histogram(x=rates, xbins={"start": 0.0, "end": 1.0001, "size": 0.05}))
@@ -169,13 +173,14 @@ def speedup(w: obs.Window, url: str) -> None:
     m = st.columns(6)
     m[0].metric("predicted speedup", fmt(prediction and prediction.speedup, ".2f×"))
     m[1].metric("measured speedup", fmt(measured, ".2f×"))
-    m[2].metric("τ̂ = 1 + Σ aᵢ", fmt(prediction and prediction.tau, ".2f"))
-    m[3].metric("K (drafted per verify step)", fmt(prediction and prediction.k, ".2f"))
+    m[2].metric("L̂ = 1 + Σ aᵢ", fmt(prediction and prediction.mean_length, ".2f"),
+                help="The predicted mean acceptance length (tokens per draft verified), not τ.")
+    m[3].metric("K (drafted tokens per draft)", fmt(prediction and prediction.k, ".2f"))
     m[4].metric("c(K + 1) + d·K", fmt(prediction and prediction.verify_cost + prediction.draft_cost * prediction.k, ".2f"))
     m[5].metric("f (steps without a draft)", fmt(prediction and prediction.plain_share, ".2f"))
     st.latex(FORMULA)
     st.caption(f"Predicted: aᵢ, K = drafted ÷ drafts and f = (generated − drafts − accepted) ÷ (that + drafts) from "
-               f"this window's counters, c from {cost_note}, d = {draft_cost:g} as entered. τ̂ equals the measured "
+               f"this window's counters, c from {cost_note}, d = {draft_cost:g} as entered. L̂ equals the measured "
                "mean acceptance length (Σ aᵢ = accepted ÷ drafts), so the prediction tests the cost model. Measured: "
                f"this window's {kind}, {rate:.1f}, ÷ the plain tokens/s, "
                + (f"{plain:.1f} ({plain_note})" if plain else plain_note) + "; compare them under the same load.")

@@ -50,7 +50,7 @@ st.markdown(
     f"({teaching.LEVIATHAN}; {teaching.CHEN}). *Medusa*: extra heads on the target's last hidden state, each "
     f"guessing one position further ahead, verified as a fixed tree ({teaching.MEDUSA}). *EAGLE* stands for "
     "Extrapolation Algorithm for Greater Language-model Efficiency: a one-layer head that extrapolates the target's "
-    "second-to-top-layer feature, reading the token one step ahead to remove the uncertainty of which token was "
+    "top-layer feature (the last hidden state; the paper's \"second-to-top layer\" counts the LM head), reading the token one step ahead to remove the uncertainty of which token was "
     f"sampled ({teaching.EAGLE}); *EAGLE-2* grows its tree dynamically, expanding the nodes whose path confidence "
     f"(product of q along the path) is highest ({teaching.EAGLE2}). *Prompt lookup* copies from the context "
     f"({teaching.PROMPT_LOOKUP})."
@@ -60,7 +60,8 @@ st.markdown(
 st.header("2. What the acceptance numbers mean")
 st.markdown(
     """
-One run, six numbers, all correct, and easily confused:
+One run, seven numbers, all correct, and easily confused (the two per-position ones agree when every step drafts
+to the same depth, and differ wherever the draft length varies: prompt lookup, a draft cut by a probability floor):
 
 | name | definition | where you see it |
 |---|---|---|
@@ -68,7 +69,8 @@ One run, six numbers, all correct, and easily confused:
 | **α, per tested token** | accepted ÷ **tested** tokens (a chain stops testing at its first rejection) | the α of E = (1 − α^(K+1)) ÷ (1 − α) on *Cost and scale* |
 | **τ, acceptance length** | tokens committed per target forward, **the replacement or bonus token included** (`none` has τ = 1): 1 + accepted ÷ **every** step | the EAGLE papers' τ; specviz's `tau` |
 | **mean acceptance length** | 1 + accepted ÷ the steps that **drafted** something (the bonus token included) | vLLM's *mean acceptance length*; llama.cpp's "mean len" |
-| **per-position acceptance** | of the steps whose draft reached depth d, the share that accepted a token at depth d | the race's per-position chart |
+| **per-position acceptance** (÷ drafts reaching d) | of the steps whose draft reached depth d, the share that accepted a token at depth d | the race's per-position chart, the runs table here |
+| **per-position acceptance** (÷ every draft) | of all the steps that drafted, the share that accepted a token at depth d: a draft that stopped short of d counts as a miss | vLLM's and llama.cpp's `num_accepted_tokens_per_pos` ÷ `num_drafts`; the *Server observatory*'s aᵢ |
 | **acceptance histogram** | of the steps that drafted, how many accepted 0, 1, 2, … drafted tokens | *Live decoding*, the race, *Benchmarks*; vLLM's per-request `acceptance_histogram` |
 
 A tree drafter drafts many tokens per step but can accept at most one path of them, so its acceptance rate is

@@ -61,7 +61,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                         "head (both exported on first use; a pair such as qwen2.5-coder drafts with its own draft "
                         "GGUF); none decodes plainly")
     s.add_argument("--n-max", type=int, default=None, help="drafted tokens a step at most (--spec-draft-n-max)")
-    s.add_argument("--n-min", type=int, default=None, help="drafted tokens a step at least (--spec-draft-n-min)")
+    s.add_argument("--n-min", type=int, default=None,
+                   help="a shorter draft is dropped, so that step drafts nothing (--spec-draft-n-min)")
     s.add_argument("--p-min", type=float, default=None, help="stop drafting below this draft probability")
     s.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads (default: every core)")
     s.add_argument("--ctx", type=int, default=4096, help="context size in tokens")
