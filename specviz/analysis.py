@@ -49,6 +49,15 @@ def expected_tokens_per_step(alpha: float, k: int) -> float:
     return (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
+def expected_tokens_over(alpha: float, drafted: list[int] | tuple[int, ...], k: int) -> float:
+    """E(α, n) averaged over the drafted lengths n of a run's steps: a drafter whose length varies (the
+    cost-aware policy, a lookup that finds fewer tokens) drafts 0 on some steps and K on others, and the formula
+    holds per step. Where every step drafts K it is E(α, K); with no steps it falls back to E(α, k)."""
+    if not drafted:
+        return expected_tokens_per_step(alpha, k)
+    return sum(expected_tokens_per_step(alpha, n) for n in drafted) / len(drafted)
+
+
 def predicted_speedup(tokens_per_step: float, step_cost: float) -> float:
     """The speedup over plain decoding: tokens committed per step ÷ the step's cost in units of one plain target
     forward. The cost page feeds it E(α, K); the bench, the measured τ and the verify-cost curve."""
@@ -68,6 +77,12 @@ class RunSummary:
     verify_ms_per_step: float
     tested: int = 0  # drafted tokens the acceptance test ran on (a chain stops testing at its first rejection)
     accepted_tested: int = 0
+    drafted: tuple[int, ...] = ()  # drafted tokens of each step, as measured (K where every step drafts K)
+
+    @property
+    def mean_drafted(self) -> float:
+        """Drafted tokens per step, measured (K only where every step drafted K)."""
+        return sum(self.drafted) / len(self.drafted) if self.drafted else float(self.k)
 
     @property
     def alpha(self) -> float | None:
@@ -95,6 +110,7 @@ def summarise(events: list[dict]) -> RunSummary:
         verify_ms_per_step=1e3 * stats["verify_s"] / n,
         tested=len(tests),
         accepted_tested=sum(t["accepted"] for t in tests),
+        drafted=tuple(n for e in events if e["type"] == "step" and (n := drafted_in(e)) is not None),
     )
 
 
@@ -103,17 +119,20 @@ def speedup_comparison(baseline: RunSummary, spec: RunSummary) -> dict:
 
     α is accepted ÷ tested, the probability that a tested token is accepted, which is what E(α, K) assumes;
     accepted ÷ drafted (the run's acceptance rate) is smaller, α(1 − α^K) / (K(1 − α)) for a K-token chain, and
-    would predict too few tokens per step."""
+    would predict too few tokens per step. The tokens per step are E(α, n) over the drafted lengths n the run's
+    steps measured (expected_tokens_over), not E(α, K): a cost-aware draft is often shorter than K, or empty."""
     alpha = spec.alpha or 0.0
     step_cost = spec.ms_per_step / baseline.ms_per_step  # in plain target forwards
+    expected = expected_tokens_over(alpha, spec.drafted, spec.k)
     return {
         "alpha": alpha,
         "acceptance_rate": spec.acceptance_rate,
         "k": spec.k,
-        "expected_tokens_per_step": expected_tokens_per_step(alpha, spec.k),
+        "mean_drafted": spec.mean_drafted,
+        "expected_tokens_per_step": expected,
         "measured_tau": spec.tau,
         "step_cost": step_cost,
-        "predicted_speedup": predicted_speedup(expected_tokens_per_step(alpha, spec.k), step_cost),
+        "predicted_speedup": predicted_speedup(expected, step_cost),
         "measured_speedup": spec.tokens_per_s / baseline.tokens_per_s if baseline.tokens_per_s else math.nan,
     }
 

@@ -49,18 +49,22 @@ def show_speedup(base: analysis.RunSummary, spec: analysis.RunSummary) -> None:
                 help=f"{spec.accepted_tested} of the {spec.tested} drafted tokens the test ran on were accepted. "
                      f"The run's acceptance rate, accepted ÷ drafted, is {cmp['acceptance_rate']:.3f}: it also "
                      "counts tokens after a chain's first rejection, which are never tested.")
-    m[1].metric("expected tokens/step", f"{cmp['expected_tokens_per_step']:.2f}", help=f"measured τ: {cmp['measured_tau']:.2f}")
+    m[1].metric("expected tokens/step", f"{cmp['expected_tokens_per_step']:.2f}",
+                help=f"E(α, n) over the drafted lengths n of the run's steps (mean {cmp['mean_drafted']:.2f} drafted "
+                     f"tokens a step); measured τ: {cmp['measured_tau']:.2f}")
     m[2].metric("step cost (target forwards)", f"{cmp['step_cost']:.2f}",
                 help=f"{spec.ms_per_step:.1f} ms per speculative step ÷ {base.ms_per_step:.1f} ms per plain step")
     m[3].metric("predicted speedup", f"{cmp['predicted_speedup']:.2f}×")
     m[4].metric("measured speedup", f"{cmp['measured_speedup']:.2f}×")
-    st.caption(f"K = {spec.k} from the run's settings; measured τ = {cmp['measured_tau']:.2f}. α is accepted ÷ "
+    st.caption(f"Drafted tokens per step, measured: {cmp['mean_drafted']:.2f} (K = {spec.k} at most: the "
+               "cost-aware draft length drafts fewer, or none, where they would not pay). The prediction averages "
+               "E(α, n) over each step's drafted length n, not E(α, K). "
+               f"Measured τ = {cmp['measured_tau']:.2f}. α is accepted ÷ "
                "tested, the probability that a tested token is accepted, as the formula means it (accepted ÷ drafted "
                f"= {cmp['acceptance_rate']:.3f} is smaller: for a K-token chain it is α(1 − α^K) / (K(1 − α)), and put "
                "into the formula it predicts too few tokens per step). The formula assumes "
-               "every step drafts K tokens and each is accepted independently with the same α; n-gram lookup "
-               "sometimes drafts fewer (or none), and trees accept differently, so prediction and measurement can "
-               "differ. Measured tokens/s also include the prefill.")
+               "each drafted token is accepted independently with the same α, and trees accept differently, so "
+               "prediction and measurement can differ. Measured tokens/s also include the prefill.")
 
 
 # ------------------------------------------------------------------------------------- $ per million
@@ -232,37 +236,39 @@ def verify_cost_curve(surface: dict) -> None:
 
 
 CELL_STATISTICS = {"median of the rounds": "ms", "fastest round (the least disturbed)": "ms_min"}
-surface = chosen_surface()
 cell_ms = {}  # {"B": {"n": ms}}: the cell statistic chosen below, which every figure of this section uses
-if surface is not None:
-    m, config, noise = surface["machine"], surface["config"], surface["noise"]
-    st.markdown(f"**Measured:** {machine_label(surface)}, {config['context_len']} tokens already cached per sequence, "
-                f"logits for every new token (as the engine verifies), {surface['forward']}.")
-    statistic = st.radio("Each cell is the", [s for s, field in CELL_STATISTICS.items() if field in surface],
-                         horizontal=True, key="cost_b_stat")
-    cell_ms = surface[CELL_STATISTICS[statistic]]
-    c1, c2 = st.columns(2)
-    with c1:
-        surface_heatmap(analysis.surface_grid(cell_ms), "c(B, n): ms per forward (measured)", ".0f", "cost_b_ms")
-    with c2:
-        surface_heatmap(analysis.surface_ratios(cell_ms), "c(B, n) ÷ c(B, 1) (measured)", ".2f", "cost_b_ratio")
-    st.caption(f"Measured {m['date']} by `{surface['command']}`: {config['rounds']} rounds, every round over all cells "
-               "in a new shuffled order after an untimed warm-up round; each cell the median of its rounds or its "
-               "fastest. Spread of a cell (interquartile range ÷ median): median "
-               f"{noise['median_relative_iqr']:.1%}, largest {noise['max_relative_iqr']:.1%}; memory bandwidth "
-               f"{m['bandwidth_gb_s']:.1f} GB/s.")
-    if noise["median_relative_iqr"] > 0.25:
-        st.warning(f"This surface was measured on a busy machine: in half its cells the middle half of the rounds "
-                   f"spans more than {noise['median_relative_iqr']:.0%} of the median. Single cells are uncertain; "
-                   "read the trend across B and n, and compare the median with the fastest round.")
-    lean = surface.get("lean_b1_ms")
-    if lean:
-        ms1 = surface["ms"].get("1", {})
-        pairs = ", ".join(f"n = {n}: {lean[n]:.0f} vs {ms1[n]:.0f} ms" for n in lean if n in ms1)
-        st.caption(f"B = 1 both ways, in the same rounds (medians): {surface['lean_b1_forward']} (what the engine runs at "
-                   f"batch 1, one sequence only) vs the batched transformers forward: {pairs}. The surface uses the "
-                   "batched forward throughout, so its B = 1 row is that path's, not the engine's.")
-        verify_cost_curve(surface)
+with st.expander("The measured forward costs c(B, n) behind the gain, and the verify-cost curve", expanded=False):
+    surface = chosen_surface()
+    cell_ms = {}  # {"B": {"n": ms}}: the cell statistic chosen below, which every figure of this section uses
+    if surface is not None:
+        m, config, noise = surface["machine"], surface["config"], surface["noise"]
+        st.markdown(f"**Measured:** {machine_label(surface)}, {config['context_len']} tokens already cached per sequence, "
+                    f"logits for every new token (as the engine verifies), {surface['forward']}.")
+        statistic = st.radio("Each cell is the", [s for s, field in CELL_STATISTICS.items() if field in surface],
+                             horizontal=True, key="cost_b_stat")
+        cell_ms = surface[CELL_STATISTICS[statistic]]
+        c1, c2 = st.columns(2)
+        with c1:
+            surface_heatmap(analysis.surface_grid(cell_ms), "c(B, n): ms per forward (measured)", ".0f", "cost_b_ms")
+        with c2:
+            surface_heatmap(analysis.surface_ratios(cell_ms), "c(B, n) ÷ c(B, 1) (measured)", ".2f", "cost_b_ratio")
+        st.caption(f"Measured {m['date']} by `{surface['command']}`: {config['rounds']} rounds, every round over all cells "
+                   "in a new shuffled order after an untimed warm-up round; each cell the median of its rounds or its "
+                   "fastest. Spread of a cell (interquartile range ÷ median): median "
+                   f"{noise['median_relative_iqr']:.1%}, largest {noise['max_relative_iqr']:.1%}; memory bandwidth "
+                   f"{m['bandwidth_gb_s']:.1f} GB/s.")
+        if noise["median_relative_iqr"] > 0.25:
+            st.warning(f"This surface was measured on a busy machine: in half its cells the middle half of the rounds "
+                       f"spans more than {noise['median_relative_iqr']:.0%} of the median. Single cells are uncertain; "
+                       "read the trend across B and n, and compare the median with the fastest round.")
+        lean = surface.get("lean_b1_ms")
+        if lean:
+            ms1 = surface["ms"].get("1", {})
+            pairs = ", ".join(f"n = {n}: {lean[n]:.0f} vs {ms1[n]:.0f} ms" for n in lean if n in ms1)
+            st.caption(f"B = 1 both ways, in the same rounds (medians): {surface['lean_b1_forward']} (what the engine runs at "
+                       f"batch 1, one sequence only) vs the batched transformers forward: {pairs}. The surface uses the "
+                       "batched forward throughout, so its B = 1 row is that path's, not the engine's.")
+            verify_cost_curve(surface)
 
 st.subheader("The predicted gain at each batch size")
 st.latex(r"\text{gain}(B) = \frac{E(\alpha, K)}{c(B, K{+}1) / c(B, 1) + K \cdot d}, \qquad "
@@ -315,19 +321,21 @@ st.caption(f"The model's defaults: H100 SXM datasheet figures (3.35 TB/s, 989 de
            "measured curve is a prediction from measured forward costs (same α, K and d), not a measured batched "
            "decode, and it holds for the machine and model that measured the surface.")
 
-if gains:
-    st.subheader("What it does to the cost per token at that machine")
-    usd_hour = st.number_input("$ per hour of the machine that measured the surface", 0.0, 1000.0, 0.10, 0.01,
-                               key="cost_b_price", help="Enter your own price; the default is an example, not a quote.")
-    rows = analysis.batch_node_rows(cell_ms, alpha, k, draft_cost, usd_hour)
-    st.dataframe([{"B": r["batch"], "plain tokens/s (all B)": round(r["plain_tokens_per_s"], 1),
-                   "speculative tokens/s (all B, predicted)": round(r["spec_tokens_per_s"], 1),
-                   "$/M plain": round(r["plain_usd_per_million"], 4), "$/M speculative": round(r["spec_usd_per_million"], 4),
-                   "gain": round(gains[r["batch"]], 2)} for r in rows], hide_index=True)
-    st.caption("A node is paid for by its total throughput: $/M tokens = price ÷ (tokens/s of the whole node over all "
-               "B sequences × 3600) × 10⁶ (section 1's formula). Plain: B tokens per c(B, 1). Speculative: B · E(α, K) "
-               "tokens per step of c(B, K + 1) + K · d · c(B, 1), from the measured surface. "
-               f"{batching_note(rows)}")
+with st.expander("What the gain does to the cost per token at that machine", expanded=False):
+    if not gains:
+        st.info("Needs the measured curve above (a surface that measured n = K + 1).")
+    else:
+        usd_hour = st.number_input("$ per hour of the machine that measured the surface", 0.0, 1000.0, 0.10, 0.01,
+                                   key="cost_b_price", help="Enter your own price; the default is an example, not a quote.")
+        rows = analysis.batch_node_rows(cell_ms, alpha, k, draft_cost, usd_hour)
+        st.dataframe([{"B": r["batch"], "plain tokens/s (all B)": round(r["plain_tokens_per_s"], 1),
+                       "speculative tokens/s (all B, predicted)": round(r["spec_tokens_per_s"], 1),
+                       "$/M plain": round(r["plain_usd_per_million"], 4), "$/M speculative": round(r["spec_usd_per_million"], 4),
+                       "gain": round(gains[r["batch"]], 2)} for r in rows], hide_index=True)
+        st.caption("A node is paid for by its total throughput: $/M tokens = price ÷ (tokens/s of the whole node over all "
+                   "B sequences × 3600) × 10⁶ (section 1's formula). Plain: B tokens per c(B, 1). Speculative: B · E(α, K) "
+                   "tokens per step of c(B, K + 1) + K · d · c(B, 1), from the measured surface. "
+                   f"{batching_note(rows)}")
 
 # ------------------------------------------------------------------------------------------ many clients
 st.header("5. Many clients: throughput under concurrency")
@@ -388,24 +396,25 @@ def seconds(value: float | None) -> float | None:
     return None if value is None else round(value, 2)
 
 
-table = uploaded_or_shipped("load table", "python scripts/load_table.py --json-out FILE.json", "cost_load_upload",
-                            loadtable.parse_load_table, loadtable.load_load_table, loadtable.SHIPPED)
-if table is None:
-    st.info("No load table to show yet. Make one on a machine with vLLM installed (docs/vllm.md): the script starts "
-            "vLLM plain, vLLM with our EAGLE-3 head and `specviz serve`, measures 1, 4 and 16 clients in interleaved "
-            "rounds, and writes the JSON this section reads; then load it above.")
-    st.code(loadtable.COMMAND, language="bash")
-else:
-    st.plotly_chart(load_figure(table), key="cost_load")
-    st.dataframe(load_rows(table), hide_index=True)
-    failed = [f"{lane['label']} at {n} clients: {s.get('first_error')}" for lane in table["lanes"]
-              for n, s in lane["by_clients"].items() if s["errors"]]
-    if failed:
-        st.warning("Some runs failed (their tokens are not counted); the first error of each lane and number of "
-                   "clients that had one: " + "; ".join(failed))
-    versions = ", ".join(f"{k} {v}" for k, v in table.get("versions", {}).items())
-    st.caption(f"Measured {table['date']} by `{table['command']}` on {table['cpu']}, {table['cores']} cores; "
-               f"{table['setup']}" + (f"; {versions}" if versions else "") + f". {table['rounds']} rounds, at most "
-               f"{table['max_new_tokens']} new tokens a run, T = 0. A point is the median over rounds of a phase's "
-               "tokens ÷ its wall time, its bar the rounds' min–max; the first token is timed from a run's request "
-               f"to its first committed token, over every run. {growth_note(table)}")
+with st.expander("The measured load table: tokens/s and first-token times against clients", expanded=False):
+    table = uploaded_or_shipped("load table", "python scripts/load_table.py --json-out FILE.json", "cost_load_upload",
+                                loadtable.parse_load_table, loadtable.load_load_table, loadtable.SHIPPED)
+    if table is None:
+        st.info("No load table to show yet. Make one on a machine with vLLM installed (docs/vllm.md): the script starts "
+                "vLLM plain, vLLM with our EAGLE-3 head and `specviz serve`, measures 1, 4 and 16 clients in interleaved "
+                "rounds, and writes the JSON this section reads; then load it above.")
+        st.code(loadtable.COMMAND, language="bash")
+    else:
+        st.plotly_chart(load_figure(table), key="cost_load")
+        st.dataframe(load_rows(table), hide_index=True)
+        failed = [f"{lane['label']} at {n} clients: {s.get('first_error')}" for lane in table["lanes"]
+                  for n, s in lane["by_clients"].items() if s["errors"]]
+        if failed:
+            st.warning("Some runs failed (their tokens are not counted); the first error of each lane and number of "
+                       "clients that had one: " + "; ".join(failed))
+        versions = ", ".join(f"{k} {v}" for k, v in table.get("versions", {}).items())
+        st.caption(f"Measured {table['date']} by `{table['command']}` on {table['cpu']}, {table['cores']} cores; "
+                   f"{table['setup']}" + (f"; {versions}" if versions else "") + f". {table['rounds']} rounds, at most "
+                   f"{table['max_new_tokens']} new tokens a run, T = 0. A point is the median over rounds of a phase's "
+                   "tokens ÷ its wall time, its bar the rounds' min–max; the first token is timed from a run's request "
+                   f"to its first committed token, over every run. {growth_note(table)}")

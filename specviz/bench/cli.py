@@ -14,6 +14,7 @@ from specviz.atomic import check_writable, write_atomically
 from specviz.bench import QUICK_SIZES, BenchSettings, load_prompts, quick_settings, regimes, run_bench, to_markdown, validate
 from specviz.bench.llamaserver import parse_configs
 from specviz.bench.vllm import parse_lanes
+from specviz.decoding.policy import check_k_policy
 from specviz.errors import SpecvizError
 
 
@@ -55,6 +56,10 @@ def build_bench_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: bfloat16 on cuda, float32 elsewhere)")
     p.add_argument("--drafters", default="", help="comma-separated, e.g. none,ngram,draft,medusa,eagle2 (default: all available); a drafter may carry options: eagle2:draft_vocab=full:total_tokens=16")
+    p.add_argument("--k-policy", default="", metavar="POLICY,...",
+                   help="draft-length policies to run each drafter under, side by side in one interleaved run: cost "
+                        "(what the measured verify cost says pays, the default), fixed (K tokens, the whole tree), "
+                        "e.g. cost,fixed")
     p.add_argument("--prompts", default=None, help="JSONL with `turns` (first turn used) or `instruction` (default: the built-in set)")
     p.add_argument("--limit", type=int, default=None, help="use the first N prompts")
     add_decoding_args(p, BenchSettings(), drafter=False)
@@ -98,6 +103,7 @@ def settings_from_args(args) -> BenchSettings:
         vllm=tuple(parse_lanes(args.vllm)),
         llama_server=tuple(label for label, _, _ in parse_configs(args.llama_server)),
         verify_sizes=sizes,
+        k_policies=tuple(check_k_policy(s.strip()) for s in args.k_policy.split(",") if s.strip()),
         context_len=args.context_len,
         bandwidth_mb=args.bandwidth_mb,
     )

@@ -325,8 +325,10 @@ def to_markdown(report: dict) -> str:
     lines += ["## Drafters (our engine)", "",
               "τ counts the replacement/bonus token; speedup is per prompt over `none`, median (min–max).", ""]
     lines += table(
-        ["drafter", "τ", "acceptance", "tokens/s", "ms/token", "draft share", "speedup vs none", "output = none"],
-        [[f"`{n}`", fmt(d["tau"]), fmt(d["acceptance_rate"]), fmt(d["tokens_per_s"], ".1f"), fmt(d["ms_per_token"], ".1f"),
+        ["drafter", "τ", "drafted/step", "acceptance", "tokens/s", "ms/token", "draft share", "speedup vs none",
+         "output = none"],
+        [[f"`{n}`", fmt(d["tau"]), fmt(d["inputs_per_step"] - 1), fmt(d["acceptance_rate"]), fmt(d["tokens_per_s"], ".1f"),
+          fmt(d["ms_per_token"], ".1f"),
           fmt(100 * d["draft_share"], ".0f", " %"), spread(d["speedup_vs_none"]), matched(d["outputs_match_none"])]
          for n, d in report["drafters"].items()],
     )

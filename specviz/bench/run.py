@@ -57,13 +57,16 @@ def method_order(methods: list[str], turn: int) -> list[str]:
     return methods[shift:] + methods[:shift]
 
 
-def chosen_drafters(models, requested: tuple[str, ...]) -> list[str]:
-    """`none` first (the baseline), then the requested drafters, or every available one."""
+def chosen_drafters(models, requested: tuple[str, ...], k_policies: tuple[str, ...] = ()) -> list[str]:
+    """`none` first (the baseline), then the requested drafters, or every available one; with k_policies, each
+    drafter once under each draft-length policy ('ngram:k_policy=cost', 'ngram:k_policy=fixed')."""
     names = list(requested) or available(models) + variants(models)
     ready = available(models)
     for name in names:
         if drafter_name(name) not in ready:
             raise SpecvizError(f"drafter '{name}' is not available for '{models.name}'; available: {', '.join(ready)}")
+    if k_policies:
+        names = [f"{n}:k_policy={kind}" if n != PLAIN and "k_policy=" not in n else n for n in names for kind in k_policies]
     return [PLAIN] + [n for n in dict.fromkeys(names) if n != PLAIN]
 
 
@@ -92,7 +95,7 @@ def run_bench(backend, prompts: list[Prompt], settings: BenchSettings | None = N
 def _bench(backend: Backend, prompts: list[Prompt], settings: BenchSettings, progress: ProgressCallback | None,
            command: str) -> dict:
     models = backend.models_here()
-    drafters = chosen_drafters(models, settings.drafters)
+    drafters = chosen_drafters(models, settings.drafters, settings.k_policies)
     for name in drafters:
         make_drafter(name, models, k=settings.k)  # fail before measuring anything
     lanes = VllmLanes(list(settings.vllm)) if settings.vllm else None  # so does a vLLM server that is not there

@@ -28,6 +28,9 @@ class BenchSettings(DecodeSettings):
     bandwidth_repeats: int = 5
     vllm: tuple[tuple[str, str], ...] = ()  # (label, URL) of running vLLM servers, each a lane (specviz.bench.vllm)
     llama_server: tuple[str, ...] = ()  # llama-server configurations the bench starts, each a lane (bench/llamaserver.py)
+    # draft-length policies each drafter runs under, side by side (specviz.decoding.policy): () runs each drafter as
+    # named (cost-aware unless it says k_policy=fixed); ("cost", "fixed") runs both lanes of every drafter
+    k_policies: tuple[str, ...] = ()
 
 
 def quick_settings(**overrides) -> BenchSettings:

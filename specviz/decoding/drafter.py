@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from specviz.decoding.policy import LengthPolicy
 from specviz.decoding.sampling import Sampling
 from specviz.decoding.tree import DraftTree
 from specviz.decoding.verify import LOSSLESS, Lossless, Typical
@@ -39,6 +40,19 @@ class Drafter:
     # how the target's verdict on this drafter's tree is reached: (tree, p, greedy, generator, n_top) -> Verdict;
     # every drafter verifies losslessly unless a lossy rule is explicitly asked for (Medusa's typical=true)
     acceptance: Lossless | Typical = LOSSLESS
+    _policy: LengthPolicy | None = None
+
+    @property
+    def policy(self) -> LengthPolicy:
+        """How many tokens it drafts a step (specviz.decoding.policy): the registry gives each drafter it builds
+        the run's k_policy (cost-aware by default); a drafter constructed directly keeps its fixed settings."""
+        if self._policy is None:
+            self._policy = LengthPolicy()
+        return self._policy
+
+    @policy.setter
+    def policy(self, policy: LengthPolicy) -> None:
+        self._policy = policy
 
     @property
     def lossy(self) -> bool:

@@ -122,6 +122,7 @@ def decode(
         device=str(target.device),
         dtype=str(target_model.dtype).removeprefix("torch."),
         lossy=drafter.lossy,
+        k_policy=drafter.policy.kind,
     )
     yield from run.steps(prompt_ids)
 
@@ -190,6 +191,7 @@ class _Run:
             generated += new
             features = hidden[[0] + [i + 1 for i in verdict.path[: len(new) - 1]]] if self.drafter.needs_features else None
             self.drafter.observe(Outcome(accepted=n_accepted, committed=new, features=features))
+            self.drafter.policy.observe(max(tree.depths(), default=0), len(verdict.path))
             self.metrics.observe(
                 max_depth=max(tree.depths(), default=0),
                 n_drafted=len(tree),
@@ -321,4 +323,5 @@ class _Run:
                 "tokens_per_s": self.metrics.new_tokens / elapsed if elapsed > 0 else 0.0,
             },
             lossy=self.drafter.lossy,
+            stop=tree.stop,
         )

@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Any, Iterable, Union
 
 from specviz.atomic import replacing
+from specviz.decoding.policy import K_POLICIES, STOPS
 
 SCHEMA_VERSION = 1  # traces of the same major version load; a minor one adds fields with defaults
-SCHEMA_MINOR = 2  # 1: Start.detail, Step.drafted and Step.accepted; Step's detail fields optional. 2: Test.rule, .threshold
+SCHEMA_MINOR = 3  # 1: Start.detail, Step.drafted and Step.accepted; Step's detail fields optional. 2: Test.rule, .threshold
+# 3: Start.k_policy, Step.stop
 # the rule that decided a test: x drawn from q (α = min(1, p/q)); x picked, q = δx (α = p′(x)); p's argmax
 # (temperature 0); Medusa's lossy threshold (specviz.decoding.verify.Typical)
 CHAIN, POINT_MASS, GREEDY, TYPICAL = "chain", "point mass", "greedy", "typical"
@@ -39,6 +41,7 @@ class Start:
     lossy: bool = False  # true only for an explicitly requested lossy acceptance rule
     detail: str = FULL  # what its steps carry: FULL (tree, p, q, u, residual) or COUNTS (drafted/accepted counts)
     engine: str = "specviz"  # what decoded it
+    k_policy: str | None = None  # how the draft length was chosen: "cost" or "fixed" (specviz.decoding.policy)
     type: str = "start"
     schema_version: int = SCHEMA_VERSION
     schema_minor: int = SCHEMA_MINOR
@@ -105,6 +108,7 @@ class Step:
     accepted_path: list[int] = field(default_factory=list)
     final: dict[str, Any] | None = None  # {"token", "text", "kind", "dist_top"}: the replacement or bonus and its distribution
     lossy: bool = False
+    stop: str | None = None  # why the draft stopped: "cost", "confidence", "cap" or "no match" (None: not said)
     type: str = "step"
 
 
@@ -228,6 +232,7 @@ SCHEMA = {
                 "lossy": {"type": "boolean"},
                 "detail": {"enum": [FULL, COUNTS]},
                 "engine": {"type": "string"},
+                "k_policy": {"enum": [*K_POLICIES, None]},
                 "schema_minor": _int,
             },
             required=("type", "schema_version", "model", "drafter", "sampling", "options", "seed", "max_new_tokens",
@@ -301,6 +306,7 @@ SCHEMA = {
                 "lossy": {"type": "boolean"},
                 "drafted": {"type": ["integer", "null"]},
                 "accepted": {"type": ["integer", "null"]},
+                "stop": {"enum": [*STOPS, None]},
             },
             required=("type", "step", "position", "committed", "text_delta", "timing"),
         ),

@@ -29,6 +29,8 @@ class DraftTree:
     q_top: list[list[list[Any]] | None] = field(default_factory=list)
     # Construction stages for the UI (EAGLE-2 expansion and rerank); drafters may leave it empty.
     build: list[dict[str, Any]] = field(default_factory=list)
+    # Why the draft stopped where it did (one of specviz.decoding.policy.STOPS); None where a drafter does not say.
+    stop: str | None = None
 
     def add(self, token: int, parent: int, q: float | None = None, q_dist: torch.Tensor | None = None,
             score: float | None = None, q_top: list[list[Any]] | None = None) -> int:
@@ -43,6 +45,11 @@ class DraftTree:
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    def keep_first(self, n: int) -> None:
+        """Drop every node from index n on (their parents come first, so what is kept is still a tree)."""
+        for nodes in (self.tokens, self.parents, self.q, self.q_dist, self.scores, self.q_top):
+            del nodes[n:]
 
     @property
     def is_chain(self) -> bool:

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterable
 
+from specviz.decoding.costs import interpolate, verify_curve
 from specviz.decoding.drafter import Drafter, DraftRequest, Outcome
+from specviz.decoding.policy import COST, DEFAULT_K_POLICY, LengthPolicy, check_k_policy
 from specviz.drafters import base, draft_model, eagle, eagle3, medusa, ngram
 from specviz.drafters.base import PLAIN, NoDraft
 from specviz.drafters.options import EAGLE_DRAFT_VOCAB, default_draft_vocab, draft_vocabulary, drafter_name, parse_spec
@@ -86,9 +88,10 @@ def available(models: LoadedModels) -> list[str]:
 
 
 def reads_verify_cost(models: LoadedModels) -> bool:
-    """Will a drafter these models can run read the measured verify-cost curve with its default settings (a tree
-    budget of "auto")? A backend or service that warms up measures the curve then, not in a client's first run."""
-    return any(spec.verify_cost and spec.needs is not None and spec.available(models) for spec in REGISTRY.values())
+    """Will a drafter these models can run read the measured verify-cost curve with its default settings (the
+    cost-aware draft length, a tree budget of "auto")? A backend or service that warms up measures the curve then,
+    not in a client's first run. Every drafter but `none` does, by its default k_policy."""
+    return any(name != PLAIN and spec.available(models) for name, spec in REGISTRY.items())
 
 
 def variants(models: LoadedModels) -> list[str]:
@@ -109,11 +112,14 @@ def check_options(name: str, options: dict[str, Any] | None = None, served: bool
 def check_named(name: str, options: dict[str, Any], served: bool = False) -> tuple[DrafterSpec, dict[str, Any]]:
     """check_options for a drafter already parsed: its registry name and its options, nothing parsed again."""
     spec = spec_of(name)
-    if "k" in options and spec.option("k") is None and not served:
-        K.check(name, options["k"])  # the decode setting k: every drafter takes it, the chain drafters use it
-        spec.check({key: value for key, value in options.items() if key != "k"})
+    own = dict(options)
+    if "k_policy" in own:  # every drafter takes it (specviz.decoding.policy)
+        check_k_policy(own.pop("k_policy"))
+    if "k" in own and spec.option("k") is None and not served:
+        K.check(name, own["k"])  # the decode setting k: every drafter takes it, the chain drafters use it
+        spec.check({key: value for key, value in own.items() if key != "k"})
     else:
-        spec.check(options, served)
+        spec.check(own, served)
     return spec, options
 
 
@@ -127,12 +133,18 @@ def make_drafter(name: str, models: LoadedModels, k: int = 4, options: dict[str,
 
 def build_drafter(name: str, models: LoadedModels, k: int = 4, options: dict[str, Any] | None = None) -> Drafter:
     """make_drafter for a drafter already parsed (a specviz.backends.Run's): its registry name and its options,
-    checked against its spec; a k among the options wins over `k`."""
+    checked against its spec; a k among the options wins over `k`. k_policy=cost (the default) or fixed: how
+    many tokens it drafts a step (specviz.decoding.policy); cost reads the verify-cost curve measured for these
+    models (once per loaded model)."""
     spec, options = check_named(name, dict(options or {}))
     k = options.pop("k", k)
+    k_policy = options.pop("k_policy", DEFAULT_K_POLICY)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise SpecvizError(f"k (draft length) must be >= 1, got {k}")
-    return spec.build(models, k, options)
+    drafter = spec.build(models, k, options)
+    if k_policy == COST and not isinstance(drafter, NoDraft):
+        drafter.policy = LengthPolicy(COST, interpolate(verify_curve(models)))
+    return drafter
 
 
 __all__ = ["APP_PREFERRED", "DEFAULT", "EAGLE_DRAFT_VOCAB", "PLAIN", "REGISTRY", "SERVICE_PREFERRED", "DraftRequest",

@@ -9,6 +9,7 @@ import torch
 from specviz.decoding import sampling
 from specviz.decoding.costs import interpolate, verify_curve
 from specviz.decoding.drafter import Drafter, DraftRequest
+from specviz.decoding.policy import STOP_CAP, STOP_CONFIDENCE, STOP_COST
 from specviz.decoding.tree import DraftTree
 from specviz.decoding.verify import top_n
 from specviz.drafters.base import DRAFT_VOCAB, DraftTiming, vocab_projection
@@ -66,9 +67,15 @@ class DraftModelDrafter(Drafter):
         tree = DraftTree()
         ids = request.ids.tolist()
         new = ids[self._reuse(ids) :]
-        chain = 1.0  # the draft's estimate of P(every token drafted so far is accepted)
-        for _ in range(min(self.k, request.max_depth)):
-            if self.adaptive and self.verify_cost is not None and self.token_cost.exceeds(chain * self.verify_cost(1)):
+        cap = min(self.k, request.max_depth)
+        chances: list[float] = []  # the draft's estimate of P(the first i drafted tokens are all accepted), by i
+        draft_s = self.token_cost.seconds or 0.0  # one draft forward, for the run's draft-length policy
+        tree.stop = STOP_CAP
+        for _ in range(cap):
+            chain = chances[-1] if chances else 1.0
+            if (self.adaptive and self.verify_cost is not None and self.token_cost.exceeds(chain * self.verify_cost(1))) \
+                    or not self.policy.worth_drafting(chances, draft_s):
+                tree.stop = STOP_COST
                 break
             started = time.perf_counter()
             logits = self._forward(new)  # (V,) for the next position
@@ -83,7 +90,11 @@ class DraftModelDrafter(Drafter):
             if len(new) == 1:  # a one-token draft step (the first of a step also catches up on committed tokens)
                 self.token_cost.add(time.perf_counter() - started)
             new = [token]
-            chain *= float(shown[token])
+            chances.append(chain * float(shown[token]))
+        kept = self.policy.length(chances, draft_s)
+        if kept < len(tree):  # its own q says the last tokens are not worth verifying
+            tree.keep_first(kept)
+            tree.stop = STOP_CONFIDENCE
         return tree
 
     def _reuse(self, ids: list[int]) -> int:

@@ -17,6 +17,7 @@ import torch
 
 from specviz.decoding.costs import interpolate, verify_curve
 from specviz.decoding.drafter import Drafter, DraftRequest, Outcome
+from specviz.decoding.policy import STOP_CAP, STOP_COST, STOP_NO_MATCH, LengthPolicy, best_length
 from specviz.decoding.tree import ROOT, DraftTree
 from specviz.drafters.base import DRAFT_VOCAB, DraftTiming, check_total_tokens, check_vocab_covers, vocab_projection
 from specviz.drafters.ngram import lookup
@@ -151,7 +152,7 @@ class EagleDrafter(Drafter):
         shape = self.shape
         depth = min(shape.depth, request.max_depth)
         if self.last is None or depth <= 0:
-            return DraftTree()
+            return DraftTree(stop=STOP_CAP if depth <= 0 else STOP_NO_MATCH)
         candidates: list[Candidate] = []
         build: list[dict[str, Any]] = []
         frontier = self._children(self.last[None], [None], candidates, shape.top_k)
@@ -198,10 +199,11 @@ class EagleDrafter(Drafter):
     def _not_worth_deeper(self, kept: list[Candidate]) -> bool:
         """Σ of the kept path scores bounds the expected accepted nodes one depth further; each saves at most one
         target step. Stop when that bound is worth less than drafting the depth costs."""
-        if not self.shape.early_stop or self.verify_cost is None:
+        cost = self.verify_cost or self.policy.cost
+        if not self.shape.early_stop or cost is None:
             return False
         bound = sum(math.exp(c.log_score) for c in kept)
-        return self.depth_cost.exceeds(bound * self.verify_cost(1))
+        return self.depth_cost.exceeds(bound * cost(1))
 
     def _children(self, hidden: torch.Tensor, parents: Sequence[Candidate | None], candidates: list[Candidate],
                   k: int) -> list[Candidate]:
@@ -274,10 +276,11 @@ class EagleDrafter(Drafter):
     def _rerank(self, candidates: list[Candidate], build: list[dict[str, Any]],
                 grafted: Sequence[Candidate] = ()) -> DraftTree:
         ranked = sorted(candidates, key=lambda c: (-c.log_score, c.depth))
-        budget = self.shape.total_tokens
-        if isinstance(budget, str):  # "auto": the cut that maximises expected tokens per second on this machine
-            assert self.verify_cost is not None  # tree_options measures it for "auto"
-            budget = best_budget([c.log_score for c in ranked], self.verify_cost)
+        budget = tree_budget(self.policy, [math.exp(c.log_score) for c in ranked], self.shape.total_tokens,
+                             self.verify_cost)
+        stop = STOP_COST if budget < len(ranked) and budget != self.shape.total_tokens else STOP_CAP
+        if any(stage.get("stopped_early") for stage in build):
+            stop = STOP_COST
         chosen = ranked[:budget]
         chosen_ids = {c.cid for c in chosen}
         # a parent always scores at least its child, but guard ties: drop nodes whose parent was cut
@@ -293,6 +296,7 @@ class EagleDrafter(Drafter):
         build.append({"stage": "rerank", "total_tokens": len(tree), "kept": list(node_of),
                       "node_ids": [[cid, n] for cid, n in node_of.items()]})
         tree.build = build
+        tree.stop = stop
         return tree
 
     @staticmethod
@@ -326,13 +330,21 @@ def best_budget(log_scores: list[float], verify_cost: VerifyCost) -> int:
 
     The path score (product of q along the path) estimates the chance that the node is accepted, so the sum
     over the tree estimates the accepted length (EAGLE-2's argument); +1 for the replacement/bonus token."""
-    best, best_rate, expected = 0, 1.0 / verify_cost(1), 1.0
-    for n, s in enumerate(log_scores, 1):
-        expected += math.exp(s)
-        rate = expected / verify_cost(n + 1)
-        if rate > best_rate:
-            best, best_rate = n, rate
-    return best
+    return best_length([math.exp(s) for s in log_scores], verify_cost)
+
+
+def tree_budget(policy: LengthPolicy, chances: list[float], total_tokens: int | str | None,
+                verify_cost: VerifyCost | None) -> int:
+    """Nodes kept of a tree whose candidates, ranked best first, have these path chances. Cost-aware: the run's
+    policy's length, at most total_tokens where it is a number. Fixed: total_tokens (None: every node; "auto":
+    the same rule on verify_cost, as before the policy existed)."""
+    cap = total_tokens if isinstance(total_tokens, int) else len(chances)
+    if policy.sized:
+        return policy.length(chances[:cap])
+    if isinstance(total_tokens, str):  # "auto": the cut that maximises expected tokens per second on this machine
+        assert verify_cost is not None  # tree_options measures it for "auto"
+        return best_length(chances, verify_cost)
+    return cap
 
 
 def build(models: LoadedModels, k: int, options: dict[str, Any]) -> EagleDrafter:

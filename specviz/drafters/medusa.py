@@ -3,17 +3,17 @@ which top-ranked tokens of each head to combine; verification is the shared tree
 from __future__ import annotations
 
 import inspect
-import math
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import torch
 
 from specviz.decoding.costs import interpolate, verify_curve
 from specviz.decoding.drafter import Drafter, DraftRequest, Outcome
+from specviz.decoding.policy import STOP_CAP, STOP_COST, STOP_NO_MATCH
 from specviz.decoding.tree import ROOT, DraftTree
 from specviz.decoding.verify import Typical, top_n
 from specviz.drafters.base import DRAFT_VOCAB, check_total_tokens, check_vocab_covers, vocab_projection
-from specviz.drafters.eagle import HEAD, VerifyCost, best_budget
+from specviz.drafters.eagle import HEAD, VerifyCost, tree_budget
 from specviz.drafters.options import construct, default_draft_vocab, draft_vocabulary
 from specviz.drafters.spec import DrafterSpec, Option, head_of
 from specviz.errors import SpecvizError
@@ -72,6 +72,7 @@ class MedusaDrafter(Drafter):
         self.max_rank = max(max(p) for p in self.paths) + 1
         check_vocab_covers("medusa", draft_vocab, self.max_rank)
         self.feature: torch.Tensor | None = None  # (H,) the target's feature just before the root
+        self.stop = STOP_CAP  # why this step's tree stopped (set by _prune)
 
     def options(self) -> dict[str, Any]:
         return {"heads": self.heads.num_heads, "tree_nodes": len(self.paths), "typical_acceptance": self.lossy,
@@ -87,7 +88,7 @@ class MedusaDrafter(Drafter):
 
     @torch.inference_mode()
     def propose(self, request: DraftRequest) -> DraftTree:
-        tree = DraftTree()
+        tree = DraftTree(stop=STOP_NO_MATCH)
         if self.feature is None:
             return tree
         hidden = self.heads(self.feature[None, None].to(self.dtype))  # (1, 1, K, H)
@@ -111,18 +112,15 @@ class MedusaDrafter(Drafter):
             head, rank = len(path) - 1, path[-1]
             parent = ROOT if len(path) == 1 else node_of[path[:-1]]
             node_of[path] = tree.add(ranked[head][rank], parent, q=probs[head][rank], score=score[path], q_top=tops[head])
+        tree.stop = self.stop
         return tree
 
     def _prune(self, paths: list[tuple[int, ...]], score: dict[tuple[int, ...], float]) -> list[tuple[int, ...]]:
-        """Keep the best `total_tokens` paths by score (a parent never scores below its child)."""
-        if self.total_tokens is None:
-            return paths
+        """Keep the best paths by score (a parent never scores below its child): as many as the run's draft-length
+        policy says pay, at most `total_tokens` (tree_budget)."""
         ranked = sorted(paths, key=lambda p: (-score[p], len(p)))
-        if isinstance(self.total_tokens, str):  # "auto"
-            assert self.verify_cost is not None  # build measures it for "auto"
-            keep = best_budget([math.log(max(score[p], 1e-30)) for p in ranked], self.verify_cost)
-        else:
-            keep = self.total_tokens
+        keep = tree_budget(self.policy, [score[p] for p in ranked], self.total_tokens, self.verify_cost)
+        self.stop = STOP_COST if keep < len(ranked) and keep != self.total_tokens else STOP_CAP
         chosen = set(ranked[:keep])
         return [p for p in paths if p in chosen and all(p[:i] in chosen for i in range(1, len(p)))]
 

@@ -1,6 +1,7 @@
 """Prompt lookup: find the last n tokens earlier in the context and propose what followed them.
 
-It has no q: each proposed token is a point mass, so verification accepts it with probability p(x)."""
+It has no q: each proposed token is a point mass, so verification accepts it with probability p(x). How much of the
+continuation it proposes follows the run's draft-length policy, from the acceptance measured at each position."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -8,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from specviz.decoding.drafter import Drafter, DraftRequest
+from specviz.decoding.policy import chain_stop
 from specviz.decoding.tree import DraftTree
 from specviz.drafters.options import construct
 from specviz.drafters.spec import DrafterSpec, K, Option
@@ -32,8 +34,12 @@ class NgramDrafter(Drafter):
 
     def propose(self, request: DraftRequest) -> DraftTree:
         tree = DraftTree()
-        for token in lookup(request.ids, min(self.k, request.max_depth), self.max_ngram, self.min_ngram):
+        cap = min(self.k, request.max_depth)
+        found = lookup(request.ids, cap, self.max_ngram, self.min_ngram)
+        kept = self.policy.length(self.policy.acceptance.chances(len(found)))
+        for token in found[:kept]:
             tree.add(token, parent=len(tree) - 1)
+        tree.stop = chain_stop(kept, len(found), cap)
         return tree
 
 

@@ -1,0 +1,152 @@
+"""How many tokens a drafter drafts each step: a fixed K, or what this machine's verify-cost curve says pays.
+
+The cost-aware rule (`k_policy=cost`). Let a step draft n tokens, and let P_i be the chance that the first i are
+all accepted (so the i-th drafted token is committed with chance P_i). The step then commits, in expectation,
+
+    E(n) = 1 + P_1 + ... + P_n        (+1: the replacement or bonus token every step adds)
+
+tokens, and takes T(n) = c(n + 1) + D(n) seconds: one target forward over the root and the n drafted tokens (c,
+the measured verify-cost curve, specviz.decoding.costs) plus the drafting itself (D(n) = n·d for a drafter that
+runs a draft forward per token, 0 for one whose draft is already paid for or free: a lookup). Plain decoding
+commits 1 token in c(1): its rate is 1/c(1).
+
+Drafting one more token raises the step's expected tokens per second E/T exactly when its value P_{n+1} is worth
+its marginal cost at the rate reached so far:
+
+    P_{n+1} / (c(n + 2) − c(n + 1) + d)  >  E(n) / T(n).
+
+From n = 0, E/T is plain decoding's 1/c(1): the first token is drafted only if P_1 · c(1) > c(2) − c(1) + d, its
+expected saving (P_1 of a future one-token forward, c(1)) worth more than its marginal verify and draft cost. Each
+token kept this way raises the rate, so a draft the rule keeps never has an expected rate below 1/c(1): when no
+length pays, the draft is empty and the step is one plain forward. Where every chance P_1..P_m is known before
+verifying (a lookup's continuation, a drafted chain, a tree's ranked nodes), the rule takes the n ≤ m with the
+highest E(n)/T(n) (`best_length`), which also looks past a costly size to a cheaper stretch of the curve behind it.
+Where each further chance costs a draft forward to learn (a draft model), the drafter asks `worth_drafting` before
+each forward, with the next chance estimated from the acceptance measured at that position so far.
+
+P_i comes from the drafter's own q where it has one (the product of q along the path, EAGLE-2's path score), and
+from a running per-position acceptance (`RunningAcceptance`) where it has none (prompt lookup).
+The chance estimates only decide how many tokens are proposed; verification is unchanged, so the output is too.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+COST, FIXED = "cost", "fixed"
+K_POLICIES = (COST, FIXED)
+DEFAULT_K_POLICY = COST
+# why a step's draft stopped (the step event's `stop`)
+STOP_COST = "cost"  # one more token would not pay under the verify cost (the chance estimated before drafting it)
+STOP_CONFIDENCE = "confidence"  # the drafter's own q made its drafted tokens not worth verifying: they were dropped
+STOP_CAP = "cap"  # K (or the tree's depth, or the tokens left to generate) reached
+STOP_NO_MATCH = "no match"  # the drafter had nothing more to propose (a lookup found no earlier match)
+STOPS = (STOP_COST, STOP_CONFIDENCE, STOP_CAP, STOP_NO_MATCH)
+
+VerifyCost = Callable[[int], float]  # n tokens -> seconds of one verify forward
+
+
+def check_k_policy(value: object) -> str:
+    from specviz.errors import SpecvizError
+
+    if value not in K_POLICIES:
+        raise SpecvizError(f"k_policy must be one of {', '.join(K_POLICIES)}, got {value!r}")
+    return str(value)
+
+
+def step_rate(chances: Sequence[float], n: int, cost: VerifyCost, draft_s: float = 0.0) -> float:
+    """E(n) / T(n): expected tokens per second of a step that drafts the first n of `chances` (cumulative
+    chances of acceptance), each drafted token costing draft_s seconds."""
+    return (1.0 + sum(chances[:n])) / (cost(n + 1) + n * draft_s)
+
+
+def best_length(chances: Sequence[float], cost: VerifyCost, draft_s: float = 0.0) -> int:
+    """The n ≤ len(chances) with the highest expected tokens per second E(n)/T(n) (the module's rule); 0 when no
+    draft beats one plain forward. chances: P_1, P_2, ... for a chain, or a tree's nodes ranked best first (each
+    node's path chance; then n is the node budget and c(n + 1) the cost of verifying those nodes and the root)."""
+    best, best_rate, expected = 0, 1.0 / cost(1), 1.0
+    for n, chance in enumerate(chances, 1):
+        expected += chance
+        rate = expected / (cost(n + 1) + n * draft_s)
+        if rate > best_rate:
+            best, best_rate = n, rate
+    return best
+
+
+def chain_stop(kept: int, found: int, cap: int, cut: str = STOP_COST) -> str:
+    """Why a chain stopped: the drafter found `found` tokens of the `cap` it may draft, and kept `kept` of them
+    (`cut`: the reason when it kept fewer than it found)."""
+    if kept < found:
+        return cut
+    return STOP_CAP if found >= cap else STOP_NO_MATCH
+
+
+class RunningAcceptance:
+    """Per-position acceptance measured in this run, for a drafter without q: rate(i) estimates the chance that
+    the i-th drafted token is accepted given that the tokens before it were. A running mean (weight `weight` per
+    step that tried the position); a position no step tries drifts back toward the prior by `relax` of the gap a
+    step, so a drafter that stopped drafting after its acceptance collapsed tries again after a while."""
+
+    def __init__(self, prior: float = 0.5, weight: float = 0.2, relax: float = 0.01):
+        self.prior, self.weight, self.relax = prior, weight, relax
+        self.rates: list[float] = []
+
+    def rate(self, position: int) -> float:
+        """position: 1 for the first drafted token."""
+        return self.rates[position - 1] if position <= len(self.rates) else self.prior
+
+    def chances(self, n: int) -> list[float]:
+        """P_1 .. P_n: the cumulative products of the per-position rates."""
+        out, chance = [], 1.0
+        for i in range(1, n + 1):
+            chance *= self.rate(i)
+            out.append(chance)
+        return out
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        """One verified chain (or a tree's depths): `drafted` deep, its first `accepted` tokens accepted. Position
+        i was tried if i ≤ drafted and every token before it was accepted."""
+        tried = min(drafted, accepted + 1)
+        while len(self.rates) < tried:
+            self.rates.append(self.prior)
+        for i in range(len(self.rates)):
+            if i < tried:
+                self.rates[i] += self.weight * (float(i < accepted) - self.rates[i])
+            else:
+                self.rates[i] += self.relax * (self.prior - self.rates[i])
+
+
+class LengthPolicy:
+    """A drafter's draft-length policy for one run: FIXED (draft what the drafter's settings say: K tokens, the
+    whole tree or its own node budget) or COST (the module's rule, with `cost` the measured verify-cost curve)."""
+
+    def __init__(self, kind: str = FIXED, cost: VerifyCost | None = None):
+        check_k_policy(kind)
+        if kind == COST and cost is None:
+            raise ValueError("the cost-aware draft length needs a verify-cost curve")
+        self.kind = kind
+        self.cost = cost
+        self.acceptance = RunningAcceptance()
+
+    @property
+    def sized(self) -> bool:
+        """Does the verify cost size the draft (COST)?"""
+        return self.kind == COST
+
+    def length(self, chances: Sequence[float], draft_s: float = 0.0) -> int:
+        """How many of the proposed tokens (or ranked tree nodes) with these chances to verify: all under FIXED."""
+        if self.cost is None or self.kind == FIXED:
+            return len(chances)
+        return best_length(chances, self.cost, draft_s)
+
+    def worth_drafting(self, chances: Sequence[float], draft_s: float = 0.0) -> bool:
+        """Before one more draft forward: would a next token, with the chance the running acceptance at its
+        position gives, raise the best expected rate of the draft so far? Always under FIXED."""
+        if self.cost is None or self.kind == FIXED:
+            return True
+        n = len(chances)
+        following = (chances[-1] if chances else 1.0) * self.acceptance.rate(n + 1)
+        best = step_rate(chances, best_length(chances, self.cost, draft_s), self.cost, draft_s)
+        return step_rate([*chances, following], n + 1, self.cost, draft_s) > best
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        self.acceptance.observe(drafted, accepted)
