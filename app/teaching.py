@@ -77,7 +77,7 @@ LOSSY_NOTE = (
 
 LETTERS_NOTE = (
     f"Letters: here, as in {LEVIATHAN.split(',')[0]} et al., **p is the target's** distribution and **q the draft's**. "
-    f"{CHEN.split(',')[0]} et al. write the same rule with the letters swapped (q the target, p the draft: accept "
+    f"{CHEN.split(',')[0]} write the same rule with the letters swapped (q the target, p the draft: accept "
     "with min(1, q(x)/p(x)), residual (q − p)₊), as does gpt-fast's code; translate before comparing.")
 
 # ------------------------------------------------------------------------------------ tree verification

@@ -1,6 +1,8 @@
 """The teaching pages: tree verification shown as it ran (point masses beside the chain rule), the acceptance
 numbers under each name, the topology comparison, the guided path and the lab's self-check on real tests."""
 import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -135,7 +137,10 @@ def app(tiny_model_dir, monkeypatch):
 def test_the_app_opens_on_the_guided_path_with_a_link_to_every_step(app):
     assert [t.value for t in app.title] == ["Start here"]
     links = [e for e in app.get("page_link")]
-    assert len(links) == 8
+    assert len(links) == 10
+    sidebar = re.findall(r'st\.Page\("app/pages/\w+\.py", title="([^"]+)"', (Path(APP).parent / "app.py").read_text())
+    assert {link.label.removeprefix("Open ") for link in links} | {"Start here"} == set(sidebar)  # every page
+    assert len(sidebar) == 11 and "the 11 pages of the sidebar" in app.markdown[0].value
     text = " ".join(m.value for m in app.markdown)
     assert text.count("*Try this:*") == 8
 
@@ -338,6 +343,7 @@ def test_the_labels_read_as_their_sources_have_them():
     eagle = next(t for t in teaching.TOPOLOGIES if t.drafter == "eagle2")
     assert "3.05×–4.26×" in eagle.published and "2406.16858v1" in eagle.source and "up to 5×" in eagle.published
     assert "second-to-top layer alone" not in teaching.EAGLE3_NOTE
+    assert "Chen et al. write" in teaching.LETTERS_NOTE and "et al. et al." not in teaching.LETTERS_NOTE
     assert "replaces the target's top-layer feature" in teaching.EAGLE3_NOTE and "2, L/2 and L − 3" in teaching.EAGLE3_NOTE
     parser = argparse.ArgumentParser()
     cli.register(parser.add_subparsers())

@@ -40,11 +40,20 @@ PATH = [
      "Run the check and read the p-value: what would a value below 0.01 mean? Then read *How sure are we*: how "
      "large a difference could your N have missed?"),
 ]
+# the sidebar's other pages: measured results and a server's own metrics, for after the path
+LATER = [
+    ("app/pages/benchmarks.py", "Benchmarks",
+     "The measured comparison of every drafter with transformers' own generation on this machine, with the command "
+     "that produced it; a report of your own can be loaded."),
+    ("app/pages/observatory.py", "Server observatory",
+     "A running vLLM or llama.cpp server speculating under its real load, read from its Prometheus /metrics."),
+]
 
 state.intro(
     "Start here",
     f"A path through specviz for an engineer new to speculative decoding: {len(PATH)} pages, about "
-    f"{sum(p[2] for p in PATH)} minutes, one thing to try on each. Every page explains its own terms; the "
+    f"{sum(p[2] for p in PATH)} minutes, one thing to try on each, then {len(LATER)} pages for later. With this one "
+    f"they are the {1 + len(PATH) + len(LATER)} pages of the sidebar. Every page explains its own terms; the "
     "notation is the same everywhere.",
 )
 st.info("**Notation:** **p** is the target model's distribution and **q** the draft's (after temperature, top-k and "
@@ -61,5 +70,9 @@ for number, (page, title, minutes, what, try_this) in enumerate(PATH, 1):
         left.markdown(f"**{number}. {title}** · about {minutes} min  \n{what}")
         left.markdown(f"*Try this:* {try_this}")
         right.page_link(page, label=f"Open {title}", icon=":material/arrow_forward:")
-st.caption("Later: the *Benchmarks* page holds the measured comparison of every drafter with transformers' own "
-           "generation on this machine, with the command that produced it.")
+st.subheader("For later")
+for number, (page, title, what) in enumerate(LATER, len(PATH) + 1):
+    with st.container(border=True):
+        left, right = st.columns([3, 1])
+        left.markdown(f"**{number}. {title}**  \n{what}")
+        right.page_link(page, label=f"Open {title}", icon=":material/arrow_forward:")
