@@ -5,6 +5,7 @@ the modelled clock (specviz.roofline) against the Cost page's formula.
 The app tests inject the tiny model as both weight sets, with verify-cost curves given to them (the numbers a
 memory-bound and a compute-bound target measure), so nothing here depends on this host's timings."""
 import pytest
+import torch
 from test_race import ok, race_page
 
 from app import lanes, regimes, state
@@ -99,6 +100,7 @@ def two_regimes(tiny_model_dir, monkeypatch):
         chosen = "q4q8" if weights == "auto" else weights
         loaded = load(name, **{**options, "draft_model": name, "weights": "fp32"})
         loaded.weights, loaded.verify_curve = chosen, dict(CURVES[chosen])
+        torch.manual_seed(0)
         loaded.parts["eagle"] = EagleHead(loaded.target.config).eval()
         loads.append(loaded)
         return loaded
@@ -241,3 +243,27 @@ def test_why_it_works_shows_both_curves_and_the_sentence_the_measurement_chose(t
     assert metrics["Copy bandwidth (measured)"].endswith("GB/s")
     said = [i.value for i in at.info if "a verify of 8 tokens costs" in i.value]
     assert said == [regimes.regime_sentence({"q4q8": 2.67, "fp32": 1.06})]
+
+
+def test_the_tree_explorer_says_why_auto_keeps_small_trees_and_offers_a_fixed_budget(two_regimes):
+    at = race_page()
+    at.sidebar.selectbox(key="sb_drafter").set_value("eagle2")
+    at.sidebar.slider(key="sb_max_new").set_value(6)
+    at.switch_page("app/pages/tree.py")
+    ok(at.run())
+    at.button(key="tree_run").click()
+    ok(at.run())
+    assert not at.error, [e.value for e in at.error]
+    trace = at.session_state["trace"]
+    nodes = sorted(len(s["nodes"]) for s in trace if s["type"] == "step")
+    assert trace[0]["options"]["total_tokens"] == "auto"
+    said = [i.value for i in at.info if "`total_tokens auto` kept" in i.value]  # the sidebar's default: auto
+    assert nodes[len(nodes) // 2] <= 4  # a random head's chances do not pay for 8 tokens at 2.67× one
+    assert len(said) == 1 and "costs 2.67× one" in said[0] and "(26.7 ms against 10.0 ms, compute-bound)" in said[0]
+    assert "verify over 17 tokens costs" in said[0]
+    at.button(key="tree_fixed").click()
+    ok(at.run())
+    fixed = at.session_state["trace"]
+    assert fixed[0]["options"]["total_tokens"] == 16 and "total_tokens = 16" in at.session_state["trace_source"]
+    assert max(len(s["nodes"]) for s in fixed if s["type"] == "step") > 4
+    assert not [i.value for i in at.info if "kept" in i.value and "nodes a step" in i.value]  # fixed: no note

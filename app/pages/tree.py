@@ -2,8 +2,12 @@ import time
 
 import streamlit as st
 
-from app import figures, state, teaching
+from app import figures, regimes, state, teaching
+from specviz.decoding.costs import interpolate
 from specviz.decoding.events import CHAIN, TYPICAL
+
+AUTO_SMALL = 4  # a median tree of at most this many nodes under "auto": the page says why
+FIXED_BUDGET = 16  # the node budget it offers instead
 
 state.intro(
     "EAGLE tree explorer",
@@ -85,6 +89,34 @@ if not trace:
     side_by_side()
     st.stop()
 
+def auto_budget_note(start: dict, steps: list[dict]) -> None:
+    """Where the auto budget kept small trees (at most AUTO_SMALL nodes a step, median): why (this machine's
+    verify-cost curve), and a rerun at a fixed budget of FIXED_BUDGET nodes with its measured verify cost."""
+    nodes = sorted(len(s["nodes"]) for s in steps)
+    # the node budget was the measured cost's choice: "auto", or a cap under the cost-aware k_policy
+    chosen_by_cost = start["options"].get("total_tokens") == "auto" or start.get("k_policy") == "cost"
+    if ("total_tokens" not in start["options"] or not chosen_by_cost or not nodes
+            or nodes[len(nodes) // 2] > AUTO_SMALL or shared is None):
+        return
+    ratio = state.verify_ratio(shared)
+    if ratio is None:
+        return
+    cost = interpolate(shared.models_here().verify_curve)
+    st.info(f"`total_tokens {start['options']['total_tokens']}` kept {nodes[0]}–{nodes[-1]} nodes a step (median {nodes[len(nodes) // 2]}): it keeps "
+            "a node only where its chance of being accepted pays for verifying it, and on this machine's verify-cost "
+            f"curve ({shared.where()}) verifying 8 tokens costs {ratio:.2f}× one "
+            f"({1e3 * cost(8):.1f} ms against {1e3 * cost(1):.1f} ms, {regimes.regime(ratio)}). A fixed budget of "
+            f"{FIXED_BUDGET} nodes shows a full tree and its price: one verify over {FIXED_BUDGET + 1} tokens costs "
+            f"{1e3 * cost(FIXED_BUDGET + 1):.1f} ms here, {cost(FIXED_BUDGET + 1) / cost(1):.2f}× one token's.")
+    if st.button(f"Decode again with total_tokens = {FIXED_BUDGET}", key="tree_fixed"):
+        fixed = ":k_policy=fixed" if start.get("k_policy") else ""  # an engine that trims by cost: not this run
+        events = state.run_decode(shared, start["prompt_text"], settings,
+                                  drafter=f"{start['drafter']}:total_tokens={FIXED_BUDGET}{fixed}")
+        if events:
+            state.set_trace(events, f"run from the tree page at total_tokens = {FIXED_BUDGET}")
+            st.rerun()
+
+
 steps = [s for s in state.steps_of(trace) if s.get("nodes")]
 start = trace[0]
 if start.get("detail") == "counts":
@@ -93,11 +125,13 @@ if start.get("detail") == "counts":
     st.stop()
 st.caption(f"Showing the {source}: drafter `{start['drafter']}`, {len(state.steps_of(trace))} steps, "
            f"{len(steps)} with a draft.")
+auto_budget_note(start, state.steps_of(trace))
 if not steps:
     st.info("Nothing was drafted in this run (every step was autoregressive), so there is no tree to show. "
             "Pick a drafter other than `none` in the sidebar and run again.")
     side_by_side()
     st.stop()
+
 
 numbers = [s["step"] for s in steps]
 by_number = {s["step"]: s for s in steps}
