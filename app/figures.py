@@ -5,7 +5,9 @@ plotly interprets a subset of HTML tags in labels and hover text.
 """
 from __future__ import annotations
 
+import functools
 import html
+from typing import Callable
 
 import networkx as nx
 import plotly.graph_objects as go
@@ -46,6 +48,17 @@ STATUS_LABELS = {
     "dropped": "dropped",
     "expanded": "kept at an earlier depth",
 }
+
+
+TOOLBAR = {"orientation": "v"}  # plotly's toolbar down the right edge: across the top it covers the titles
+
+
+def clear_of_toolbar(build: Callable[..., go.Figure]) -> Callable[..., go.Figure]:
+    """A figure builder whose figure keeps plotly's toolbar (shown on hover) off its title and subplot titles."""
+    @functools.wraps(build)
+    def built(*args, **kwargs) -> go.Figure:
+        return build(*args, **kwargs).update_layout(modebar=TOOLBAR)
+    return built
 
 
 def escape(text: str) -> str:
@@ -136,6 +149,7 @@ def tokens_html(steps: list[dict], prompt: str | None = None, greedy: bool = Fal
 # ------------------------------------------------------------------------------------------- charts
 
 
+@clear_of_toolbar
 def steps_chart(steps: list[dict]) -> go.Figure:
     """Tokens/s so far (line) and tokens committed per step by kind (stacked bars)."""
     from plotly.subplots import make_subplots
@@ -155,6 +169,7 @@ def steps_chart(steps: list[dict]) -> go.Figure:
     return fig
 
 
+@clear_of_toolbar
 def distribution_bars(top: list | None, title: str, colour: str, highlight: int | None = None,
                       point_mass: tuple[int, str] | None = None) -> go.Figure:
     """Bars over a top-N list [[id, text, prob], ...]; `highlight` outlines one token id.
@@ -179,6 +194,7 @@ def unique_labels(pairs: list[tuple[int, str]]) -> list[str]:
     return [f"{s} ({i})" if shown.count(s) > 1 else s for s, (i, _) in zip(shown, pairs)]
 
 
+@clear_of_toolbar
 def u_gauge(alpha: float, u: float | None, rule: str = CHAIN) -> go.Figure:
     """The unit interval split at α: u below α accepts, above rejects (at temperature 0 there is no u)."""
     fig = go.Figure()
@@ -196,6 +212,7 @@ def u_gauge(alpha: float, u: float | None, rule: str = CHAIN) -> go.Figure:
     return fig
 
 
+@clear_of_toolbar
 def threshold_gauge(p: float, threshold: float) -> go.Figure:
     """Medusa's typical test: P(x) against the threshold min(ε, δ · exp(−H)); passes when P(x) > threshold."""
     top = max(p, threshold) * 1.25
@@ -213,6 +230,18 @@ def threshold_gauge(p: float, threshold: float) -> go.Figure:
     return fig
 
 
+@clear_of_toolbar
+def level_categories(fig: go.Figure) -> go.Figure:
+    """Category labels set level and broken onto lines at ":" and " / " (eagle2:lookup=4 / none), instead of
+    rotated: plotly turns long labels on a narrow chart by 45-90°, and they take more height than the bars."""
+    names = [x for t in fig.data for x in (t.x if t.x is not None else [t.name])]
+    cats = list(dict.fromkeys(str(n) for n in names))
+    fig.update_xaxes(tickangle=0, tickmode="array", tickvals=cats, automargin=True,
+                     ticktext=[c.replace(" / ", "<br>/ ").replace(":", "<br>:") for c in cats])
+    return fig
+
+
+@clear_of_toolbar
 def histogram_pair(labels: list[str], series: dict[str, list[float]], title: str, colours: dict | None = None) -> go.Figure:
     fig = go.Figure()
     for name, ys in series.items():
@@ -244,6 +273,7 @@ def tree_layout(parents: dict, root=-1) -> dict:
     return pos
 
 
+@clear_of_toolbar
 def _tree_figure(items: list[dict], title: str, height: int | None = None) -> go.Figure:
     """items: {"id", "parent", "label", "hover", "status"}; drawn left to right from the root (id -1)."""
     pos = tree_layout({it["id"]: it["parent"] for it in items if it["id"] != -1})
@@ -406,6 +436,7 @@ def ancestors_mask(parents: list[int]) -> list[list[int]]:
     return mask
 
 
+@clear_of_toolbar
 def mask_figure(step: dict) -> go.Figure:
     names = unique_labels([(-1, "root")] + [(n["id"], f"{n['id']}:{n['text']}") for n in step["nodes"]])
     mask = ancestors_mask([n["parent"] for n in step["nodes"]])
@@ -425,6 +456,7 @@ def mask_figure(step: dict) -> go.Figure:
 # --------------------------------------------------------------------------------------------- race
 
 
+@clear_of_toolbar
 def race_timeline(name: str, steps: list[dict]) -> go.Figure:
     """Which tokens each step produced: one stacked bar per step, a segment per token coloured by kind."""
     fig = go.Figure()
@@ -448,6 +480,7 @@ def race_timeline(name: str, steps: list[dict]) -> go.Figure:
     return fig
 
 
+@clear_of_toolbar
 def timing_breakdown(runs: dict[str, list[dict]]) -> go.Figure:
     """Draft and verify milliseconds per step, one pair of stacked bars per drafter."""
     fig = go.Figure()
@@ -464,6 +497,7 @@ def timing_breakdown(runs: dict[str, list[dict]]) -> go.Figure:
     return fig
 
 
+@clear_of_toolbar
 def acceptance_histogram_figure(histograms: dict[str, list[int]], title: str = "acceptance histogram",
                                 no_draft: dict[str, int] | None = None) -> go.Figure:
     """Grouped bars, one group per run or method: of its verify steps that drafted something, the share that accepted

@@ -358,3 +358,23 @@ def test_both_per_position_acceptances_are_named(app, tree_run):
     text = " ".join(m.value for m in at.markdown)
     assert "**per-position acceptance** (÷ drafts reaching d)" in text
     assert "**per-position acceptance** (÷ every draft)" in text and "num_accepted_tokens_per_pos" in text
+
+
+def test_plotly_toolbar_keeps_off_the_titles_and_category_labels_stay_level(app, tree_run):
+    """The toolbar runs down the right edge (across the top it covered the titles of the tokens-per-step chart,
+    the attention mask and the lab's q chart); long category labels break onto lines instead of turning."""
+    import plotly.graph_objects as go
+
+    from app import figures
+
+    app.session_state["trace"], app.session_state["trace_source"] = tree_run, "test run"
+    for page in ("app/pages/tree.py", "app/pages/lab.py"):
+        at = open_page(app, page)
+        specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+        assert specs and all(s["layout"].get("modebar", {}).get("orientation") == "v" for s in specs), page
+    steps = [e for e in tree_run if e["type"] == "step"]
+    assert figures.steps_chart(steps).layout.modebar.orientation == "v"
+    bars = figures.level_categories(go.Figure([go.Bar(x=["none", "eagle2:lookup=4"], y=[1, 2]),
+                                               go.Box(name="eagle2:lookup=4 / none", y=[1.0, 1.2])]))
+    assert bars.layout.xaxis.tickangle == 0 and list(bars.data[0].x) == ["none", "eagle2:lookup=4"]  # data as is
+    assert list(bars.layout.xaxis.ticktext) == ["none", "eagle2<br>:lookup=4", "eagle2<br>:lookup=4<br>/ none"]

@@ -252,7 +252,7 @@ def rates_figure(report: dict) -> go.Figure:
     else:  # a line far above the bars would flatten them
         title += f"<br><sup>weight-streaming floor: {floor:,.1f} tokens/s, off this scale</sup>"
     fig.update_layout(title=title, yaxis_title="tokens/s", height=420)
-    return fig
+    return figures.level_categories(fig)
 
 
 def spread_figure(report: dict) -> go.Figure:
@@ -265,9 +265,10 @@ def spread_figure(report: dict) -> go.Figure:
     fig.add_hline(y=1.0, line_dash="dot")
     fig.update_layout(title="Speedup per prompt (each point is one prompt)", yaxis_title="× over the baseline",
                       showlegend=False, height=420)
-    return fig
+    return figures.level_categories(fig)
 
 
+@figures.clear_of_toolbar
 def cost_figure(report: dict) -> go.Figure:
     fig = go.Figure()
     for name, curve in (("chain (causal mask)", report["verify_cost_ms"]), ("tree (4D mask)", report["tree_verify_cost_ms"])):
@@ -279,6 +280,7 @@ def cost_figure(report: dict) -> go.Figure:
     return fig
 
 
+@figures.clear_of_toolbar
 def acceptance_figure(report: dict) -> go.Figure:
     fig = go.Figure()
     for name, d in {**report["drafters"], **engine_lanes(report)}.items():
@@ -298,9 +300,10 @@ def predicted_figure(report: dict) -> go.Figure:
     fig.add_bar(name="measured (median over prompts)", x=list(rows), y=[r["measured"] for r in rows.values()])
     fig.add_hline(y=1.0, line_dash="dot")
     fig.update_layout(title="Speedup over none: predicted vs measured", yaxis_title="×", barmode="group", height=400)
-    return fig
+    return figures.level_categories(fig)
 
 
+@figures.clear_of_toolbar
 def floor_figure(report: dict, points: list[dict]) -> go.Figure:
     """`none`'s ms per token against the bandwidth measured right before it, with the floor it is held to."""
     weight_bytes = report["floor"]["weight_bytes"]

@@ -263,7 +263,7 @@ with tab_sandbox:
     fig = go.Figure(go.Scatter(x=sizes, y=tvs, mode="lines+markers", name="TV(outputs, p)"))
     fig.update_layout(title="distance to p shrinks as samples grow (roughly like 1/√n)", height=260,
                       xaxis={"type": "log", "title": "samples"}, yaxis={"title": "total variation"},
-                      margin={"l": 10, "r": 10, "t": 40, "b": 10})
+                      margin={"l": 10, "r": 10, "t": 40, "b": 10}, modebar=figures.TOOLBAR)
     st.plotly_chart(fig, key="lab_tv")
     if bug and siblings:
         st.warning("With the bug each sibling is tested against the unchanged p, and a rejected sibling can still "

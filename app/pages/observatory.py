@@ -6,7 +6,7 @@ from datetime import datetime
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import state
+from app import figures, state
 from specviz import observatory as obs
 from specviz.bench import batch as batch_surface
 from specviz.errors import SpecvizError
@@ -135,7 +135,7 @@ def charts(windows: list[obs.Window], w: obs.Window) -> None:
         per = w.per_position
         fig = go.Figure(go.Bar(x=[str(i + 1) for i in range(len(per))], y=list(per),
                                text=[f"{a:.2f}" for a in per], textposition="outside"))
-        fig.update_layout(title="Acceptance at each draft position (this window)", height=320, margin=CHART_MARGIN,
+        fig.update_layout(title="Acceptance at each draft position (this window)", height=320, margin=CHART_MARGIN, modebar=figures.TOOLBAR,
                           xaxis={"title": "draft position i (1: the first drafted token)", "type": "category"},
                           yaxis={"title": "share of all drafts accepting it", "range": [0, 1.1]})
         st.plotly_chart(fig, key="obs_positions")
@@ -148,7 +148,7 @@ def charts(windows: list[obs.Window], w: obs.Window) -> None:
         rates = [v.acceptance_rate for v in windows if v.acceptance_rate is not None]
         fig = go.Figure(go.Histogram(x=rates, xbins={"start": 0.0, "end": 1.0001, "size": 0.05}))
         fig.update_layout(title=f"Acceptance rate of each {every:g} s window ({len(rates)} with speculation)",
-                          height=320, margin=CHART_MARGIN, xaxis={"title": "accepted ÷ drafted", "range": [0, 1]},
+                          height=320, margin=CHART_MARGIN, modebar=figures.TOOLBAR, xaxis={"title": "accepted ÷ drafted", "range": [0, 1]},
                           yaxis={"title": "windows"})
         st.plotly_chart(fig, key="obs_histogram")
         st.caption("A histogram over requests needs each request's own counts, which /metrics, a running total, does "
@@ -158,7 +158,7 @@ def charts(windows: list[obs.Window], w: obs.Window) -> None:
                      go.Scatter(x=x, y=[v.accepted_per_s for v in windows], name="accepted tokens/s", mode="lines"),
                      go.Scatter(x=x, y=[v.generated_per_s for v in windows], name="generated tokens/s", mode="lines",
                                 line={"dash": "dot"})])
-    fig.update_layout(title="Tokens per second, between each two reads", height=320, margin=CHART_MARGIN,
+    fig.update_layout(title="Tokens per second, between each two reads", height=320, margin=CHART_MARGIN, modebar=figures.TOOLBAR,
                       yaxis={"title": "tokens/s", "rangemode": "tozero"}, legend={"orientation": "h", "y": -0.2})
     st.plotly_chart(fig, key="obs_rates")
 
