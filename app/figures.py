@@ -19,7 +19,7 @@ KIND_COLOURS = {"accepted": "#b7efc5", "replacement": "#ffd6a5", "bonus": "#a0c4
 KIND_LABELS = {
     "accepted": "accepted draft token",
     "replacement": "replacement (after a rejection)",
-    "bonus": "bonus (the accepted path reached a drafted token with no drafted child)",
+    "bonus": "bonus (the accepted path reached a leaf: no drafted child)",
     "autoregressive": "autoregressive (nothing drafted)",
 }
 STATUS_COLOURS = {

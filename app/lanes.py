@@ -164,7 +164,13 @@ _DOCUMENT = """<!DOCTYPE html>
 _CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0; padding: 8px; color: #222;
        font-size: 15px; background: #fff; }
-body.presenter { font-size: 22px; }
+body.presenter { font-size: 24px; }
+/* presenter mode on a projector: the lanes two abreast, so four (and six, three rows) fit one 1920x1080 screen */
+@media (min-width: 900px) {
+  body.presenter #race { display: grid; grid-template-columns: repeat(2, minmax(0, 1fr)); column-gap: 12px; }
+  body.presenter #race > :not(.lane) { grid-column: 1 / -1; }
+  body.presenter .lane { margin: 4px 0; }
+}
 .controls { display: flex; gap: 8px; align-items: center; flex-wrap: wrap; margin-bottom: 8px; }
 .controls button, .controls select { font-size: 1em; padding: 4px 10px; border: 1px solid #bbb; border-radius: 6px;
        background: #f7f7f7; cursor: pointer; }
