@@ -5,14 +5,20 @@ others out.
 
 uvicorn's own `limit_concurrency` counts such connections too and answers everyone past it with 503, so a
 thousand half-open sockets would shut real clients out. Here, past the cap, room is made for the newcomer:
-first the connection that has waited longest without a request in progress is closed (a half-open one, or an
-idle keep-alive one), then the one stalled longest (a body that stopped arriving, or a response its client has
-not read for STALLED_S or more: an event stream's viewer resumes with Last-Event-ID). When every connection is
-busy and reading, the newcomer is answered 503 with Retry-After once its request's headers arrive."""
+first the connection that has waited longest without a request in progress is closed (one that sent part of a
+request's headers, or an idle keep-alive one), then one that has sent nothing for FRESH_S or more, then the one
+stalled longest (a body that stopped arriving, or a response its client has not read, for STALLED_S or more: an
+event stream's viewer resumes with Last-Event-ID). A connection that has sent nothing for less than FRESH_S is
+never closed to make room: a burst of whole requests is accepted before any of them is read. When no connection
+can give way, the newcomer is answered 503 with Retry-After once its request's headers arrive (at most
+REFUSING_MAX such newcomers wait for their headers; past them the one waiting longest is closed), so open
+sockets stay within the cap plus REFUSING_MAX. Each kind of connection is kept oldest first (Room): making room
+costs the same whether ten or ten thousand are open."""
 from __future__ import annotations
 
 import asyncio
 import json
+from collections import OrderedDict
 
 import h11
 import uvicorn
@@ -26,8 +32,14 @@ BODY_GRACE_S = 1.0  # ... once it has had this long (the rate of the first packe
 BODY_CHECK_S = 0.5  # how often a body's progress is looked at
 WRITE_TIMEOUT_S = 30.0  # a response (an event stream) its client has not read for this long is closed
 STALLED_S = 1.0  # a body or a response stalled this long may be closed to make room for a newcomer
+FRESH_S = 0.25  # a connection that has sent nothing (or no more of its body) for this long may give way, not before
 RETRY_AFTER_S = 2  # what a newcomer refused at the cap is told
-REFUSING_MAX = 64  # newcomers waiting to be answered 503 at most; past it the oldest is closed without a word
+REFUSING_MAX = 128  # newcomers waiting for their headers to be answered 503 at most; past it the oldest is closed
+# connections the kernel completes and holds for the service to accept (listen's backlog; uvicorn's is 2,048). The
+# event loop accepts up to this many at a time before it reads any: a flood of 1,500 connections a second accepted
+# 2,048 at a time kept the loop from reading its clients (/healthz unanswered for seconds, 4,000 sockets open
+# against a cap of 512); 128 at a time, the kernel holds the rest and the flood slows to what the service takes.
+BACKLOG = 128
 
 
 def _raw_error(status: int, reason: bytes, message: str, headers: bytes = b"") -> bytes:
@@ -49,71 +61,134 @@ def over_capacity(retry_after_s: int, cap: int):
     return refuse
 
 
+class Room:
+    """The connections of one server as the cap sees them: those that may give way to a newcomer, by kind, each
+    oldest first (connection -> since when), and how many open ones do not count against the cap."""
+
+    def __init__(self) -> None:
+        self.fresh: OrderedDict[GuardedH11Protocol, float] = OrderedDict()  # connected, nothing received yet
+        # waiting on the client with no request in progress: part of a request's headers came, or a response is
+        # done and the connection is kept alive for the next request
+        self.waiting: OrderedDict[GuardedH11Protocol, float] = OrderedDict()
+        self.bodies: OrderedDict[GuardedH11Protocol, float] = OrderedDict()  # a body arriving: since its last bytes
+        self.unread: OrderedDict[GuardedH11Protocol, float] = OrderedDict()  # a response its client is not reading
+        self.refusing: OrderedDict[GuardedH11Protocol, float] = OrderedDict()  # to be answered 503: headers awaited
+        # newcomers past the cap, nothing read from them yet: whether one is a whole request or half of one decides
+        # what it gets, once it is read (the event loop reads a burst only after it has accepted all of it)
+        self.pending: OrderedDict[GuardedH11Protocol, float] = OrderedDict()
+        self.refused = 0  # connections answered (or to be answered) 503, not yet gone
+        self.closed = 0  # connections this guard closed, not yet gone
+
+    def oldest(self, kind: OrderedDict, older_than: float) -> GuardedH11Protocol | None:
+        """The connection of this kind waiting longest, if it has waited `older_than` seconds or more (ones already
+        closing are dropped on the way)."""
+        while kind:
+            connection, since = next(iter(kind.items()))
+            if not connection.transport.is_closing():
+                return connection if connection.loop.time() - since >= older_than else None
+            del kind[connection]
+        return None
+
+
 class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with the cap, the deadlines and the write timeout (subclassed per server by
-    server_config)."""
+    server_config, each subclass with its own Room)."""
 
     max_connections = MAX_CONNECTIONS
     header_timeout_s = HEADER_TIMEOUT_S
     body_timeout_s = BODY_TIMEOUT_S
     min_body_rate = MIN_BODY_RATE
     write_timeout_s = WRITE_TIMEOUT_S
+    room: Room | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         self.header_timer: asyncio.TimerHandle | None = None
         self.body_timer: asyncio.TimerHandle | None = None
         self.write_timer: asyncio.TimerHandle | None = None
-        self.waiting_since: float | None = None  # no request in progress since then: the first to be shed
         self.body_since: float | None = None  # a request's body is awaited since its headers arrived then
         self.body_bytes = 0
-        self.body_idle_since: float | None = None  # the body's last bytes came then
-        self.unread_since: float | None = None  # writes paused since then: the client is not reading
         self.refusing = False  # over the cap: its request is answered 503
+        self.pending = False  # over the cap, not read yet
+        self.closed_here = False  # closed by this guard (to make room, or past a deadline)
+        self.kind: OrderedDict | None = None  # which of the room's kinds it is in
+        if type(self).room is None:
+            type(self).room = Room()
+        self.rooms: Room = type(self).room
         super().connection_made(transport)
         self._await_headers()
-        if len(self.connections) > self.max_connections and self._open() > self.max_connections:
-            self._make_room()
+        self._be(self.rooms.fresh)
+        if self._counted() > self.max_connections:
+            self._be(None)  # neither gives way nor counts until it is read
+            self.pending = True
+            self.rooms.pending[self] = self.loop.time()
+            if len(self.rooms.pending) > REFUSING_MAX:
+                next(iter(self.rooms.pending))._close()  # accepted and closed: the newcomers sent nothing yet
 
     # ------------------------------------------------------------------------------------- the cap
 
-    def _open(self) -> int:
-        return sum(1 for c in self.connections if not c.transport.is_closing())
+    def _counted(self) -> int:
+        """Open connections that count against the cap."""
+        room = self.rooms
+        return len(self.connections) - room.closed - room.refused - len(room.pending)
 
-    def _waiting_on_client(self) -> float | None:
-        """Since when it has waited on its client without a request in progress, or for a body that stopped
-        coming (None: a request in progress, or a response being sent)."""
-        return self.waiting_since if self.waiting_since is not None else self.body_idle_since
+    def _read_first(self) -> None:
+        """A newcomer past the cap has sent its first bytes: room is made for it, else it is answered 503."""
+        self.pending = False
+        self.rooms.pending.pop(self, None)
+        if self._counted() > self.max_connections and not self._make_room():
+            self._refuse()
 
-    def _make_room(self) -> None:
-        now = self.loop.time()
-        others = [c for c in self.connections if c is not self and not c.transport.is_closing()
-                  and isinstance(c, GuardedH11Protocol)]
-        waiting = [(since, c) for c in others if (since := c._waiting_on_client()) is not None and not c.refusing]
-        if waiting:
-            min(waiting, key=lambda pair: pair[0])[1]._close()
-            return
-        unread = [(c.unread_since, c) for c in others if c.unread_since is not None and now - c.unread_since >= STALLED_S]
-        if unread:
-            min(unread, key=lambda pair: pair[0])[1]._abort()
-            return
+    def _be(self, kind: OrderedDict | None) -> None:
+        """Move it to the end of `kind` (None: a request in progress, it may not give way)."""
+        if self.kind is not None:
+            self.kind.pop(self, None)
+        self.kind = kind
+        if kind is not None:
+            kind[self] = self.loop.time()
+
+    def _make_room(self) -> bool:
+        """Close the connection that gives way to this one; False when none may."""
+        room = self.rooms
+        victim = (room.oldest(room.waiting, 0.0) or room.oldest(room.fresh, FRESH_S) or room.oldest(room.bodies, FRESH_S)
+                  or room.oldest(room.unread, STALLED_S))
+        if victim is None or victim is self:
+            return False
+        victim._close(abort=victim in room.unread)  # what is buffered for one not reading is dropped
+        return True
+
+    def _refuse(self) -> None:
+        room = self.rooms
+        self._be(None)
         self.refusing = True
+        room.refused += 1
+        room.refusing[self] = self.loop.time()
         self.app = over_capacity(RETRY_AFTER_S, self.max_connections)
-        refusing = [c for c in others if c.refusing and c.waiting_since is not None]
-        if len(refusing) >= REFUSING_MAX:
-            min(refusing, key=lambda c: c.waiting_since)._close()
+        if len(room.refusing) > REFUSING_MAX:
+            next(iter(room.refusing))._close()
 
-    def _close(self) -> None:
-        if not self.transport.is_closing():
+    def _close(self, abort: bool = False) -> None:
+        """Closed by the guard: it no longer counts against the cap, though its socket goes only when the loop
+        next runs (abort: what is buffered for it is dropped; close() would wait to send it)."""
+        if self.transport.is_closing():
+            return
+        self._be(None)
+        self.rooms.refusing.pop(self, None)
+        self.rooms.unread.pop(self, None)
+        self.rooms.pending.pop(self, None)
+        if not self.refusing and not self.pending:
+            self.closed_here = True
+            self.rooms.closed += 1
+        if abort:
+            self.transport.abort()
+        else:
             self.transport.close()
 
     def _abort(self) -> None:
-        """Closed at once, what is buffered for it dropped (close() would wait to send it to a client not reading)."""
-        self.transport.abort()
+        self._close(abort=True)
 
     # --------------------------------------------------------------------------------- the headers
 
     def _await_headers(self) -> None:
-        self.waiting_since = self.loop.time()
         if self.header_timer is None:
             self.header_timer = self.loop.call_later(self.header_timeout_s, self._headers_late)
 
@@ -126,11 +201,16 @@ class GuardedH11Protocol(H11Protocol):
         return self.cycle is None or self.cycle.response_complete
 
     def data_received(self, data: bytes) -> None:
-        if self._between_requests() and self.header_timer is None and self.body_since is None:
-            self._await_headers()  # a keep-alive connection's next request begins: its headers have the deadline
+        if self.pending:
+            self._read_first()
+        if self._between_requests() and self.body_since is None and not self.refusing:
+            if self.header_timer is None:
+                self._await_headers()  # a keep-alive connection's next request begins: its headers have the deadline
+            if self.kind is not self.rooms.waiting:
+                self._be(self.rooms.waiting)  # part of a request came: it waits on its client from now
         if self.body_since is not None:
             self.body_bytes += len(data)
-            self.body_idle_since = self.loop.time()
+            self._be(self.rooms.bodies)  # the body's last bytes came now
         super().data_received(data)
         self._body_progress()
 
@@ -138,13 +218,15 @@ class GuardedH11Protocol(H11Protocol):
         cycle = self.cycle
         super().handle_events()
         if self.cycle is not cycle:  # a request's headers arrived: it is in progress
-            self.waiting_since = None
+            self._be(None)
+            self.rooms.refusing.pop(self, None)  # a newcomer over the cap is answered now
             if self.header_timer is not None:
                 self.header_timer.cancel()
                 self.header_timer = None
-            if self.conn.their_state is h11.SEND_BODY:  # and its body is to come
-                self.body_since = self.body_idle_since = self.loop.time()
+            if self.conn.their_state is h11.SEND_BODY and not self.refusing:  # and its body is to come
+                self.body_since = self.loop.time()
                 self.body_bytes = 0
+                self._be(self.rooms.bodies)
                 self.body_timer = self.loop.call_later(BODY_CHECK_S, self._check_body)
 
     # ------------------------------------------------------------------------------------ the body
@@ -154,7 +236,9 @@ class GuardedH11Protocol(H11Protocol):
             self._body_done()
 
     def _body_done(self) -> None:
-        self.body_since = self.body_idle_since = None
+        self.body_since = None
+        if self.kind is self.rooms.bodies:
+            self._be(None)
         if self.body_timer is not None:
             self.body_timer.cancel()
             self.body_timer = None
@@ -183,13 +267,13 @@ class GuardedH11Protocol(H11Protocol):
 
     def pause_writing(self) -> None:
         super().pause_writing()
-        if self.unread_since is None:
-            self.unread_since = self.loop.time()
+        if self not in self.rooms.unread:
+            self.rooms.unread[self] = self.loop.time()
             self.write_timer = self.loop.call_later(self.write_timeout_s, self._abort)
 
     def resume_writing(self) -> None:
         super().resume_writing()
-        self.unread_since = None
+        self.rooms.unread.pop(self, None)
         if self.write_timer is not None:
             self.write_timer.cancel()
             self.write_timer = None
@@ -197,13 +281,23 @@ class GuardedH11Protocol(H11Protocol):
     def on_response_complete(self) -> None:
         super().on_response_complete()
         if self._between_requests() and not self.transport.is_closing():
-            self.waiting_since = self.loop.time()  # idle, kept alive: shed before any request in progress
+            self._be(self.rooms.waiting)  # idle, kept alive: it gives way before any request in progress
 
     def connection_lost(self, exc: Exception | None) -> None:
         for timer in (self.header_timer, self.body_timer, self.write_timer):
             if timer is not None:
                 timer.cancel()
         self.header_timer = self.body_timer = self.write_timer = None
+        room = self.rooms
+        self._be(None)
+        room.refusing.pop(self, None)
+        room.unread.pop(self, None)
+        room.pending.pop(self, None)
+        if self.closed_here:
+            room.closed -= 1
+        if self.refusing:
+            room.refused -= 1
+        self.closed_here = self.refusing = False  # counted once, however often it is told
         super().connection_lost(exc)
 
 
@@ -215,5 +309,5 @@ def server_config(app, host: str, port: int, max_connections: int = MAX_CONNECTI
     protocol = type("GuardedH11Protocol", (GuardedH11Protocol,),
                     {"max_connections": max_connections, "header_timeout_s": header_timeout_s,
                      "body_timeout_s": body_timeout_s, "min_body_rate": min_body_rate,
-                     "write_timeout_s": write_timeout_s})
-    return uvicorn.Config(app, host=host, port=port, http=protocol, log_level="warning", **kwargs)
+                     "write_timeout_s": write_timeout_s, "room": Room()})
+    return uvicorn.Config(app, host=host, port=port, http=protocol, log_level="warning", **{"backlog": BACKLOG, **kwargs})
