@@ -73,3 +73,17 @@ def parameters(module) -> int:
     blocks = [m for m in module.modules() if isinstance(m, BLOCK_LINEARS)]
     return (sum(p.numel() for p in module.parameters())
             + sum(m.in_features * m.out_features for m in blocks))
+
+
+def measured_in_process(cache: dict) -> dict[str, dict]:
+    """drafter → {tau, speedup, lane} from this process's finished race runs ({(run key, lane): events}, the race
+    page's cache): each drafter's last run beside a `none` run of the same settings and weights."""
+    rows = {}
+    for (key, lane), events in cache.items():
+        drafter, weights = split_lane(lane)
+        base = cache.get((key, lane_name("none", weights)))
+        if drafter == "none" or base is None or events[-1]["type"] != "done" or base[-1]["type"] != "done":
+            continue
+        stats, plain = events[-1]["stats"], base[-1]["stats"]["tokens_per_s"]
+        rows[drafter] = {"tau": stats["tau"], "speedup": stats["tokens_per_s"] / plain if plain else None, "lane": lane}
+    return rows

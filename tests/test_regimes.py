@@ -267,3 +267,35 @@ def test_the_tree_explorer_says_why_auto_keeps_small_trees_and_offers_a_fixed_bu
     assert fixed[0]["options"]["total_tokens"] == 16 and "total_tokens = 16" in at.session_state["trace_source"]
     assert max(len(s["nodes"]) for s in fixed if s["type"] == "step") > 4
     assert not [i.value for i in at.info if "kept" in i.value and "nodes a step" in i.value]  # fixed: no note
+
+
+# ------------------------------------------------------------------------------------------ "measured here"
+
+
+def test_measured_here_means_this_process_and_the_cost_page_starts_at_the_best_run(two_regimes):
+    at = race_page()
+    at.switch_page("app/pages/topologies.py")
+    ok(at.run())
+    labels = [m.label for m in at.metric]
+    assert "measured here: τ" not in labels  # no run of this process yet: nothing is "measured here"
+    assert all(label.startswith("shipped report, ") and "-core" in label for label in labels)
+
+    at.switch_page("app/pages/race.py")
+    ok(at.run())
+    at.multiselect(key="race_drafters").set_value(["none", "draft", "ngram"])  # the tiny model drafts for itself
+    at.number_input(key="race_max_new").set_value(8)
+    ok(at.run())
+    at.button(key="race_run").click()
+    ok(at.run())
+    at.switch_page("app/pages/topologies.py")
+    ok(at.run())
+    here = [m for m in at.metric if m.label == "measured here: τ"]
+    assert len(here) == 2 and all("This process's race run" in m.help for m in here)
+
+    at.switch_page("app/pages/cost.py")
+    ok(at.run())
+    alphas = {name: analysis.summarise(e).alpha or 0.0 for (_, name), e in at.session_state["race_cache"].items()
+              if name != "none"}
+    best = max(alphas, key=alphas.get)
+    assert at.selectbox(key="cost_spec").value.startswith(f"race: {best} ")  # the best α, not the first or last
+    assert at.selectbox(key="cost_b_alpha_source").value.startswith(f"race: {best} ")

@@ -3,7 +3,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import state
+from app import regimes, state
 from specviz import analysis
 from specviz.bench import batch as batch_surface
 from specviz.bench import loadtable
@@ -27,6 +27,13 @@ def is_chain(drafter: str) -> bool:
     """Does this run's drafter propose one chain (its spec says so), so that the chain speedup formula fits it?"""
     spec = REGISTRY.get(drafter_name(drafter))
     return spec is not None and spec.chain
+
+
+def best_run(names: list[str], runs: dict[str, list[dict]]) -> int:
+    """The index in `names` of the run of the highest α (accepted ÷ tested): a page's default pick is the best
+    run measured, not the last."""
+    alphas = [analysis.summarise(runs[name]).alpha or 0.0 for name in names]
+    return alphas.index(max(alphas)) if alphas else 0
 
 
 def measured_runs() -> dict[str, list[dict]]:
@@ -121,8 +128,11 @@ if not baselines or not specs:
             "formula; the Benchmarks page predicts their speedup from the measured verify-cost curve.")
 else:
     c1, c2 = st.columns(2)
-    base_name = c1.selectbox("Baseline (none)", baselines, key="cost_base")
-    spec_name = c2.selectbox("Speculative run", specs, key="cost_spec")
+    spec_name = c2.selectbox("Speculative run", specs, index=best_run(specs, runs), key="cost_spec",
+                             help="It starts at the run of the highest α (accepted ÷ tested), not the last one.")
+    weights = regimes.split_lane(spec_name.split()[1])[1]  # "race: eagle2@fp32 on …": the lane's weights
+    same = [i for i, n in enumerate(baselines) if n.split()[1] == regimes.lane_name(PLAIN, weights)] or [0]
+    base_name = c1.selectbox("Baseline (none)", baselines, index=same[0], key="cost_base")
     base, spec = analysis.summarise(runs[base_name]), analysis.summarise(runs[spec_name])
     if spec.acceptance_rate is None:
         st.warning("That run drafted nothing (every step was autoregressive), so it has no α. Try another prompt "
@@ -276,7 +286,8 @@ st.caption("E(α, K): Leviathan et al., 2023, *Fast Inference from Transformers 
 chain_runs = {name: analysis.summarise(e) for name, e in runs.items() if is_chain(e[0]["drafter"])}
 chain_runs = {name: s for name, s in chain_runs.items() if s.alpha is not None}
 c = st.columns(3)
-alpha_source = c[0].selectbox("α from", [*chain_runs, "slider"], key="cost_b_alpha_source") if chain_runs else "slider"
+alpha_source = c[0].selectbox("α from", [*chain_runs, "slider"], index=best_run(list(chain_runs), runs),
+                              key="cost_b_alpha_source") if chain_runs else "slider"
 if alpha_source == "slider":
     alpha = c[0].slider("α", 0.0, 0.99, 0.7, key="cost_b_alpha")
 else:

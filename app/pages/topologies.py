@@ -2,7 +2,7 @@
 speedups and what was measured here), and what each acceptance number means."""
 import streamlit as st
 
-from app import state, teaching
+from app import regimes, state, teaching
 from specviz.drafters import PLAIN
 
 state.intro(
@@ -14,12 +14,16 @@ state.intro(
 )
 report = teaching.reference_report()
 measured = teaching.measured_rows(report)
+here_runs = regimes.measured_in_process(st.session_state.get("race_cache", {}))  # this process's own runs
+elsewhere = "" if not report else (  # where the shipped report's figures were measured: not here
+    f"shipped report, {report['machine'].get('weights', 'fp32')} weights, {report['machine']['cores']}-core "
+    f"{report['machine']['cpu']}, {report['machine']['date'][:10]}")
 
 # ------------------------------------------------------------------------------------------- the table
 st.header("1. What each drafter reads, needs and gives")
 topologies = teaching.cards()
 for card, t in zip(st.columns(len(topologies)), topologies):
-    here = measured.get(t.drafter, {})
+    here, shipped = here_runs.get(t.drafter), measured.get(t.drafter, {})
     size = teaching.shipped_weights_mb(t.weights)
     with card.container(border=True):
         st.markdown(f"#### `{t.drafter}`\n**{t.name}**")
@@ -29,12 +33,18 @@ for card, t in zip(st.columns(len(topologies)), topologies):
         if t.published:
             st.markdown(f"**Published:** {t.published}  \n*Source:* {t.source}")
         if here:
-            st.metric("measured here: τ", f"{here['tau']:.2f}", f"{here['speedup']:.2f}× over none",
-                      delta_color="off")
+            st.metric("measured here: τ", f"{here['tau']:.2f}", None if here["speedup"] is None else
+                      f"{here['speedup']:.2f}× over none", delta_color="off",
+                      help=f"This process's race run `{here['lane']}` beside `none` on the same settings and weights.")
+        if shipped:
+            st.metric(f"{elsewhere}: τ", f"{shipped['tau']:.2f}", f"{shipped['speedup']:.2f}× over none",
+                      delta_color="off", help="Measured on that machine and weights, not here: the *Topology race* "
+                      "measures here.")
 if report:
     machine = report["machine"]
     st.caption(
-        f"Measured here: the shipped bench report of {report['config']['model']} (135M parameters, "
+        "“measured here” figures come from this process's race runs only. The others come from "
+        f"the shipped bench report of {report['config']['model']} (135M parameters, "
         f"{report['machine'].get('weights', 'fp32')} weights) on "
         f"{report['config']['n_prompts']} MT-bench questions, {report['config']['max_new_tokens']} new tokens, "
         f"temperature {report['config']['temperature']}, on a {machine['cores']}-core {machine['cpu']} CPU "
