@@ -119,7 +119,8 @@ def app(speculative: bool = True, die_after: int | None = None, stall_after: int
                 time.sleep(0.005)
             totals.update(drafted=totals["drafted"] + drafted, accepted=totals["accepted"] + accepted,
                           predicted=totals["predicted"] + len(out))
-            final = {"predicted_n": len(out), "predicted_ms": clock, "predicted_per_second": 1e3 * len(out) / clock}
+            final = {"predicted_n": len(out), "predicted_ms": clock, "predicted_per_second": 1e3 * len(out) / clock,
+                     "prompt_n": len(ids), "prompt_ms": len(ids) / 2.0, "prompt_per_second": 2000.0}
             if drafted:
                 final.update(draft_n=drafted, draft_n_accepted=accepted)
             yield data({"content": "", "tokens": [], "stop": True, "model": MODEL, "tokens_predicted": len(out),

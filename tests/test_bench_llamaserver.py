@@ -71,6 +71,17 @@ def test_llama_server_lanes_run_beside_ours_with_llamacpps_counts(tiny, fake_ser
     assert "## llama.cpp's llama-server" in markdown and "`draft-eagle3:p_min=0.6,n_max=3`" in markdown
 
 
+def test_llama_server_lanes_report_llamacpps_own_timing_beside_the_wall_time(tiny, fake_server):
+    report = bench.run_bench(tiny, PROMPTS, settings(llama_server=("draft-eagle3",)))
+    jsonschema.validate(report, bench.BENCH_SCHEMA)
+    lane = report["llama_server"]["lanes"]["draft-eagle3"]
+    # the stand-in times each of its 5 forwards (10 tokens) at 4.25 ms, and its prompt at 2,000 tokens/s
+    assert lane["server_tokens_per_s"]["median"] == pytest.approx(1e3 * 10 / (5 * 4.25))
+    assert lane["server_prompt_tokens_per_s"] == {"median": 2000.0, "min": 2000.0, "max": 2000.0, "n": 2}
+    assert lane["tokens_per_s"] < lane["server_tokens_per_s"]["min"]  # the client also waits 5 ms a step, and HTTP
+    assert "decode tokens/s (llama.cpp)" in bench.to_markdown(report)
+
+
 def test_a_server_that_fails_to_start_stops_the_bench_with_its_log(tiny, fake_server):
     with pytest.raises(SpecvizError, match="exited while starting.*n-max is too large"):
         bench.run_bench(tiny, PROMPTS, settings(llama_server=("plain", "ngram-mod:n_max=100")))

@@ -251,7 +251,7 @@ class LlamaCppBackend(Backend):
         new_tokens = sum(len(s.committed) for s in steps)
         stats = stats_of(len(steps), new_tokens, wall, spec if total_drafted else None)
         stats.update(source="llamacpp", server_tokens_per_s=timings.get("predicted_per_second"),
-                     server_steps_with_draft=verify_steps)
+                     server_prompt_tokens_per_s=timings.get("prompt_per_second"), server_steps_with_draft=verify_steps)
         return stats
 
 

@@ -19,11 +19,12 @@ near-tie.
 from __future__ import annotations
 
 import contextlib
+import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specviz.bench.prompts import Prompt
-from specviz.bench.runs import MethodRuns, Run, acceptance, fmt, spread, table
+from specviz.bench.runs import MethodRuns, Run, acceptance, fmt, spread, summary, table
 from specviz.bench.vllm import lane_report as vllm_lane_report
 from specviz.bench.vllm import lanes_report, timed_lane
 from specviz.errors import SpecvizError
@@ -126,7 +127,20 @@ def lane_report(info: dict, method: MethodRuns, none: MethodRuns, greedy: bool) 
     counts = acceptance(method)
     drafting = sum(r.reached[0] for r in method.firsts() if r.reached)  # verify steps that drafted something
     return {**vllm_lane_report(info, method, none, greedy),
-            "llamacpp_mean_length": 1 + counts["accepted"] / drafting if drafting else None}
+            "llamacpp_mean_length": 1 + counts["accepted"] / drafting if drafting else None,
+            "server_tokens_per_s": own_timing(method, "server_tokens_per_s"),
+            "server_prompt_tokens_per_s": own_timing(method, "server_prompt_tokens_per_s")}
+
+
+def own_timing(method: MethodRuns, field: str) -> dict | None:
+    """llama.cpp's own tokens/s (its response's `timings`: decode, or prompt processing) per prompt, median
+    (min–max) over the prompts, each the median of its repeats; None where the server reported none."""
+    per_prompt = []
+    for runs in method.by_prompt.values():
+        values = [v for r in runs if (v := getattr(r, field)) is not None]
+        if values:
+            per_prompt.append(statistics.median(values))
+    return summary(per_prompt)
 
 
 def llama_server_report(lanes: LlamaServerLanes, grouped: dict[str, MethodRuns], drafters: list[str],
@@ -140,10 +154,15 @@ def llama_server_markdown(section: dict | None) -> list[str]:
     lanes = section["lanes"]
     lines = ["", "## llama.cpp's llama-server (started by the bench, the same GGUF and prompt tokens)", "",
              "τ counts every target forward that committed tokens; mean length is llama.cpp's (1 + accepted ÷ "
-             "verify steps that drafted).", ""]
-    lines += table(["lane", "threads", "τ", "mean length", "acceptance", "tokens/s", "over `none`", "output = none"],
+             "verify steps that drafted). tokens/s is the client's wall time (prefill, HTTP and streaming included); "
+             "decode and prompt tokens/s are llama.cpp's own timing of the same requests (its response's `timings`), "
+             "median per prompt (min–max).", ""]
+    lines += table(["lane", "threads", "τ", "mean length", "acceptance", "tokens/s", "decode tokens/s (llama.cpp)",
+                    "prompt tokens/s (llama.cpp)", "over `none`", "output = none"],
                    [[f"`{label}`", str(lane["threads"]), fmt(lane["tau"]), fmt(lane["llamacpp_mean_length"]),
-                     fmt(lane["acceptance_rate"]), fmt(lane["tokens_per_s"], ".1f"), spread(lane["speedup_vs_none"]),
+                     fmt(lane["acceptance_rate"]), fmt(lane["tokens_per_s"], ".1f"),
+                     spread(lane.get("server_tokens_per_s"), ".1f", ""),
+                     spread(lane.get("server_prompt_tokens_per_s"), ".1f", ""), spread(lane["speedup_vs_none"]),
                      "–" if lane["outputs_equal_none"] is None else f"{lane['outputs_equal_none']} of "
                      f"{lane['outputs_equal_none'] + len(lane['parted_from_none'])}"] for label, lane in lanes.items()])
     depth = min(max((len(lane["per_position_acceptance"]) for lane in lanes.values()), default=0), SHOWN_DEPTH)

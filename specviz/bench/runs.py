@@ -26,6 +26,10 @@ class Run:
     reached: list[int] = field(default_factory=list)  # per depth d (index d - 1): steps whose draft reached d
     accepted_at: list[int] = field(default_factory=list)  # ... and steps that accepted a token at depth d
     tree: bool = False  # some step drafted a tree that is not a chain
+    # a server lane's own timing of this decode, where it reports one (llama-server's `timings`): tokens/s of its
+    # decode and of its prompt processing, without the client's HTTP, streaming and waiting
+    server_tokens_per_s: float | None = None
+    server_prompt_tokens_per_s: float | None = None
 
     @property
     def tokens_per_s(self) -> float:
@@ -114,8 +118,9 @@ def fmt(value, spec: str = ".2f", suffix: str = "") -> str:
     return "–" if value is None else f"{value:{spec}}{suffix}"
 
 
-def spread(s: dict | None) -> str:
-    return "–" if s is None else f"{s['median']:.2f}× ({s['min']:.2f}–{s['max']:.2f})"
+def spread(s: dict | None, spec: str = ".2f", unit: str = "×") -> str:
+    """median (min–max) of a summary: of ratios by default ('1.05× (0.98–1.10)'), or of other numbers."""
+    return "–" if s is None else f"{s['median']:{spec}}{unit} ({s['min']:{spec}}–{s['max']:{spec}})"
 
 
 def matched(value) -> str:

@@ -65,7 +65,9 @@ _LLAMA_SERVER = {  # the report's optional "llama_server" section (specviz/bench
             "properties": {**_VLLM["properties"]["lanes"]["additionalProperties"]["properties"],  # type: ignore[index]
                            "spec_type": {"type": "string"}, "options": {"type": "object"},
                            "threads": {"type": "integer", "minimum": 1}, "command": {"type": "string"},
-                           "llamacpp_mean_length": _NULLABLE_NUMBER}}},
+                           "llamacpp_mean_length": _NULLABLE_NUMBER,
+                           # llama.cpp's own timing (its response's `timings`), per prompt: median (min–max), or null
+                           "server_tokens_per_s": _SUMMARY, "server_prompt_tokens_per_s": _SUMMARY}}},
         "ours_over": {"type": "object", "additionalProperties": {"type": "object", "additionalProperties": _SUMMARY}},
     },
 }

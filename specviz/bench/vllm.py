@@ -79,7 +79,8 @@ def timed_lane(backend, name: str, prompt: Prompt, prompt_ids: list[int], settin
     stats = done.stats
     return Run(name, prompt.id, repeat, list(done.token_ids), wall, steps=stats["steps"],
                drafted=stats["drafted"], accepted=stats["accepted"], reached=list(stats.get("reached", [])),
-               accepted_at=list(stats.get("accepted_at", [])))
+               accepted_at=list(stats.get("accepted_at", [])), server_tokens_per_s=stats.get("server_tokens_per_s"),
+               server_prompt_tokens_per_s=stats.get("server_prompt_tokens_per_s"))
 
 
 def lane_report(info: dict, method: MethodRuns, none: MethodRuns, greedy: bool) -> dict:
