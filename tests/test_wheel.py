@@ -97,10 +97,11 @@ def test_the_installed_copy_is_the_one_imported_and_finds_its_package_data(venv,
 
 @pytest.mark.skipif(not models.is_fetched("smollm2-135m"), reason="smollm2-135m is not fetched (make fetch)")
 def test_specviz_generate_runs_from_the_installed_copy(venv, tmp_path):
-    """The EAGLE-3 drafter needs its shipped head: a wheel without its weights would fail here. (A fixed tree size:
-    `auto` would time the verify-cost curve first.)"""
+    """The EAGLE-3 drafter needs its shipped head: a wheel without its weights would fail here. (A fixed tree size
+    and draft length: `auto` or the cost-aware length would time the verify-cost curve first, and could draft
+    nothing on a busy host.)"""
     built = (extension.library_folder() / f"{extension.LIBRARY}.so").is_file()
-    ran = outside([venv / "bin" / "specviz", "generate", "--prompt", "Name three colours.", "--drafter", "eagle3:total_tokens=8",
+    ran = outside([venv / "bin" / "specviz", "generate", "--prompt", "Name three colours.", "--drafter", "eagle3:total_tokens=8:k_policy=fixed",
                    "--max-new-tokens", "6", "--weights", "fp32", "--json"], tmp_path,
                   SPECVIZ_EXTENSION="1" if built else "0")  # not compiled here: the checkout's build is reused
     assert ran.returncode == 0, ran.stderr[-3000:]
