@@ -174,9 +174,9 @@ def test_the_race_runs_a_llamacpp_lane_beside_ours(tiny_model_dir, monkeypatch):
         shown_lanes = {lane["drafter"]: lane for lane in read_race_data(frames[0].proto.srcdoc)["lanes"]}
         assert list(shown_lanes) == ["none", "llamacpp"] and shown_lanes["llamacpp"]["tau"] == 2.0  # 1 + 3 + 2
         assert shown_lanes["llamacpp"]["same_as_none"] is None  # not marked as a lane of ours that parted
-        results = next(t.value for t in at.dataframe if "drafter" in t.value.columns)
+        results = next(t.value for t in at.dataframe if "lane" in t.value.columns)
         assert any("`llamacpp` 0, 1, 1, 0; 1 drafted nothing" in c.value for c in at.caption)  # its histogram
-        assert list(results["drafter"]) == ["none", "llamacpp"]
+        assert list(results["lane"]) == ["none", "llamacpp"]
         # another engine's greedy text is compared for information, not taken for a failed drafter
         assert not any("failed drafter" in w.value for w in at.warning)
         assert any("llamacpp" in i.value and "llama.cpp" in i.value and "for information" in i.value for i in at.info)
