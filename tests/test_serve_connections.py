@@ -2,6 +2,7 @@
 from being served within a second nor hold the service's sockets past the header deadline."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -282,3 +283,17 @@ def test_a_flood_of_half_open_connections_holds_the_cap_and_health_answers(tiny_
         assert opened > 500, opened  # a flood it was
         assert most <= cap + 2 * connections_module.REFUSING_MAX and fds <= cap + 2 * connections_module.REFUSING_MAX + 16, (most, fds)
         assert answered.count(200) >= 0.8 * len(answered) and sorted(took)[len(took) // 2] < 0.5, (answered, took)
+
+
+def test_a_request_http_itself_refuses_gets_the_service_error_shape(tiny_models):
+    """Two Host headers, two lengths, a request line that is not HTTP: uvicorn answered them in plain text."""
+    with Running(Service({"tiny": tiny_models})) as running:
+        port = port_of(running)
+        for request in (b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: evil.example\r\n\r\n",
+                        b"POST /v1/runs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nabcdef",
+                        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 100):
+            with raw(port, request) as s:
+                answer = reply(s, 5.0)
+            head, _, body = answer.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 400") and b"application/json" in head, answer[:200]
+            assert json.loads(body)["error"]["status"] == 400

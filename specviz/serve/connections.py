@@ -278,6 +278,16 @@ class GuardedH11Protocol(H11Protocol):
             self.write_timer.cancel()
             self.write_timer = None
 
+    def send_400_response(self, msg: str) -> None:
+        """A request h11 cannot parse (two Host headers, two Content-Lengths, a request line that is not HTTP) is
+        answered in the service's error shape, as every other refusal (uvicorn's own answer is plain text)."""
+        body = json.dumps({"error": {"message": f"bad request: {msg}", "status": 400}}).encode()
+        headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+        for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=body),
+                      h11.EndOfMessage()):
+            self.transport.write(self.conn.send(event) or b"")
+        self.transport.close()
+
     def on_response_complete(self) -> None:
         super().on_response_complete()
         if self._between_requests() and not self.transport.is_closing():
