@@ -383,3 +383,16 @@ def test_the_acceptance_histogram_shows_on_the_live_page_the_race_and_the_benchm
     ok(at.run())
     captions = [c.value for c in at.caption if "Reading the acceptance histogram" in c.value]
     assert captions and not any("predates" in c for c in captions)
+
+
+def test_the_benchmarks_tables_show_a_dash_where_a_number_is_missing(app):
+    """`none` drafts nothing, so it has no acceptance: the table reads "—" there (it read "None"), and the data
+    underneath stays numeric (NaN) for whatever reads it."""
+    import pyarrow
+
+    at = open_page(app, "app/pages/benchmarks.py")
+    table = next(t for t in at.dataframe if "acceptance" in t.value.columns and "drafter" in t.value.columns)
+    shown = pyarrow.ipc.open_stream(table.proto.arrow_data.styler.display_values).read_pandas()
+    row = list(table.value["drafter"]).index("none")
+    assert table.value["acceptance"].isna()[row] and shown["acceptance"][row] == "—"
+    assert "None" not in shown.astype(str).to_numpy()

@@ -116,12 +116,12 @@ def llama_cpp_tables(section: dict | None, weights: str = "fp32") -> None:
     plain, lookup = section["methods"]["llama_cpp"], section["methods"]["llama_cpp_lookup"]
     st.markdown(f"**llama.cpp** (llama-cpp-python {section['version']}, `{section['gguf']}`, {section['threads']} threads): "
                 "the same prompt tokens, sampling settings and token budget, timed in the same interleaved run.")
-    st.dataframe([{"peer": "llama_cpp", "tokens/s": rounded(plain["tokens_per_s"], 1), "ms/token": rounded(plain["ms_per_token"], 1),
+    table([{"peer": "llama_cpp", "tokens/s": rounded(plain["tokens_per_s"], 1), "ms/token": rounded(plain["ms_per_token"], 1),
                    "output = none (prompts)": plain["outputs_equal_none"]},
                   {"peer": "llama_cpp_lookup", "tokens/s": rounded(lookup["tokens_per_s"], 1),
                    "ms/token": rounded(lookup["ms_per_token"], 1), **spread("speedup vs llama_cpp", lookup["speedup_vs_plain"])}],
                  hide_index=True)
-    st.dataframe([{"ours": name, **{f"over {peer} (median, min–max)": span(over[peer]) for peer in ("llama_cpp", "llama_cpp_lookup")}}
+    table([{"ours": name, **{f"over {peer} (median, min–max)": span(over[peer]) for peer in ("llama_cpp", "llama_cpp_lookup")}}
                   for name, over in section["ours_over"].items()], hide_index=True)
     ours = ("quantize them to 8 bits too, by the same rule but summed in another order" if weights == "q4q8"
             else "keep them fp32")
@@ -153,9 +153,9 @@ def depth_and_ours_tables(section: dict, engine: str) -> None:
     lanes = section["lanes"]
     if any(lane["per_position_acceptance"] for lane in lanes.values()):
         st.markdown(f"{engine}'s per-position acceptance (accepted at depth d ÷ steps that drafted to d):")
-        st.dataframe([{"lane": label, **{f"d={d + 1}": rounded(a) for d, a in enumerate(lane["per_position_acceptance"])}}
+        table([{"lane": label, **{f"d={d + 1}": rounded(a) for d, a in enumerate(lane["per_position_acceptance"])}}
                       for label, lane in lanes.items() if lane["per_position_acceptance"]], hide_index=True)
-    st.dataframe([{"ours": name, **{f"over {label} (median, min–max)": span(s) for label, s in over.items()}}
+    table([{"ours": name, **{f"over {label} (median, min–max)": span(s) for label, s in over.items()}}
                   for name, over in section["ours_over"].items()], hide_index=True)
 
 
@@ -167,7 +167,7 @@ def vllm_tables(section: dict | None) -> None:
     st.markdown("**vLLM** (running servers, each with the speculative method it was started with): the same prompt "
                 "token ids, sampling settings and token budget, timed in the same interleaved run as a client waits "
                 "for it, the whole stream over HTTP, prefill included.")
-    st.dataframe([{"lane": label, "server": lane["url"], "decoding": DECODING[lane["speculative"]],
+    table([{"lane": label, "server": lane["url"], "decoding": DECODING[lane["speculative"]],
                    "τ": rounded(lane["tau"]), "acceptance": rounded(lane["acceptance_rate"]),
                    "tokens/s": rounded(lane["tokens_per_s"], 1), "ms/token": rounded(lane["ms_per_token"], 1),
                    **spread("speedup vs none", lane["speedup_vs_none"]), "output = none (prompts)": equal_none(lane)}
@@ -185,7 +185,7 @@ def llama_server_tables(section: dict | None) -> None:
     st.markdown("**llama.cpp's llama-server** (started by the bench, one server per configuration, on the GGUF our "
                 "target was converted from): the same prompt token ids, sampling settings and token budget, timed in "
                 "the same interleaved run as a client waits for it, the whole stream over HTTP, prefill included.")
-    st.dataframe([{"lane": label, "threads": lane["threads"], "τ": rounded(lane["tau"]),
+    table([{"lane": label, "threads": lane["threads"], "τ": rounded(lane["tau"]),
                    "mean length (llama.cpp's)": rounded(lane["llamacpp_mean_length"]),
                    "acceptance": rounded(lane["acceptance_rate"]), "tokens/s": rounded(lane["tokens_per_s"], 1),
                    **spread("over none", lane["speedup_vs_none"]), "output = none (prompts)": equal_none(lane)}
@@ -205,7 +205,7 @@ def numerics_table(report: dict) -> None:
     st.info(f"{len(events)} numerics event(s): a drafter's greedy output parted from `none`'s where the target's two "
             "most likely tokens were within floating-point rounding of each other (the two logits below, recomputed "
             "by the bench with a one-token forward). Not a failed drafter: " + teaching.GREEDY_IDENTITY)
-    st.dataframe([{"drafter": n, "prompt": x["prompt"], "token": x["index"], "none's token": x["expected"],
+    table([{"drafter": n, "prompt": x["prompt"], "token": x["index"], "none's token": x["expected"],
                    "drafter's token": x["got"], "top-1 (id, logit)": f"{x['top'][0][0]}, {x['top'][0][1]:.6g}",
                    "top-2 (id, logit)": f"{x['top'][1][0]}, {x['top'][1][1]:.6g}", "gap": x["gap"],
                    "tolerance": x["tolerance"]} for n, x in events], hide_index=True)
@@ -322,6 +322,15 @@ def floor_figure(report: dict, points: list[dict]) -> go.Figure:
 
 
 # ------------------------------------------------------------------------------------------- report
+def table(rows: list[dict], **options) -> None:
+    """A table whose missing numbers read "—", not None: the data stays numeric (NaN), only its display changes."""
+    import pandas as pd
+
+    frame = pd.DataFrame(rows)
+    numbers = frame.select_dtypes("number").columns
+    st.dataframe(frame.style.format(str, na_rep="—", subset=numbers), **options)
+
+
 def rounded(value, digits: int = 2):
     return None if value is None else round(value, digits)
 
@@ -349,13 +358,13 @@ def show(report: dict) -> None:
     elif report["outputs_match_none"] is None:
         st.info("Temperature > 0: outputs are samples, so they are not compared token by token (the *Is it really "
                 "lossless?* page tests the distributions).")
-    st.dataframe([{"drafter": n, "τ": rounded(d["tau"]), "acceptance": rounded(d["acceptance_rate"]),
+    table([{"drafter": n, "τ": rounded(d["tau"]), "acceptance": rounded(d["acceptance_rate"]),
                    "tokens/s": rounded(d["tokens_per_s"], 1), "ms/token": rounded(d["ms_per_token"], 1),
                    "draft share": rounded(d["draft_share"]), **spread("speedup vs none", d["speedup_vs_none"]),
                    "output = none": d["outputs_match_none"]} for n, d in report["drafters"].items()],
                  hide_index=True)
     if report["peers"]:
-        st.dataframe([{"peer": n, "tokens/s": rounded(p["tokens_per_s"], 1), "ms/token": rounded(p["ms_per_token"], 1),
+        table([{"peer": n, "tokens/s": rounded(p["tokens_per_s"], 1), "ms/token": rounded(p["ms_per_token"], 1),
                        **spread("speedup vs generate", p["speedup_vs_generate"]),
                        "output = generate": p["outputs_match_generate"]} for n, p in report["peers"].items()],
                      hide_index=True)
