@@ -164,12 +164,18 @@ _DOCUMENT = """<!DOCTYPE html>
 _CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0; padding: 8px; color: #222;
        font-size: 15px; background: #fff; }
-body.presenter { font-size: 24px; }
-/* presenter mode on a projector: the lanes two abreast, so four (and six, three rows) fit one 1920x1080 screen */
+body.presenter { font-size: 22px; }
+/* presenter mode on a projector: the lanes two abreast, each text five lines high and kept scrolled to its newest
+   tokens (a column-reverse box starts at its end), so four lanes (six: three rows) fit one 1920x1080 screen */
 @media (min-width: 900px) {
   body.presenter #race { display: grid; grid-template-columns: repeat(2, minmax(0, 1fr)); column-gap: 12px; }
   body.presenter #race > :not(.lane) { grid-column: 1 / -1; }
-  body.presenter .lane { margin: 4px 0; }
+  body.presenter .lane { margin: 3px 0; padding: 4px 10px; }
+  body.presenter .lane-head { row-gap: 0; }
+  body.presenter .lane-label { font-size: 0.6em; }
+  body.presenter .track { margin: 3px 0; }
+  body.presenter .text { line-height: 1.3; }
+  body.presenter .text-box { max-height: 6.5em; overflow-y: auto; display: flex; flex-direction: column-reverse; }
 }
 .controls { display: flex; gap: 8px; align-items: center; flex-wrap: wrap; margin-bottom: 8px; }
 .controls button, .controls select { font-size: 1em; padding: 4px 10px; border: 1px solid #bbb; border-radius: 6px;
@@ -267,7 +273,9 @@ _JS = r"""
       text.appendChild(span);
       return span;
     }));
-    box.append(head, track, text);
+    const scroller = el("div", "text-box");  // in presenter mode a few lines high, scrolled to the newest
+    scroller.appendChild(text);
+    box.append(head, track, scroller);
     root.appendChild(box);
     return { lane, box, stats, fill, finish, spans, shown: 0 };
   });
