@@ -4,6 +4,8 @@ the modelled clock (specviz.roofline) against the Cost page's formula.
 
 The app tests inject the tiny model as both weight sets, with verify-cost curves given to them (the numbers a
 memory-bound and a compute-bound target measure), so nothing here depends on this host's timings."""
+from pathlib import Path
+
 import pytest
 import torch
 from test_race import ok, race_page
@@ -299,3 +301,53 @@ def test_measured_here_means_this_process_and_the_cost_page_starts_at_the_best_r
     best = max(alphas, key=alphas.get)
     assert at.selectbox(key="cost_spec").value.startswith(f"race: {best} ")  # the best α, not the first or last
     assert at.selectbox(key="cost_b_alpha_source").value.startswith(f"race: {best} ")
+
+
+# ------------------------------------------------------------------------------------------ the reference race
+
+
+def test_the_reference_race_loads_in_one_click_and_says_where_it_was_measured(tiny_model_dir, monkeypatch, tmp_path):
+    import specviz.paths
+    from specviz.backends.local import LocalBackend
+    from specviz.decoding.settings import DecodeSettings
+
+    shared = LocalBackend(m.load(str(tiny_model_dir), draft_model=str(tiny_model_dir), device="cpu"))
+    runs = {f"{d}@{w}": shared.run("Count: one two three one two three", drafter=d,
+                                   settings=DecodeSettings(max_new_tokens=6))
+            for w in ("q4q8", "fp32") for d in ("none", "draft")}
+    ratios = {"q4q8": 2.67, "fp32": 1.06}
+    regimes_of = {lane: {"weights": lane.split("@")[1], "verify_cost_ratio": ratios[lane.split("@")[1]]} for lane in runs}
+    about = {"machine": "Test CPU, 2 cores", "date": "2026-12-06T00:00:00+00:00", "command": "python x.py",
+             "median_of": 3}
+    (tmp_path / "race-regimes.zip").write_bytes(lanes.write_bundle(runs, regimes_of, about))
+    monkeypatch.setattr(specviz.paths, "ASSETS", tmp_path)
+    monkeypatch.setenv(state.ENV_MODEL, "/no/such/model")  # no model needed to replay it
+    at = race_page()
+    at.button(key="race_reference").click()
+    ok(at.run())
+    data = lanes.read_race_data(at.get("iframe")[0].proto.srcdoc)
+    assert [lane["drafter"] for lane in data["lanes"]] == list(runs) and not data["one_run"]
+    assert data["lanes"][1]["label"] == "q4q8 · c(8)/c(1) 2.67 (compute-bound)"
+    assert any("Test CPU, 2 cores" in c.value and "python x.py" in c.value for c in at.caption)
+    assert any("median of 3 decodes" in c.value for c in at.caption)
+    assert any("does not pay" in i.value and "pays here" in i.value for i in at.info)
+    at.button(key="race_reference_off").click()
+    ok(at.run())
+    assert not at.get("iframe")
+
+
+SHIPPED = Path(__file__).resolve().parent.parent / "assets" / "race-regimes.zip"
+
+
+@pytest.mark.skipif(not SHIPPED.is_file(), reason="no reference race shipped")
+def test_the_shipped_reference_race_is_small_and_says_how_it_was_made():
+    data = SHIPPED.read_bytes()
+    assert len(data) < 2**20
+    runs = lanes.read_bundle(data, SHIPPED.name)
+    regimes_of, about = lanes.bundle_about(data)
+    assert list(runs) == ["none@q4q8", "eagle2@q4q8", "none@fp32", "eagle2@fp32"]
+    assert {"machine", "date", "command", "median_of"} <= set(about) and "reference_race.py" in about["command"]
+    assert {r["weights"] for r in regimes_of.values()} == {"q4q8", "fp32"}
+    assert all(r["verify_cost_ratio"] > 0 for r in regimes_of.values())
+    for lane, events in runs.items():  # each lane's text is its weight set's none's (greedy)
+        assert events[-1]["token_ids"] == runs[regimes.baseline_of(lane, list(runs))][-1]["token_ids"]

@@ -1,7 +1,6 @@
 import os
 import re
 from dataclasses import replace
-from pathlib import Path
 
 import plotly.graph_objects as go
 import streamlit as st
@@ -11,9 +10,10 @@ from specviz import analysis as measures
 from specviz.backends import open_backend
 from specviz.drafters import PLAIN
 from specviz.errors import SpecvizError
+from specviz.paths import ASSETS
 
 TRUE = ("1", "true", "yes", "on")
-REFERENCE = Path(__file__).resolve().parents[2] / "assets" / "race-regimes.zip"  # the reference race (assets/README.md)
+REFERENCE = ASSETS / "race-regimes.zip"  # the reference race: scripts/reference_race.py (assets/README.md)
 # Presenter mode: the sidebar and Streamlit's header hidden, the page's type larger.
 PRESENTER_CSS = """<style>
 [data-testid="stSidebar"], [data-testid="stSidebarCollapsedControl"], [data-testid="stExpandSidebarButton"],
@@ -167,7 +167,7 @@ def show_race(runs: dict[str, list[dict]], where: str, presenter: bool, regimes_
             "worker per lane, and the engine runs one decode at a time per device.")
     data = lanes.race_data(lanes.build_lanes(runs, regimes_of, clock), prompt=start["prompt_text"],
                            temperature=temperature, max_new_tokens=max(e[0]["max_new_tokens"] for e in runs.values()),
-                           note=note, presenter=presenter, clock=clock)
+                           note=note, presenter=presenter, clock=clock, one_run=not (about or {}).get("median_of"))
     if (reason := clocks.why(regimes_of)) is not None:
         st.info(f"**Why the lanes differ by weights:** {reason}")
     if clock is not None:
@@ -213,10 +213,11 @@ def show_race(runs: dict[str, list[dict]], where: str, presenter: bool, regimes_
     c2.download_button("Download the trace bundle (zip: one JSONL trace per lane)",
                        lanes.write_bundle(runs, regimes_of, about),
                        file_name="specviz-race-bundle.zip", mime="application/zip", key="race_dl_bundle")
-    analysis(runs, temperature, where, regimes_of)
+    analysis(runs, temperature, where, regimes_of, (about or {}).get("median_of"))
 
 
-def analysis(runs: dict[str, list[dict]], temperature: float, where: str, regimes_of: lanes.Regimes) -> None:
+def analysis(runs: dict[str, list[dict]], temperature: float, where: str, regimes_of: lanes.Regimes,
+             median_of: int | None = None) -> None:
     first = next(iter(runs))
     base = runs.get(regimes.baseline_of(first, list(runs)) or PLAIN)
     base_tps = state.done_of(base)["stats"]["tokens_per_s"] if base else None
@@ -251,8 +252,10 @@ def analysis(runs: dict[str, list[dict]], temperature: float, where: str, regime
                          "and verify time are not told apart)" for n, e in elsewhere.items())
                + ". At temperature 0 every drafter produces `none`'s text up to floating-point near-ties (*Why it "
                "works* says why). " + ("" if base else "Add `none` to the drafters to get speedups.")
-               + " Each figure is one run of each lane, not a median over several: on a shared host a rerun moves "
-               "it (*Decode every lane again* measures anew; the bench takes medians over prompts).")
+               + (f" Each lane is the median of {median_of} decodes by tokens/s, measured when the bundle was made."
+                  if median_of else " Each figure is one run of each lane, not a median over several: on a shared "
+                  "host a rerun moves it (*Decode every lane again* measures anew; the bench takes medians over "
+                  "prompts)."))
 
     st.subheader("Which tokens each step produced")
     cols = st.columns(min(len(runs), 2))
@@ -322,7 +325,8 @@ with box:
 if loaded is not None:
     name, runs, bundle_regimes, about = loaded
     start = next(iter(runs.values()))[0]
-    measured_on = "; ".join(f"{k}: {figures.md_code(str(about[k]))}" for k in ("machine", "date", "command") if k in about)
+    measured_on = "; ".join(f"{k.replace('_', ' ')}: " + (f"`{about[k]}`" if "`" not in str(about[k]) else plain(str(about[k])))
+                            for k in ("machine", "date", "command", "load_average") if k in about)
     st.caption(f"Replaying the bundle {name}: model {figures.md_code(start['model'])}, {len(runs)} lanes"
                + (f", measured on {measured_on}" if measured_on else "") + ". "
                + ("Remove the file above" if st.session_state.get("race_upload") is not None else "Press *Back to "
