@@ -351,3 +351,50 @@ def test_the_shipped_reference_race_is_small_and_says_how_it_was_made():
     assert all(r["verify_cost_ratio"] > 0 for r in regimes_of.values())
     for lane, events in runs.items():  # each lane's text is its weight set's none's (greedy)
         assert events[-1]["token_ids"] == runs[regimes.baseline_of(lane, list(runs))][-1]["token_ids"]
+
+
+# ------------------------------------------------------------------------------------------ in a browser
+
+
+@pytest.mark.slow
+def test_the_race_document_replays_both_regimes_and_a_modelled_clock_in_chromium(tiny_model_dir, tmp_path):
+    """The exported document in a real browser: lanes named by weights with their labels, bars over each set's own
+    `none`, MODELLED with its formula where the clock is modelled; no script error."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    from test_browser import CHROMIUM, open_browser
+    if not Path(CHROMIUM).exists():
+        pytest.skip("no Chromium")
+    from specviz.backends.local import LocalBackend
+    from specviz.decoding.settings import DecodeSettings
+
+    shared = LocalBackend(m.load(str(tiny_model_dir), draft_model=str(tiny_model_dir), device="cpu"))
+    runs = {f"{d}@{w}": shared.run("Count: one two three one two three", drafter=d,
+                                   settings=DecodeSettings(max_new_tokens=6))
+            for w in ("q4q8", "fp32") for d in ("none", "draft")}
+    regimes_of = {lane: {"weights": lane.split("@")[1], "verify_cost_ratio": 2.67 if "q4q8" in lane else 1.06,
+                         "draft_share": 0.03} for lane in runs}
+    clock = roofline.PRESETS[roofline.H100_70B]
+    with sync_api.sync_playwright() as pw:
+        browser, page = open_browser(pw)
+        errors = []
+        page.on("pageerror", lambda err: errors.append(str(err)))
+        for modelled in (None, clock):
+            data = lanes.race_data(lanes.build_lanes(runs, regimes_of, modelled), prompt="p", temperature=0.0,
+                                   max_new_tokens=6, note="n", clock=modelled)
+            path = tmp_path / f"race-{bool(modelled)}.html"
+            path.write_text(lanes.race_document(data))
+            page.goto(path.as_uri())
+            page.click("#race-play")  # pause the autoplay, then jump to the end step by step
+            for _ in range(40):
+                page.click("#race-next")
+            labels = page.locator(".lane-label").all_inner_texts()
+            assert labels[1].startswith("q4q8 · c(8)/c(1) 2.67 (compute-bound)")
+            assert labels[3].startswith("fp32 · c(8)/c(1) 1.06 (memory-bound)")
+            bars = dict(zip(page.locator(".bar-name").all_inner_texts(), page.locator(".bar-value").all_inner_texts()))
+            assert bars["none@q4q8"] == bars["none@fp32"] == "1.00×"  # each set over its own none
+            title = page.locator(".bars h4").inner_text()
+            assert ("MODELLED" in title) == (modelled is not None) and "one run of each lane" in title
+            notes = " ".join(page.locator(".note").all_inner_texts())
+            assert (roofline.FORMULA in notes) == (modelled is not None)
+        browser.close()
+    assert not errors, errors
