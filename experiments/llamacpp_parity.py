@@ -17,6 +17,13 @@ specviz runs the target from the same GGUF blocks on 8-bit activations (`weights
 the drafters in fp32 (SPECVIZ_DRAFT_DTYPE=float32), as the exported f32 GGUFs run in llama.cpp. Each engine commits
 its target's greedy tokens; where the two differ at a near-tie (their activations round to 8 bits and sum in their
 own order) the texts part from there on, and the table says for how many prompts that happened.
+
+    .venv/bin/python experiments/llamacpp_parity.py --forced 2 [--limit 8] [--out ...]
+
+drafts on the same text in both engines instead (what tests/test_llamacpp_export.py checks): each prompt followed by
+the first j tokens of the target's greedy answer (j = 0, 2, 4, ...), one drafting step after each, and compares the
+two engines context by context: on how many they accepted the same number of drafted tokens, and per position the
+contexts where only one of them accepted it (McNemar's exact test on those).
 """
 from __future__ import annotations
 
@@ -35,8 +42,9 @@ MT_BENCH = ROOT.parent / "shared" / "data" / "mt_bench.jsonl"
 
 # (label, exported file, llama-server --spec-type, specviz drafter, its options, tokens per draft)
 RUNS = [
-    ("EAGLE-3 chain, depth 3", "eagle3", "draft-eagle3", "eagle3", {"depth": 3, "top_k": 1, "total_tokens": 3}, 3),
-    ("draft model, K = 4", "draft", "draft-simple", "draft", {"draft_vocab": "full"}, 4),
+    ("EAGLE-3 chain, depth 3", "eagle3", "draft-eagle3", "eagle3",
+     {"depth": 3, "top_k": 1, "total_tokens": 3, "k_policy": "fixed"}, 3),
+    ("draft model, K = 4", "draft", "draft-simple", "draft", {"draft_vocab": "full", "k_policy": "fixed"}, 4),
 ]
 DRAFTS = "llamacpp:spec_decode_num_drafts_total"
 PER_POSITION = re.compile(r'^llamacpp:spec_decode_num_accepted_tokens_per_pos_total\{position="(\d+)"\}\s+(\S+)$')
@@ -119,6 +127,92 @@ def run_ours(models, prompts: list[dict], drafter: str, options: dict, k: int, m
             "every_step": {"drafts": drafts, "accepted_per_pos": every,
                            "per_position_acceptance": [a / drafts for a in every] if drafts else []},
             "decode_s": round(time.perf_counter() - started, 1), "outputs": outputs}
+
+
+ACCEPTED_LINE = re.compile(r"accepted\s+(\d+)\s*/\s*(\d+) draft tokens")
+
+
+def forced_contexts(prompts: list[dict], texts: list[list[int]], stride: int) -> list[list[int]]:
+    """The same committed text for both engines: each prompt followed by the first j tokens of its reference answer,
+    for j = 0, stride, 2 stride, ... (the contexts a drafter is measured on, whatever each engine would commit)."""
+    return [p["prompt_ids"] + text[:j] for p, text in zip(prompts, texts) for j in range(0, len(text) - 1, stride)]
+
+
+def forced_llama(binary: Path, files: dict, spec_type: str, draft: str, k: int, contexts: list[list[int]],
+                 threads: int) -> list[tuple[int, int] | None]:
+    """llama-server's first drafting step after each context: (accepted, drafted), None where it drafted nothing.
+
+    llama-server samples the next token from the context's prompt pass, then drafts after it: that step is read from
+    its log ("accepted A/N draft tokens", one line per verify step), the first such line each request writes."""
+    from specviz.llamacpp.server import LlamaServer
+
+    steps: list[tuple[int, int] | None] = []
+    with LlamaServer(binary, files["target"], spec_type=spec_type, draft=files[draft], draft_max=k, draft_min=0,
+                     p_min=0.0, threads=threads, ctx=4096) as server:
+        for n, ids in enumerate(contexts, 1):
+            if n % 16 == 1:
+                print(f"llama.cpp {spec_type}: context {n}/{len(contexts)}", file=sys.stderr, flush=True)
+            start = server.log.stat().st_size
+            server.complete(ids, max_tokens=k + 2)  # the sampled token, then one draft of k and its bonus
+            with server.log.open("rb") as log:
+                log.seek(start)
+                found = ACCEPTED_LINE.search(log.read().decode(errors="replace"))
+            steps.append((int(found.group(1)), int(found.group(2))) if found else None)
+    return steps
+
+
+def forced_ours(models, drafter: str, options: dict, k: int, contexts: list[list[int]]) -> list[tuple[int, int] | None]:
+    """specviz's drafting step after each context and the token the target commits after it, as llama-server steps
+    (forced_llama): the prompt is the context with the target's greedy next token appended (reference_texts' token),
+    so the first step drafts from the same text llama-server drafts from. (accepted, drafted), None: no draft."""
+    from specviz.decoding import engine
+    from specviz.decoding.settings import DecodeSettings
+    from specviz.drafters import make_drafter
+
+    settings = DecodeSettings(max_new_tokens=k + 1, temperature=0.0, k=k, n_top=0)
+    the_drafter = make_drafter(drafter, models, k=k, options=dict(options))  # each run starts it afresh
+    steps: list[tuple[int, int] | None] = []
+    for n, ids in enumerate(contexts, 1):
+        if n % 16 == 1:
+            print(f"specviz {drafter}: context {n}/{len(contexts)}", file=sys.stderr, flush=True)
+        run = engine.decode(models.target, models.tokenizer, the_drafter, ids, settings, models.name, "",
+                            models.vocab_size)
+        first = next(e for e in run if e.type == "step")
+        run.close()
+        steps.append((first.accepted or 0, first.drafted) if first.drafted else None)
+    return steps
+
+
+def reference_texts(models, prompts: list[dict], max_new: int) -> list[list[int]]:
+    """The target's own greedy answer to each prompt (plain decoding in specviz), the text both engines draft on."""
+    from specviz.decoding import engine
+    from specviz.decoding.settings import DecodeSettings
+    from specviz.drafters import make_drafter
+
+    settings = DecodeSettings(max_new_tokens=max_new, temperature=0.0, n_top=0)
+    texts = []
+    for p in prompts:
+        events = list(engine.decode(models.target, models.tokenizer, make_drafter("none", models), p["prompt_ids"],
+                                    settings, models.name, "", models.vocab_size))
+        texts.append(list(events[-1].token_ids))
+    return texts
+
+
+def paired(theirs: list[tuple[int, int] | None], ours: list[tuple[int, int] | None], k: int) -> dict:
+    """Both engines' steps on the same contexts: per-position acceptance of each over the contexts where both drafted
+    k tokens, the contexts where they accepted the same number, and per position the discordant pairs (llama.cpp
+    accepted it and specviz did not, and the reverse) with McNemar's exact two-sided p-value on them."""
+    from scipy.stats import binomtest
+
+    both = [(a[0], b[0]) for a, b in zip(theirs, ours) if a and b and a[1] == k and b[1] == k]
+    n = len(both)
+    per_position = {"llama": [sum(a > i for a, _ in both) / n if n else 0.0 for i in range(k)],
+                    "ours": [sum(b > i for _, b in both) / n if n else 0.0 for i in range(k)]}
+    discordant = [(sum(a > i >= b for a, b in both), sum(b > i >= a for a, b in both)) for i in range(k)]
+    p_values = [binomtest(x, x + y).pvalue if x + y else 1.0 for x, y in discordant]
+    return {"contexts": len(theirs), "compared": n, "same": sum(a == b for a, b in both),
+            "llama_drafted": sum(1 for a in theirs if a), "per_position": per_position, "discordant": discordant,
+            "p_values": p_values}
 
 
 def draft_alone(binary: Path, files: dict, models, prompts: list[dict], max_new: int) -> dict:
@@ -239,6 +333,35 @@ def report(rows: list[dict], args, n_prompts: int, alone: dict | None = None) ->
     return "\n".join(lines) + "\n"
 
 
+def forced_report(args, binary: Path, files: dict, models, prompts: list[dict]) -> int:
+    """--forced: both engines draft on the same contexts; the paired table (see the module's docstring)."""
+    contexts = forced_contexts(prompts, reference_texts(models, prompts, args.max_new_tokens), args.forced)
+    command = "python experiments/llamacpp_parity.py " + " ".join(sys.argv[1:])
+    lines = [f"## The same text in both engines: {len(prompts)} MT-bench questions, a context every {args.forced} "
+             f"answer tokens", "",
+             f"- Command: `{command}`", f"- Machine: {machine()}; llama-server build 11434, {args.threads} thread(s)",
+             f"- Date: {datetime.date.today().isoformat()}", "",
+             "| drafter | contexts | both drafted K | same accepted count | llama.cpp, per position | specviz, per "
+             "position | only llama.cpp / only specviz, per position | McNemar p, smallest |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for label, draft, spec_type, drafter, options, k in RUNS:
+        if args.only and args.only != draft:
+            continue
+        result = paired(forced_llama(binary, files, spec_type, draft, k, contexts, args.threads),
+                        forced_ours(models, drafter, options, k, contexts), k)
+        n = result["compared"]
+        lines.append(f"| {label} | {result['contexts']} | {n} | {result['same']} ({result['same'] / max(n, 1):.2f}) | "
+                     f"{fmt(result['per_position']['llama'], k)} | {fmt(result['per_position']['ours'], k)} | "
+                     + " · ".join(f"{x}/{y}" for x, y in result["discordant"])
+                     + f" | {min(result['p_values']):.3f} |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        out = Path(args.out)
+        out.write_text((out.read_text() if out.exists() else "") + "\n" + text)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--limit", type=int, default=8, help="the first N MT-bench questions (80: all)")
@@ -247,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", default=str(ROOT / "runs" / "llamacpp-parity"), help="export and raw results go here")
     parser.add_argument("--out", default=None, help="add the markdown table to this file (docs/results/llamacpp-parity.md)")
     parser.add_argument("--only", choices=[run[1] for run in RUNS], default=None)
+    parser.add_argument("--forced", type=int, default=0, metavar="STRIDE",
+                        help="draft on the same text in both engines, a context every STRIDE answer tokens (0: no)")
     parser.add_argument("--draft-alone", type=int, default=10,
                         help="with the draft model: also decode the first N prompts with the draft alone in both (0: no)")
     args = parser.parse_args(argv)
@@ -262,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
     models = load_ours()
     prompts = encode(args.limit, models.tokenizer)
     end = models.tokenizer.eos_token_id
+    if args.forced:
+        return forced_report(args, binary, files, models, prompts)
     rows = []
     for label, draft, spec_type, drafter, options, k in RUNS:
         if args.only and args.only != draft:

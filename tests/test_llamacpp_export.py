@@ -7,11 +7,11 @@ layout (names, rotary row order) turns the target's own fp32 weights into exactl
 which llama.cpp's converter wrote. A failed write leaves no file.
 
 The llama-server tests (`make llamacpp`; skipped, saying why, without it) run it over the target's GGUF with each
-exported drafter and compare per-position acceptance with specviz's on the same prompts at T = 0
-(experiments/llamacpp_parity.py runs the full comparison), and run the exported draft alone against ours. Planted
-faults fail them: `d2t` written as offsets (as the shipped head stores them) made llama.cpp accept 0 of 138 drafted
-chains on these prompts, and q and k left in transformers' row order made the exported draft alone part from ours
-at the first token.
+exported drafter and compare it with specviz's on the same text at T = 0: both draft after the same contexts, and
+their steps must agree context by context (experiments/llamacpp_parity.py --forced runs the full comparison), on any
+CPU; and they run the exported draft alone against ours. Planted faults fail them: `d2t` written as offsets (as the
+shipped head stores them) made llama.cpp accept 0 of 138 drafted chains, and q and k left in transformers' row order
+made the exported draft alone part from ours at the first token.
 """
 from __future__ import annotations
 
@@ -271,8 +271,20 @@ def test_a_head_with_other_sizes_is_refused(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- in llama-server
-TOLERANCE = 0.06  # 3 prompts x 48 tokens give 50-60 drafts (one accepted token moves a position by about 0.02)
-PROMPTS, MAX_TOKENS = 3, 48
+# Both engines draft on the same text: each prompt followed by the first j tokens of the target's greedy answer
+# (j = 0, 2, 4, ...), one drafting step each. Left to commit their own text, the two part at the first near-tie of
+# their targets' two best logits (each rounds activations to 8 bits and sums in its own order; on one CPU at token
+# 17 in the median, elsewhere sooner) and from there each drafter is measured on different text.
+PROMPTS, MAX_TOKENS, STRIDE = 3, 48, 2
+# On the same context the two steps differ only where a near-tie flips the target's greedy token or the drafter's
+# top token in one engine and not the other (the EAGLE-3 head also reads features the two targets round
+# differently). Such flips are rare (docs/llamacpp.md gives the agreement measured); a drafter llama.cpp read wrongly
+# (d2t as offsets, rows in the wrong order) agrees only where both accept nothing.
+AGREE = 0.75
+# Flips go either way, so on each position the contexts where only one engine accepted split evenly between the
+# engines; McNemar's exact test rejects a one-sided split (a drafter that is systematically better or worse in one
+# engine) at this level.
+ALPHA = 0.001
 
 
 def parity():
@@ -300,21 +312,41 @@ def ours():
         yield parity().load_ours()
 
 
+@pytest.fixture(scope="module")
+def contexts(ours) -> list[list[int]]:
+    module = parity()
+    prompts = module.encode(PROMPTS, ours.tokenizer)
+    return module.forced_contexts(prompts, module.reference_texts(ours, prompts, MAX_TOKENS), STRIDE)
+
+
 @pytest.mark.slow
 @pytest.mark.llamacpp
 @pytest.mark.parametrize("label,draft,spec_type,drafter,options,k", parity().RUNS, ids=["eagle3", "draft"])
-def test_llama_server_accepts_what_specviz_accepts(server_binary, exported, ours, label, draft, spec_type, drafter,
-                                                   options, k):
+def test_llama_server_accepts_what_specviz_accepts(server_binary, exported, ours, contexts, label, draft, spec_type,
+                                                   drafter, options, k):
     module = parity()
-    prompts = module.encode(PROMPTS, ours.tokenizer)
-    theirs = module.run_llama(server_binary, exported, spec_type, draft, k, prompts, MAX_TOKENS, threads=2)
-    mine = module.run_ours(ours, prompts, drafter, options, k, MAX_TOKENS)
-    assert all(o["token_ids"] for o in theirs["outputs"])  # it loaded the drafter and decoded
-    assert theirs["drafts"] > 0 and len(theirs["per_position_acceptance"]) == k
-    assert sum(theirs["accepted_per_pos"]) > 0  # a head llama.cpp read wrongly accepts nothing
-    a, b = theirs["per_position_acceptance"], mine["per_position_acceptance"] + [0.0] * k
-    for position, (x, y) in enumerate(zip(a, b), 1):
-        assert abs(x - y) <= TOLERANCE, f"{label}, position {position}: llama.cpp {a}, specviz {b[:k]}"
+    theirs = module.forced_llama(server_binary, exported, spec_type, draft, k, contexts, threads=2)
+    mine = module.forced_ours(ours, drafter, options, k, contexts)
+    result = module.paired(theirs, mine, k)
+    said = f"{label}: {result}"
+    assert result["llama_drafted"] >= 0.9 * len(contexts), said  # it loaded the drafter and drafted after each
+    assert result["compared"] >= 0.9 * len(contexts), said
+    assert sum(result["per_position"]["llama"]) > 0, said  # a head llama.cpp read wrongly accepts nothing
+    assert result["same"] >= AGREE * result["compared"], said
+    assert min(result["p_values"]) >= ALPHA, said
+
+
+def test_the_paired_comparison_catches_a_drafter_that_accepts_less():
+    """paired() on planted steps: the same steps agree; a drafter accepting one token fewer wherever it accepted
+    any is caught by both the agreement and McNemar's test; flips that go either way are not."""
+    module = parity()
+    ours = [(a % 4, 3) for a in range(80)]
+    assert module.paired(ours, ours, 3)["same"] == 80
+    worse = module.paired([(max(0, a - 1), n) for a, n in ours], ours, 3)
+    assert worse["same"] < AGREE * 80 and min(worse["p_values"]) < ALPHA
+    flips = [(a ^ 1 if i % 10 == 0 else a, n) for i, (a, n) in enumerate(ours)]
+    even = module.paired(flips, ours, 3)
+    assert even["same"] >= AGREE * 80 and min(even["p_values"]) >= ALPHA
 
 
 @pytest.mark.slow
