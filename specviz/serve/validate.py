@@ -153,7 +153,7 @@ def check_numbers(body: RunBody, limits: Limits) -> None:
             raise ClientError(f"{name} must be a whole number from {low} to {high:,} here, got {shown(value)}")
     for name in ("temperature", "top_p"):
         if not math.isfinite(getattr(body, name)):
-            raise ClientError(f"{name} must be a finite number, got {getattr(body, name)}")
+            raise ClientError(f"{name} must be a finite number, got {shown(getattr(body, name))}")
     if 0 < body.temperature < TEMPERATURE_FLOOR:
         raise ClientError(f"temperature must be 0 (greedy) or at least {TEMPERATURE_FLOOR} here, got "
                           f"{body.temperature:g}: below it logits / temperature overflow")
