@@ -130,7 +130,7 @@ def load_bundle(box) -> tuple[str, dict[str, list[dict]], lanes.Regimes, dict] |
     shown)."""
     upload = box.file_uploader("A race bundle (.zip, as downloaded below a race)", type=["zip"], key="race_upload")
     if upload is None and REFERENCE.is_file():
-        box.button("Load the reference race (both regimes, measured on a quiet host)", key="race_reference",
+        box.button("Load the reference race (both regimes; it says where and when it was measured)", key="race_reference",
                    on_click=lambda: st.session_state.update(race_use_reference=True))
     if upload is None and not st.session_state.get("race_use_reference"):
         return None
