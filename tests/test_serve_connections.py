@@ -301,3 +301,32 @@ def test_a_request_http_itself_refuses_gets_the_service_error_shape(tiny_models)
             head, _, body = answer.partition(b"\r\n\r\n")
             assert head.startswith(b"HTTP/1.1 400") and b"application/json" in head, answer[:200]
             assert json.loads(body)["error"]["status"] == 400
+
+
+def test_bodies_trickled_above_the_floor_give_way_to_a_newcomer(tiny_models):
+    """A cap's worth of bodies sent at twice the byte-rate floor kept every newcomer at 503 until the body
+    deadline."""
+    with Running(Service({"tiny": tiny_models}), max_connections=4, body_timeout_s=10.0) as running:
+        port, stop, answers = port_of(running), threading.Event(), []
+
+        def trickle() -> None:
+            with raw(port, SLOW_BODY.replace(b"1000", b"100000")) as s:
+                try:
+                    while not stop.is_set():
+                        s.sendall(b" " * 200)  # 2,000 bytes/s
+                        time.sleep(0.1)
+                except OSError:  # answered and closed
+                    pass
+                answers.append(reply(s, 2.0))
+
+        threads = [threading.Thread(target=trickle) for _ in range(4)]
+        for t in threads:
+            t.start()
+        try:
+            time.sleep(connections_module.UPLOAD_S + 0.5)
+            assert httpx.get(running.url + "/healthz", timeout=5).status_code == 200
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(10)
+        assert any(a.startswith(b"HTTP/1.1 408") and b"another client" in a for a in answers), answers

@@ -8,7 +8,8 @@ thousand half-open sockets would shut real clients out. Here, past the cap, room
 first the connection that has waited longest without a request in progress is closed (one that sent part of a
 request's headers, or an idle keep-alive one), then one that has sent nothing for FRESH_S or more, then the one
 stalled longest (a body that stopped arriving, or a response its client has not read, for STALLED_S or more: an
-event stream's viewer resumes with Last-Event-ID). A connection that has sent nothing for less than FRESH_S is
+event stream's viewer resumes with Last-Event-ID), and last a body still arriving UPLOAD_S after its headers,
+however fast (408: bodies trickled just above the byte-rate floor would hold the cap). A connection that has sent nothing for less than FRESH_S is
 never closed to make room: a burst of whole requests is accepted before any of them is read. When no connection
 can give way, the newcomer is answered 503 with Retry-After once its request's headers arrive (at most
 REFUSING_MAX such newcomers wait for their headers; past them the one waiting longest is closed), so open
@@ -32,6 +33,7 @@ BODY_GRACE_S = 1.0  # ... once it has had this long (the rate of the first packe
 BODY_CHECK_S = 0.5  # how often a body's progress is looked at
 WRITE_TIMEOUT_S = 30.0  # a response (an event stream) its client has not read for this long is closed
 STALLED_S = 1.0  # a body or a response stalled this long may be closed to make room for a newcomer
+UPLOAD_S = 2.0  # a body still arriving this long after its headers is answered 408 to make room, however fast
 FRESH_S = 0.25  # a connection that has sent nothing (or no more of its body) for this long may give way, not before
 RETRY_AFTER_S = 2  # what a newcomer refused at the cap is told
 REFUSING_MAX = 128  # newcomers waiting for their headers to be answered 503 at most; past it the oldest is closed
@@ -71,6 +73,7 @@ class Room:
         # done and the connection is kept alive for the next request
         self.waiting: OrderedDict[GuardedH11Protocol, float] = OrderedDict()
         self.bodies: OrderedDict[GuardedH11Protocol, float] = OrderedDict()  # a body arriving: since its last bytes
+        self.uploads: OrderedDict[GuardedH11Protocol, float] = OrderedDict()  # the same, since its headers
         self.unread: OrderedDict[GuardedH11Protocol, float] = OrderedDict()  # a response its client is not reading
         self.refusing: OrderedDict[GuardedH11Protocol, float] = OrderedDict()  # to be answered 503: headers awaited
         # newcomers past the cap, nothing read from them yet: whether one is a whole request or half of one decides
@@ -151,10 +154,16 @@ class GuardedH11Protocol(H11Protocol):
         room = self.rooms
         victim = (room.oldest(room.waiting, 0.0) or room.oldest(room.fresh, FRESH_S) or room.oldest(room.bodies, FRESH_S)
                   or room.oldest(room.unread, STALLED_S))
-        if victim is None or victim is self:
-            return False
-        victim._close(abort=victim in room.unread)  # what is buffered for one not reading is dropped
-        return True
+        if victim is not None and victim is not self:
+            victim._close(abort=victim in room.unread)  # what is buffered for one not reading is dropped
+            return True
+        # bodies trickled just above the byte-rate floor would hold the cap until their deadline
+        slow = room.oldest(room.uploads, UPLOAD_S)
+        if slow is not None and slow is not self:
+            slow._body_late(f"the request body was still arriving after {UPLOAD_S:g} s and the service needed the "
+                            "connection for another client; send it again")
+            return True
+        return False
 
     def _refuse(self) -> None:
         room = self.rooms
@@ -175,6 +184,7 @@ class GuardedH11Protocol(H11Protocol):
         self.rooms.refusing.pop(self, None)
         self.rooms.unread.pop(self, None)
         self.rooms.pending.pop(self, None)
+        self.rooms.uploads.pop(self, None)
         if not self.refusing and not self.pending:
             self.closed_here = True
             self.rooms.closed += 1
@@ -227,6 +237,7 @@ class GuardedH11Protocol(H11Protocol):
                 self.body_since = self.loop.time()
                 self.body_bytes = 0
                 self._be(self.rooms.bodies)
+                self.rooms.uploads[self] = self.body_since
                 self.body_timer = self.loop.call_later(BODY_CHECK_S, self._check_body)
 
     # ------------------------------------------------------------------------------------ the body
@@ -237,6 +248,7 @@ class GuardedH11Protocol(H11Protocol):
 
     def _body_done(self) -> None:
         self.body_since = None
+        self.rooms.uploads.pop(self, None)
         if self.kind is self.rooms.bodies:
             self._be(None)
         if self.body_timer is not None:
@@ -303,6 +315,7 @@ class GuardedH11Protocol(H11Protocol):
         room.refusing.pop(self, None)
         room.unread.pop(self, None)
         room.pending.pop(self, None)
+        room.uploads.pop(self, None)
         if self.closed_here:
             room.closed -= 1
         if self.refusing:
