@@ -46,6 +46,31 @@ def test_on_the_4_bit_path_chunks_cache_the_bits_of_one_forward():
     assert torch.equal(target.forward([5], whole_cache)[1], target.forward([5], chunked_cache)[1])  # the next logits
 
 
+@needs_op
+def test_a_chunk_over_a_long_past_attends_in_torch_and_agrees_to_rounding(monkeypatch):
+    """Past fastdecoder.LONG_PAST cached positions a prompt chunk leaves the 4-bit layer op for torch's attention
+    (faster there: experiments/prefill_attention_ab.py); what it caches agrees with one forward to rounding."""
+    from specviz.kernels import fastdecoder
+
+    _, q4, _ = tiny_pair(max_positions=1024)
+    target = Target(q4)
+    ids = random.Random(0).choices(range(1, 64), k=PROMPT)
+    whole, whole_cache = prefilled(target, ids, PROMPT)  # one forward over an empty cache: the layer op
+    monkeypatch.setattr(fastdecoder, "LONG_PAST", engine.PREFILL_CHUNK)
+    pasts = []
+    attend = fastdecoder._Layers._attend
+    monkeypatch.setattr(fastdecoder._Layers, "_attend",
+                        lambda self, layer, qkv, cos, sin, keys, values, past, mask:
+                        pasts.append(past) or attend(self, layer, qkv, cos, sin, keys, values, past, mask))
+    chunked, chunked_cache = prefilled(target, ids, engine.PREFILL_CHUNK)
+    layers = len(target.fast.stack.layers)
+    assert pasts == [256] * layers + [512] * layers  # the first chunk in the op, the two after it in torch
+    torch.testing.assert_close(chunked, whole, rtol=1e-4, atol=1e-4)
+    for a, b in zip(whole_cache.keys + whole_cache.values, chunked_cache.keys + chunked_cache.values):
+        torch.testing.assert_close(b[:, :, :PROMPT], a[:, :, :PROMPT], rtol=1e-4, atol=1e-4)
+    assert target.forward([5], whole_cache)[1].argmax() == target.forward([5], chunked_cache)[1].argmax()
+
+
 def test_on_fp32_chunks_give_the_same_greedy_output_and_logits_to_rounding(tiny_models, monkeypatch):
     """fp32 products over a different number of rows may round differently (the BLAS blocks them by size): the
     logits agree to rounding, and the greedy output is the same."""

@@ -45,6 +45,12 @@ STATIC_ROPE = ("default", "linear", "llama3")  # rotary frequencies that do not 
 # Forwards over at most this many new tokens (decoding steps, verified trees) run the attention block as one C++
 # op (specviz.kernels.extension); longer ones (prompts) through scaled_dot_product_attention, which is faster there.
 ONE_OP_MAX_TOKENS = 16
+# A long forward (a prompt chunk) over at least this many cached positions attends in scaled_dot_product_attention,
+# 4-bit layers included: its matrix products cost less a key than the C++ op's loop over keys per query, which is
+# faster over a short past (256 new tokens: the op 0.66x torch's time over 256 cached, 1.04x over 768, 1.56x over
+# 1,024, 3.2x over 4,096, 4.9x over 7,936; experiments/prefill_attention_ab.py). Without it a prompt's chunks
+# slowed down as the prompt grew, each by its attention alone.
+LONG_PAST = 1024
 
 
 class KVCache:
@@ -228,9 +234,10 @@ class _Layers:
         cos, sin = self._rotary(positions)
         if mask is not None and mask.is_floating_point() and mask.dtype != x.dtype:
             mask = mask.to(x.dtype)
-        # 4-bit layers run as one call at any length: their products outweigh the attention even over a prompt
-        # (a 128-token prefill 1.08x faster than with scaled_dot_product_attention, experiments/q4_layer_op_ab.py)
-        one_op = self.one_op and (T <= ONE_OP_MAX_TOKENS or self.layer_op)
+        # 4-bit layers run as one call at any length over a short past: their products outweigh the attention there
+        # (a 128-token prefill 1.08x faster than with scaled_dot_product_attention, experiments/q4_layer_op_ab.py);
+        # over a long one (LONG_PAST) the attention does not
+        one_op = self.one_op and (T <= ONE_OP_MAX_TOKENS or (self.layer_op and past < LONG_PAST))
         attend = self._attend_in_one_op if one_op else self._attend
         if not one_op:
             cos, sin = cos.unsqueeze(0), sin.unsqueeze(0)  # broadcast over heads
