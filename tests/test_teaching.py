@@ -307,15 +307,15 @@ def test_the_teaching_text_quotes_its_sources_as_they_are():
 def test_each_live_token_hovers_with_the_test_behind_it(tree_run):
     """Live decoding's hover gives an accepted token its test's p, q, α, u and rule, a replacement the rejection it
     follows, a bonus where it was drawn; the legend says what a bonus means on a tree, not "all drafts accepted"."""
-    from app import figures
+    from app import figures, live_text
 
-    assert "all drafts accepted" not in figures.legend_html()
+    assert "all drafts accepted" not in live_text.legend_html()
     assert "no drafted child" in figures.KIND_LABELS["bonus"]
     seen = set()
     for step in (e for e in tree_run if e["type"] == "step"):
         tests = {t["node"]: t for t in step["tests"]}
         for i, c in enumerate(step["committed"]):
-            hover = figures.token_hover(step, i)
+            hover = live_text.token_hover(step, i)
             seen.add(c["kind"])
             if c["kind"] == "accepted":
                 test, node = tests[step["accepted_path"][i]], step["nodes"][step["accepted_path"][i]]
@@ -327,7 +327,7 @@ def test_each_live_token_hovers_with_the_test_behind_it(tree_run):
             elif c["kind"] == "bonus":
                 assert "this token: drawn from p" in hover
     assert {"accepted", "replacement"} <= seen
-    html = figures.tokens_html([s for s in tree_run if s["type"] == "step"])
+    html = live_text.tokens_html([s for s in tree_run if s["type"] == "step"])
     assert html.count("α = p(x)") >= len([1 for s in tree_run if s["type"] == "step" for c in s["committed"]
                                           if c["kind"] == "accepted"])
 

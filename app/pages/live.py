@@ -4,7 +4,7 @@ import time
 
 import streamlit as st
 
-from app import figures, lanes, state, teaching
+from app import figures, lanes, live_text, state, teaching
 from specviz import analysis
 from specviz.errors import SpecvizError
 
@@ -31,7 +31,7 @@ class View:
     """Placeholders for one run's display, redrawn as events arrive."""
 
     def __init__(self):
-        st.html(figures.legend_html())
+        st.html(live_text.legend_html())
         self.text = st.empty()
         self.metrics = st.empty()
         self.chart = st.empty()
@@ -42,7 +42,7 @@ class View:
     def draw(self, events: list[dict]) -> None:
         start = events[0]
         steps = state.steps_of(events)
-        self.text.html(figures.tokens_html(steps, start["prompt_text"], start["sampling"]["temperature"] == 0))
+        self.text.html(live_text.tokens_html(steps, start["prompt_text"], start["sampling"]["temperature"] == 0))
         done = state.done_of(events)
         new_tokens = sum(len(s["committed"]) for s in steps)
         drafted = sum(analysis.drafted_in(s) or 0 for s in steps)

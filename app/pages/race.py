@@ -5,7 +5,7 @@ from dataclasses import replace
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import clocks, figures, lanes, regimes, state, teaching
+from app import clocks, figures, lanes, live_text, regimes, state, teaching
 from specviz import analysis as measures
 from specviz.backends import open_backend
 from specviz.drafters import PLAIN
@@ -261,7 +261,7 @@ def analysis(runs: dict[str, list[dict]], temperature: float, where: str, regime
     cols = st.columns(min(len(runs), 2))
     for i, (name, events) in enumerate(runs.items()):
         cols[i % len(cols)].plotly_chart(figures.race_timeline(name, state.steps_of(events)), key=f"race_tl_{name}")
-    st.html(figures.legend_html())
+    st.html(live_text.legend_html())
 
     st.subheader("Where the time goes")
     st.plotly_chart(figures.timing_breakdown({n: state.steps_of(e) for n, e in runs.items()}), key="race_timing")
