@@ -169,7 +169,8 @@ def show_race(runs: dict[str, list[dict]], where: str, presenter: bool, regimes_
                            temperature=temperature, max_new_tokens=max(e[0]["max_new_tokens"] for e in runs.values()),
                            note=note, presenter=presenter, clock=clock, one_run=not (about or {}).get("median_of"))
     if (reason := clocks.why(regimes_of)) is not None:
-        st.info(f"**Why the lanes differ by weights:** {reason}")
+        several = len({r.get("weights") for r in regimes_of.values()}) > 1
+        st.info(f"**{'Why the lanes differ by weights' if several else 'The regime these lanes ran in'}:** {reason}")
     if clock is not None:
         st.warning(clocks.modelled_note(clock, regimes_of))
     for lane in data["lanes"]:  # another engine's text is compared below, for information, not marked as ours is
