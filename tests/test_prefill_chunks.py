@@ -1,4 +1,4 @@
-"""A prompt is prefilled in chunks of engine.PREFILL_CHUNK tokens with the run's cancel flag read between them: the
+"""A prompt is prefilled in chunks (engine.prefill_chunk: 256 tokens, fewer past 1,024 cached) with the run's cancel flag read between them: the
 chunks cache what one forward over the prompt caches (the same bits on the 4-bit path, the same greedy output on
 fp32), a cancel ends the run within one chunk, and through the service a DELETE frees the engine for the next
 run within one chunk's time however long the prompt."""
@@ -112,6 +112,24 @@ def test_a_cancel_is_read_between_chunks_and_ends_the_run_there():
     assert [type(e) for e in events] == [ev.Start]  # no step, no done
     assert forwards == [engine.PREFILL_CHUNK] * 2 and reads == [0, 1, 2]
 
+
+
+def test_chunks_shrink_as_the_cached_prompt_grows(tiny_models, monkeypatch):
+    """Past SHRINK_PAST cached positions each chunk takes fewer tokens, in proportion (its attention then stays what
+    a first-size chunk's is), down to MIN_PREFILL_CHUNK; the engine's forwards follow prefill_chunk."""
+    assert [engine.prefill_chunk(p) for p in (0, 1024, 2048, 4096, 8192, 10**6)] == [256, 256, 128, 64, 32, 32]
+    monkeypatch.setattr(engine, "SHRINK_PAST", 64)
+    monkeypatch.setattr(engine, "PREFILL_CHUNK", 64)
+    monkeypatch.setattr(engine, "MIN_PREFILL_CHUNK", 8)
+    forwards = []
+    forward = Target.forward
+    monkeypatch.setattr(Target, "forward", lambda self, ids, *a, **k: forwards.append(len(ids)) or forward(self, ids, *a, **k))
+    ids = tiny_models.tokenizer("a b c d e f g h " * 40)["input_ids"][:601]
+    list(engine.decode(tiny_models.target, tiny_models.tokenizer, NgramDrafter(3), ids, DecodeSettings(max_new_tokens=1)))
+    prefill = forwards[: len(forwards) - 1]  # the last forward is the step's
+    assert sum(prefill) == len(ids) - 1
+    starts = [sum(prefill[:i]) for i in range(len(prefill))]
+    assert prefill[:-1] == [engine.prefill_chunk(s) for s in starts[:-1]] and prefill[0] == 64 and min(prefill) < 32
 
 @pytest.fixture
 def slow_prefill(monkeypatch):

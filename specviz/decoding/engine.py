@@ -25,6 +25,15 @@ from specviz.kernels.kvcache import keep_cache_entries
 # Prompt tokens per prefill forward. A run's cancel flag is read between them, so a long prompt holds the engine for
 # at most one chunk's time after a cancel; the products of a chunk this long already run at full speed.
 PREFILL_CHUNK = 256
+# Past this many cached positions a chunk's attention (T new tokens × past keys) outgrows its products, so chunks
+# shrink in proportion to keep each one's attention what a first-size chunk's is here, and a cancel's wait bounded:
+# 128 tokens after 2,048, 64 after 4,096, never fewer than MIN_PREFILL_CHUNK.
+SHRINK_PAST, MIN_PREFILL_CHUNK = 1024, 32
+
+
+def prefill_chunk(past: int) -> int:
+    """How many prompt tokens the prefill forward after `past` cached positions takes."""
+    return max(MIN_PREFILL_CHUNK, PREFILL_CHUNK * SHRINK_PAST // max(SHRINK_PAST, past))
 TREE_ROOM = 160  # cache positions reserved past the prompt and the budget for a step's draft tree (at most 129 served)
 
 
@@ -217,16 +226,18 @@ class _Run:
         return time.perf_counter()
 
     def _prefill(self, ids: list[int]) -> bool:
-        """Cache every prompt token but the last (the last is the root of the first step), PREFILL_CHUNK tokens a
+        """Cache every prompt token but the last (the last is the root of the first step), prefill_chunk tokens a
         forward, reading the cancel flag between them; False when the run was cancelled."""
         reserve = getattr(self.cache, "reserve", None)  # room for the whole run at once: no doubling, no copy
         if reserve is not None:
             reserve(len(ids) + self.settings.max_new_tokens + TREE_ROOM)
         chunks = []  # (T, H) features of each chunk, for a drafter that drafts from them
-        for start in range(0, len(ids) - 1, PREFILL_CHUNK):
+        start = 0
+        while start < len(ids) - 1:
             if self.cancelled():
                 return False
-            part = ids[start : min(start + PREFILL_CHUNK, len(ids) - 1)]
+            part = ids[start : min(start + prefill_chunk(start), len(ids) - 1)]
+            start += len(part)
             hidden = self.target.forward(part, self.cache, logits=False, layers=self.drafter.feature_layers)[0]
             if self.drafter.needs_features:
                 chunks.append(hidden)
