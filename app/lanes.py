@@ -87,7 +87,8 @@ def build_lanes(runs: dict[str, list[dict]], regimes_of: Regimes | None = None, 
             same_as_none=done["token_ids"] == runs[base][-1]["token_ids"] if greedy and base else None,
             weights=weights,
             label=" · ".join(filter(None, (regimes.lane_label(weights, regime.get("verify_cost_ratio"))
-                                           if regime or weights else "", "" if clock is None else "MODELLED"))),
+                                           if regime or weights else "", "" if timed is None else
+                                           f"MODELLED clock: c(8)/c(1) {timed.forward_s(8) / timed.forward_s(1):.2f}"))),
             baseline=base,
         ))
     return lanes

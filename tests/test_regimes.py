@@ -153,7 +153,7 @@ def test_the_url_names_the_weights_and_a_modelled_clock_says_so(two_regimes):
     assert [lane["drafter"] for lane in data["lanes"]] == ["none@fp32", "ngram@fp32", "none@q4q8", "ngram@q4q8"]
     assert data["clock"] == "MODELLED" and roofline.FORMULA in data["clock_note"] and "not a large target" in data[
         "clock_note"]
-    assert all(lane["label"].endswith("MODELLED") for lane in data["lanes"])
+    assert all(lane["label"].endswith("· MODELLED clock: c(8)/c(1) 1.00") for lane in data["lanes"])
     none = next(lane for lane in data["lanes"] if lane["drafter"] == "none@fp32")
     # `none` on the modelled clock: one 70B forward a token, whatever this host measured
     assert none["tokens_per_s"] == pytest.approx(1 / roofline.PRESETS[roofline.H100_70B].forward_s(1))
