@@ -180,3 +180,20 @@ def test_delete_frees_the_engine_within_a_chunk_of_a_long_prompt(tiny_models, sl
         assert freed < chunk_s + 0.35, f"the engine was freed {freed:.2f} s after DELETE"
         assert started and started[0] - deleted < chunk_s + 0.5  # the next run was decoding by then
         assert owner.get(f"/v1/runs/{long_id}").json()["events"] == 1  # its start only: no step ran
+
+
+def test_the_prefill_bench_times_the_engines_chunks_and_tabulates_them(tiny_models, monkeypatch):
+    """specviz.bench.prefill: one forward per engine chunk over the whole prompt, and a table row per length."""
+    from specviz.bench import prefill
+
+    monkeypatch.setattr(engine, "SHRINK_PAST", 64)
+    monkeypatch.setattr(engine, "PREFILL_CHUNK", 64)
+    monkeypatch.setattr(engine, "MIN_PREFILL_CHUNK", 8)
+    chunks = prefill.prefill_ours(Target(tiny_models.target), prefill.prompt_ids(300, 64))
+    sizes = [n for n, _ in chunks]
+    assert sizes[:4] == [64, 64, 32, 25] and sum(sizes) == 300 and all(s > 0 for _, s in chunks)
+    row = {"tokens": 300, "ours_tokens_per_s": 1234.5, "chunks": len(chunks), "first_chunk_ms": 2.0,
+           "slowest_chunk_ms": 3.0, "slowest_chunk_vs_first": 1.5, "slowest_token_vs_first": 2.25,
+           "llama_tokens_per_s": {1: 999.0}}
+    text = prefill.to_markdown({"model": "m", "weights": "q4q8", "rounds": 1, "threads": 2, "rows": [row]}, "cmd")
+    assert "| 300 | 1234 | 999 | " in text and "llama-server tokens/s (1 thread)" in text and "`cmd`" in text

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from specviz.bench import cli as bench_cli
+from specviz.bench import prefill as prefill_bench
 from specviz.cli import export, generate
 from specviz.errors import SpecvizError
 from specviz.llamacpp import cli as llamacpp_cli
@@ -18,7 +19,7 @@ PASS_THROUGH = ("train", "bench")  # commands with their own parser: the rest of
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m specviz", description="Speculative decoding you can watch.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for family in (generate, serve_cli, bench_cli, train_cli, export, llamacpp_cli):
+    for family in (generate, serve_cli, bench_cli, prefill_bench, train_cli, export, llamacpp_cli):
         family.register(sub)
     return parser
 
