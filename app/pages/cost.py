@@ -56,18 +56,22 @@ def show_speedup(base: analysis.RunSummary, spec: analysis.RunSummary) -> None:
                 help=f"{spec.accepted_tested} of the {spec.tested} drafted tokens the test ran on were accepted. "
                      f"The run's acceptance rate, accepted ÷ drafted, is {cmp['acceptance_rate']:.3f}: it also "
                      "counts tokens after a chain's first rejection, which are never tested.")
-    m[1].metric("expected tokens/step", f"{cmp['expected_tokens_per_step']:.2f}", help=f"measured τ: {cmp['measured_tau']:.2f}")
+    m[1].metric("expected tokens/step", f"{cmp['expected_tokens_per_step']:.2f}",
+                help=f"E(α, n) over the drafted lengths n of the run's steps (mean {cmp['mean_drafted']:.2f} drafted "
+                     f"tokens a step); measured τ: {cmp['measured_tau']:.2f}")
     m[2].metric("step cost (target forwards)", f"{cmp['step_cost']:.2f}",
                 help=f"{spec.ms_per_step:.1f} ms per speculative step ÷ {base.ms_per_step:.1f} ms per plain step")
     m[3].metric("predicted speedup", f"{cmp['predicted_speedup']:.2f}×")
     m[4].metric("measured speedup", f"{cmp['measured_speedup']:.2f}×")
-    st.caption(f"K = {spec.k} from the run's settings; measured τ = {cmp['measured_tau']:.2f}. α is accepted ÷ "
+    st.caption(f"Drafted tokens per step, measured: {cmp['mean_drafted']:.2f} (K = {spec.k} at most: the "
+               "cost-aware draft length drafts fewer, or none, where they would not pay). The prediction averages "
+               "E(α, n) over each step's drafted length n, not E(α, K). "
+               f"Measured τ = {cmp['measured_tau']:.2f}. α is accepted ÷ "
                "tested, the probability that a tested token is accepted, as the formula means it (accepted ÷ drafted "
                f"= {cmp['acceptance_rate']:.3f} is smaller: for a K-token chain it is α(1 − α^K) / (K(1 − α)), and put "
                "into the formula it predicts too few tokens per step). The formula assumes "
-               "every step drafts K tokens and each is accepted independently with the same α; n-gram lookup "
-               "sometimes drafts fewer (or none), and trees accept differently, so prediction and measurement can "
-               "differ. Measured tokens/s also include the prefill.")
+               "each drafted token is accepted independently with the same α, and trees accept differently, so "
+               "prediction and measurement can differ. Measured tokens/s also include the prefill.")
 
 
 # ------------------------------------------------------------------------------------- $ per million
