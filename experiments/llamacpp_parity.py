@@ -133,27 +133,41 @@ ACCEPTED_LINE = re.compile(r"accepted\s+(\d+)\s*/\s*(\d+) draft tokens")
 
 
 def forced_contexts(prompts: list[dict], texts: list[list[int]], stride: int) -> list[list[int]]:
-    """The same committed text for both engines: each prompt followed by the first j tokens of its reference answer,
-    for j = 0, stride, 2 stride, ... (the contexts a drafter is measured on, whatever each engine would commit)."""
-    return [p["prompt_ids"] + text[:j] for p, text in zip(prompts, texts) for j in range(0, len(text) - 1, stride)]
+    """The same committed text for both engines: each prompt followed by the first j + 1 tokens of its reference
+    answer, for j = 0, stride, 2 stride, ... (the contexts a drafter drafts after, whatever each engine would
+    commit)."""
+    return [p["prompt_ids"] + text[: j + 1] for p, text in zip(prompts, texts) for j in range(0, len(text) - 1, stride)]
 
 
 def forced_llama(binary: Path, files: dict, spec_type: str, draft: str, k: int, contexts: list[list[int]],
                  threads: int) -> list[tuple[int, int] | None]:
     """llama-server's first drafting step after each context: (accepted, drafted), None where it drafted nothing.
 
-    llama-server samples the next token from the context's prompt pass, then drafts after it: that step is read from
-    its log ("accepted A/N draft tokens", one line per verify step), the first such line each request writes."""
+    llama-server is given the context but its last token, samples that token from its prompt pass (the target's
+    greedy token: the reference text's, but where the two targets part at a near-tie), then drafts after it, as
+    specviz's first step drafts after its whole prompt (forced_ours). That step is read from
+    its log ("accepted A/N draft tokens", one line per verify step where LLAMA_TRACE is set), the first such line
+    each request writes."""
     from specviz.llamacpp.server import LlamaServer
 
     steps: list[tuple[int, int] | None] = []
-    with LlamaServer(binary, files["target"], spec_type=spec_type, draft=files[draft], draft_max=k, draft_min=0,
-                     p_min=0.0, threads=threads, ctx=4096) as server:
+    server = LlamaServer(binary, files["target"], spec_type=spec_type, draft=files[draft], draft_max=k, draft_min=0,
+                         p_min=0.0, threads=threads, ctx=4096)
+    before = os.environ.get("LLAMA_TRACE")
+    os.environ["LLAMA_TRACE"] = "1"  # the server inherits it
+    try:
+        server.start()
+    finally:
+        if before is None:
+            del os.environ["LLAMA_TRACE"]
+        else:
+            os.environ["LLAMA_TRACE"] = before
+    with server:
         for n, ids in enumerate(contexts, 1):
             if n % 16 == 1:
                 print(f"llama.cpp {spec_type}: context {n}/{len(contexts)}", file=sys.stderr, flush=True)
             start = server.log.stat().st_size
-            server.complete(ids, max_tokens=k + 2)  # the sampled token, then one draft of k and its bonus
+            server.complete(ids[:-1], max_tokens=k + 2)  # the sampled token, then one draft of k and its bonus
             with server.log.open("rb") as log:
                 log.seek(start)
                 found = ACCEPTED_LINE.search(log.read().decode(errors="replace"))
@@ -162,9 +176,9 @@ def forced_llama(binary: Path, files: dict, spec_type: str, draft: str, k: int, 
 
 
 def forced_ours(models, drafter: str, options: dict, k: int, contexts: list[list[int]]) -> list[tuple[int, int] | None]:
-    """specviz's drafting step after each context and the token the target commits after it, as llama-server steps
-    (forced_llama): the prompt is the context with the target's greedy next token appended (reference_texts' token),
-    so the first step drafts from the same text llama-server drafts from. (accepted, drafted), None: no draft."""
+    """specviz's first step after each context, the whole context as the prompt: its prefill caches all but the last
+    token, and the step drafts after the context and verifies the drafts, as llama-server's first drafting step
+    (forced_llama). (accepted, drafted), None where it drafted nothing."""
     from specviz.decoding import engine
     from specviz.decoding.settings import DecodeSettings
     from specviz.drafters import make_drafter
