@@ -27,6 +27,7 @@ ALLOWED = {
     "specviz.arguments": BELOW_BACKENDS,  # the command-line options several command families share
     "specviz.train": BELOW_BACKENDS,
     "specviz.observatory": BELOW_BACKENDS,  # a running server's /metrics, read and summed
+    "specviz.roofline": {"specviz.analysis", "specviz.drafters"},  # a run replayed at a modelled GPU's step costs
     "specviz.llamacpp": BELOW_BACKENDS | {"specviz.backends", "specviz.api", "specviz.train"},  # llama-server: built, run, fed our drafters
     "specviz.bench": BELOW_BACKENDS | {"specviz.backends", "specviz.api", "specviz.arguments", "specviz.llamacpp"},
     "specviz.serve": BELOW_BACKENDS | {"specviz.backends", "specviz.api", "specviz.arguments", "specviz.bench"},
