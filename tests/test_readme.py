@@ -55,3 +55,10 @@ def test_the_layout_map_names_every_package_and_only_what_exists():
 def test_the_layout_map_check_sees_a_package_it_lacks():
     without = "\n".join(line for line in README.splitlines() if not line.startswith("specviz/serve/"))
     assert "specviz/serve/" in packages() - set(layout_map(without))
+
+
+def test_the_readme_is_a_guide_of_at_most_250_lines_with_the_commands_first():
+    """What it is, then the two commands before any detail; the rest lives in docs/."""
+    assert len(README.splitlines()) <= 250
+    assert README.index("make run") < README.index("## The app") < README.index("## Results")
+    assert README.index("## Quick start") < README.index("## Two regimes on one machine")
