@@ -47,9 +47,10 @@ STATIC_ROPE = ("default", "linear", "llama3")  # rotary frequencies that do not 
 ONE_OP_MAX_TOKENS = 16
 # A long forward (a prompt chunk) over at least this many cached positions attends in scaled_dot_product_attention,
 # 4-bit layers included: its matrix products cost less a key than the C++ op's loop over keys per query, which is
-# faster over a short past (256 new tokens: the op 0.66x torch's time over 256 cached, 1.04x over 768, 1.56x over
-# 1,024, 3.2x over 4,096, 4.9x over 7,936; experiments/prefill_attention_ab.py). Without it a prompt's chunks
-# slowed down as the prompt grew, each by its attention alone.
+# faster over a short past (256 new tokens, the op's time against torch's: 0.4-0.7x over 256 cached, 1.3-1.6x over
+# 1,024, 2.9-3.2x over 4,096, 4.9x over 7,936, on a 2-core AVX2 host under load: experiments/prefill_attention_ab.py,
+# experiments/results/prefill-attention-ab.txt). Without it a prompt's chunks slowed down as the prompt grew, each
+# by its attention alone.
 LONG_PAST = 1024
 
 
