@@ -162,7 +162,7 @@ def forced_llama(binary: Path, files: dict, spec_type: str, draft: str, k: int, 
             del os.environ["LLAMA_TRACE"]
         else:
             os.environ["LLAMA_TRACE"] = before
-    with server:
+    try:  # started once here: entering `with server` would start a second process
         for n, ids in enumerate(contexts, 1):
             if n % 16 == 1:
                 print(f"llama.cpp {spec_type}: context {n}/{len(contexts)}", file=sys.stderr, flush=True)
@@ -172,6 +172,8 @@ def forced_llama(binary: Path, files: dict, spec_type: str, draft: str, k: int, 
                 log.seek(start)
                 found = ACCEPTED_LINE.search(log.read().decode(errors="replace"))
             steps.append((int(found.group(1)), int(found.group(2))) if found else None)
+    finally:
+        server.stop()
     return steps
 
 
