@@ -205,3 +205,21 @@ def test_sampling_with_eagle3_is_the_targets():
     counts = sampled_two_tokens(target, TinyTokenizer(vocab, eos=None), make, prompt, t1, 1500)
     p_value = chi_square_p_value(counts, exact_two_tokens(target, prompt, t1))
     assert p_value > 1e-3, f"chi-square p = {p_value:.2e}"
+
+@torch.no_grad()
+def test_a_drafter_reused_for_a_new_prompt_drafts_as_a_fresh_one():
+    """One drafter object decoding two prompts in turn: the second run's trees equal a fresh drafter's. A run that
+    kept the first run's head cache would attend to the first text and place the second at later positions."""
+    target = tiny_target("llama")
+    head = random_head(target)
+    shape = TreeShape(depth=3, top_k=3, total_tokens=9)
+    reused = Eagle3Drafter(head, target, shape, lookup=2)
+    run(target, reused, PROMPT[::-1] + PROMPT, decode_settings(12))
+    assert reused.committed > len(PROMPT)  # the first run left its text in the head's cache
+    _, second = run(target, reused, PROMPT, decode_settings(12))
+    _, fresh = run(target, Eagle3Drafter(head, target, shape, lookup=2), PROMPT, decode_settings(12))
+    assert len(second) == len(fresh) and any(s.build for s in fresh)
+    for a, b in zip(second, fresh):
+        first_a, first_b = (s.build[0]["candidates"] if s.build else [] for s in (a, b))
+        assert [c["token"] for c in first_a] == [c["token"] for c in first_b], a.step
+        assert [c["q"] for c in first_a] == pytest.approx([c["q"] for c in first_b], abs=1e-6), a.step

@@ -118,6 +118,9 @@ class EagleDrafter(Drafter):
 
     # ---- per-run state: the head's cache follows the committed sequence --------------------------------------
     def start(self, prompt_ids: torch.Tensor, features: torch.Tensor | None) -> None:
+        # a new run: the head's cache and what it predicts belong to the previous run's text, if any
+        self.committed, self.pending, self.last, self.grafted = 0, None, None, []
+        self.lookup_hits, self.lookup_tries = 1, 2
         if features is not None and features.shape[0] > 0:
             self.pending = (features, prompt_ids[1:].tolist())  # pairs (f_t, x_{t+1}), t = 0 .. L - 2
 
