@@ -130,6 +130,13 @@ def test_chunks_shrink_as_the_cached_prompt_grows(tiny_models, monkeypatch):
     assert sum(prefill) == len(ids) - 1
     starts = [sum(prefill[:i]) for i in range(len(prefill))]
     assert prefill[:-1] == [engine.prefill_chunk(s) for s in starts[:-1]] and prefill[0] == 64 and min(prefill) < 32
+    # the prefill bench times the same forwards the engine makes
+    from specviz.bench.prefill import prefill_ours
+
+    forwards.clear()
+    timed = prefill_ours(Target(tiny_models.target), ids[:-1])
+    assert [n for n, _ in timed] == forwards == prefill
+
 
 @pytest.fixture
 def slow_prefill(monkeypatch):

@@ -29,19 +29,17 @@ def prompt_ids(length: int, vocab: int, seed: int = 0) -> list[int]:
 
 def prefill_ours(target, ids: list[int]) -> list[tuple[int, float]]:
     """(tokens, seconds) of each forward of one prefill of `ids`, chunked as the engine chunks a prompt."""
-    from specviz.decoding.engine import prefill_chunk
+    from specviz.decoding.engine import prefill_slices
 
     cache = target.new_cache()
     reserve = getattr(cache, "reserve", None)
     if reserve is not None:
         reserve(len(ids))
-    chunks, start = [], 0
-    while start < len(ids):
-        part = ids[start : start + prefill_chunk(start)]
+    chunks = []
+    for part in prefill_slices(len(ids)):
         started = time.perf_counter()
-        target.forward(part, cache, logits=False)
-        chunks.append((len(part), time.perf_counter() - started))
-        start += len(part)
+        target.forward(ids[part], cache, logits=False)
+        chunks.append((part.stop - part.start, time.perf_counter() - started))
     return chunks
 
 

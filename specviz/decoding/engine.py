@@ -34,6 +34,15 @@ SHRINK_PAST, MIN_PREFILL_CHUNK = 1024, 32
 def prefill_chunk(past: int) -> int:
     """How many prompt tokens the prefill forward after `past` cached positions takes."""
     return max(MIN_PREFILL_CHUNK, PREFILL_CHUNK * SHRINK_PAST // max(SHRINK_PAST, past))
+
+
+def prefill_slices(n: int) -> Iterator[slice]:
+    """The forwards that cache n prompt tokens: consecutive slices of prefill_chunk(start) tokens each."""
+    start = 0
+    while start < n:
+        end = min(start + prefill_chunk(start), n)
+        yield slice(start, end)
+        start = end
 TREE_ROOM = 160  # cache positions reserved past the prompt and the budget for a step's draft tree (at most 129 served)
 
 
@@ -232,13 +241,10 @@ class _Run:
         if reserve is not None:
             reserve(len(ids) + self.settings.max_new_tokens + TREE_ROOM)
         chunks = []  # (T, H) features of each chunk, for a drafter that drafts from them
-        start = 0
-        while start < len(ids) - 1:
+        for part in prefill_slices(len(ids) - 1):
             if self.cancelled():
                 return False
-            part = ids[start : min(start + prefill_chunk(start), len(ids) - 1)]
-            start += len(part)
-            hidden = self.target.forward(part, self.cache, logits=False, layers=self.drafter.feature_layers)[0]
+            hidden = self.target.forward(ids[part], self.cache, logits=False, layers=self.drafter.feature_layers)[0]
             if self.drafter.needs_features:
                 chunks.append(hidden)
         if self.cancelled():
