@@ -6,15 +6,16 @@ others out.
 uvicorn's own `limit_concurrency` counts such connections too and answers everyone past it with 503, so a
 thousand half-open sockets would shut real clients out. Here, past the cap, room is made for the newcomer:
 first the connection that has waited longest without a request in progress is closed (one that sent part of a
-request's headers, or an idle keep-alive one), then one that has sent nothing for FRESH_S or more, then the one
-stalled longest (a body that stopped arriving, or a response its client has not read, for STALLED_S or more: an
-event stream's viewer resumes with Last-Event-ID), and last a body still arriving UPLOAD_S after its headers,
-however fast (408: bodies trickled just above the byte-rate floor would hold the cap). A connection that has sent nothing for less than FRESH_S is
-never closed to make room: a burst of whole requests is accepted before any of them is read. When no connection
-can give way, the newcomer is answered 503 with Retry-After once its request's headers arrive (at most
-REFUSING_MAX such newcomers wait for their headers; past them the one waiting longest is closed), so open
-sockets stay within the cap plus REFUSING_MAX. Each kind of connection is kept oldest first (Room): making room
-costs the same whether ten or ten thousand are open."""
+request's headers, or an idle keep-alive one), then one that has sent nothing for FRESH_S or more, then a body
+that stopped arriving STALLED_S or more ago (408, send it again), then the response its client has left unread
+longest, for STALLED_S or more (an event stream's viewer resumes with Last-Event-ID), and last a body still
+arriving UPLOAD_S after its headers, however fast (408: bodies trickled just above the byte-rate floor would hold
+the cap). A connection that has sent nothing for less than FRESH_S is never closed to make room: a burst of whole
+requests is accepted before any of them is read. When no connection can give way, the newcomer is answered 503
+with Retry-After once its request's headers arrive. Two groups of newcomers wait past the cap, each of at most
+REFUSING_MAX (past it the one waiting longest is closed): those not read yet, and those read and waiting for
+their headers to be answered 503; so open sockets stay within the cap plus twice REFUSING_MAX. Each kind of
+connection is kept oldest first (Room): making room costs the same whether ten or ten thousand are open."""
 from __future__ import annotations
 
 import asyncio
@@ -34,9 +35,10 @@ BODY_CHECK_S = 0.5  # how often a body's progress is looked at
 WRITE_TIMEOUT_S = 30.0  # a response (an event stream) its client has not read for this long is closed
 STALLED_S = 1.0  # a body or a response stalled this long may be closed to make room for a newcomer
 UPLOAD_S = 2.0  # a body still arriving this long after its headers is answered 408 to make room, however fast
-FRESH_S = 0.25  # a connection that has sent nothing (or no more of its body) for this long may give way, not before
+FRESH_S = 0.25  # a connection that has sent nothing for this long may give way, not before
 RETRY_AFTER_S = 2  # what a newcomer refused at the cap is told
-REFUSING_MAX = 128  # newcomers waiting for their headers to be answered 503 at most; past it the oldest is closed
+REFUSING_MAX = 128  # newcomers past the cap not read yet, and those to be answered 503, at most each; past it the
+# oldest of the group is closed
 # connections the kernel completes and holds for the service to accept (listen's backlog; uvicorn's is 2,048). The
 # event loop accepts up to this many at a time before it reads any: a flood of 1,500 connections a second accepted
 # 2,048 at a time kept the loop from reading its clients (/healthz unanswered for seconds, 4,000 sockets open
@@ -152,10 +154,18 @@ class GuardedH11Protocol(H11Protocol):
     def _make_room(self) -> bool:
         """Close the connection that gives way to this one; False when none may."""
         room = self.rooms
-        victim = (room.oldest(room.waiting, 0.0) or room.oldest(room.fresh, FRESH_S) or room.oldest(room.bodies, FRESH_S)
-                  or room.oldest(room.unread, STALLED_S))
+        victim = room.oldest(room.waiting, 0.0) or room.oldest(room.fresh, FRESH_S)
         if victim is not None and victim is not self:
             victim._close(abort=victim in room.unread)  # what is buffered for one not reading is dropped
+            return True
+        stalled = room.oldest(room.bodies, STALLED_S)
+        if stalled is not None and stalled is not self:
+            stalled._body_late(f"no more of the request body came for {STALLED_S:g} s and the service needed the "
+                               "connection for another client; send it again")
+            return True
+        unread = room.oldest(room.unread, STALLED_S)
+        if unread is not None and unread is not self:
+            unread._close(abort=True)  # what is buffered for a client not reading is dropped
             return True
         # bodies trickled just above the byte-rate floor would hold the cap until their deadline
         slow = room.oldest(room.uploads, UPLOAD_S)
