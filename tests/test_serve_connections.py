@@ -313,6 +313,49 @@ def test_a_flood_of_half_open_connections_holds_the_cap_and_health_answers(tiny_
         assert answered.count(200) >= 0.8 * len(answered) and median < 0.5, (answered, took)
 
 
+class Transport:
+    """What the guard reads and calls of a connection's transport."""
+
+    def __init__(self) -> None:
+        self.closing = False
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self.closing = True
+
+    abort = close
+
+
+class Loop:
+    def time(self) -> float:
+        return 0.0
+
+
+def test_a_newcomer_closed_while_pending_does_not_count_against_the_cap():
+    """A newcomer past the cap counts only once it is read; closed before that (REFUSING_MAX of them wait at
+    most), it must not count again until its socket is gone."""
+    room, open_ = connections_module.Room(), set()
+
+    def connection(pending: bool) -> connections_module.GuardedH11Protocol:
+        c = object.__new__(connections_module.GuardedH11Protocol)
+        c.rooms, c.connections, c.transport, c.loop = room, open_, Transport(), Loop()
+        c.kind, c.refusing, c.pending, c.closed_here = None, False, pending, False
+        open_.add(c)
+        if pending:
+            room.pending[c] = 0.0
+        return c
+
+    counted = [connection(False) for _ in range(3)]
+    newcomer = connection(True)
+    assert counted[0]._counted() == 3
+    newcomer._close()
+    assert counted[0]._counted() == 3 and room.closed == 1
+    counted[1]._close()
+    assert counted[0]._counted() == 2 and room.closed == 2
+
+
 def test_a_request_http_itself_refuses_gets_the_service_error_shape(tiny_models):
     """Two Host headers, two lengths, a request line that is not HTTP: uvicorn answered them in plain text."""
     with Running(Service({"tiny": tiny_models})) as running:

@@ -195,7 +195,8 @@ class GuardedH11Protocol(H11Protocol):
         self.rooms.unread.pop(self, None)
         self.rooms.pending.pop(self, None)
         self.rooms.uploads.pop(self, None)
-        if not self.refusing and not self.pending:
+        self.pending = False
+        if not self.refusing:  # a refused one is counted out by room.refused already
             self.closed_here = True
             self.rooms.closed += 1
         if abort:
