@@ -118,6 +118,16 @@ def test_the_widest_seed_and_the_temperature_floor_are_taken(served):
         assert events[-1].type == "done" and len(events[-1].token_ids) == 4
 
 
+def test_a_chat_request_without_k_gets_the_decode_settings_default(monkeypatch):
+    from specviz.decoding.settings import DecodeSettings
+    from specviz.serve.validate import ChatBody, Limits, chat_run_body
+
+    body = ChatBody(messages=[{"role": "user", "content": "hi"}])
+    monkeypatch.setattr(DecodeSettings, "k", 6)  # the default, wherever it is set, not a number written again here
+    assert chat_run_body(body, "ngram", Limits()).k == 6
+    assert chat_run_body(body.model_copy(update={"specviz": {"k": 3}}), "ngram", Limits()).k == 3
+
+
 def test_chat_max_tokens_is_what_it_says(served):
     whole = httpx.post(served.url + "/v1/chat/completions", json={**CHAT, "max_tokens": 3}, timeout=60).json()
     assert whole["usage"]["completion_tokens"] <= 3

@@ -167,7 +167,7 @@ def chat_run_body(body: ChatBody, default_drafter: str, limits: Limits) -> RunBo
                               f"it out or send {CHAT_UNSUPPORTED[name][-1]!r}")
     extra = dict(body.specviz)
     drafter = extra.pop("drafter", default_drafter)
-    k = extra.pop("k", 4)
+    k = extra.pop("k", DecodeSettings.k)
     if not isinstance(drafter, str):
         raise ClientError(f"specviz.drafter must be text such as \"ngram\", got {shown(drafter)}")
     if isinstance(k, bool) or not isinstance(k, int):
