@@ -78,6 +78,40 @@ def test_best_length_keeps_what_raises_the_expected_rate():
     assert best_length([0.9] * 4, lambda n: {1: 1.0, 2: 1.0, 3: 1.9, 4: 1.9, 5: 1.9}[n]) == 4
 
 
+def test_drafting_already_paid_for_is_not_charged_again():
+    """After a draft model has run its forwards, choosing how many drafted tokens to verify weighs only the verify
+    cost: with a flat curve every drafted token with any chance is worth verifying, whatever the drafting cost."""
+    curve = lambda n: 0.020  # noqa: E731
+    chances = [0.9, 0.45, 0.09]  # q 0.9, 0.5, 0.2 along the chain
+    assert best_length(chances, curve, draft_s=0.006) == 2  # before drafting, the third forward does not pay
+    assert best_length(chances, curve, spent_s=3 * 0.006) == 3  # after it, verifying its token is free
+    assert LengthPolicy(COST, curve).length(chances, spent_s=3 * 0.006) == 3
+
+
+def test_the_next_draft_forward_looks_past_one_costly_size():
+    """One costly size on the curve (a noisy c(2)) does not stop a draft model for good: worth_drafting looks as
+    far ahead as the drafter may draft."""
+    spike = lambda n: {1: 1.0, 2: 1.6}.get(n, 1.0)  # noqa: E731
+    policy = LengthPolicy(COST, spike)  # running acceptance at its prior, 0.5 a position
+    assert not policy.worth_drafting([], cap=1)  # one token: 1.5 expected in 1.6, below plain decoding
+    assert policy.worth_drafting([], cap=4)  # two or more: 1.75 in 1.0
+    assert not LengthPolicy(COST, steep).worth_drafting([], cap=8)  # a steep curve pays at no length
+
+
+def test_a_tree_budget_stays_where_the_curve_was_measured():
+    """A curve measured up to 16 tokens and nearly flat there, extrapolated, would price a 2,000-node tree as
+    cheap; the cost-aware and `auto` budgets keep at most the 15 nodes the curve's last size verifies."""
+    from specviz.decoding.costs import interpolate
+    from specviz.drafters.eagle import tree_budget
+
+    curve = interpolate({1: 1.0, 8: 1.02, 16: 1.01})  # falls past 8: its extrapolation gets cheaper with size
+    chances = [0.5] * 2000
+    assert tree_budget(LengthPolicy(COST, curve), chances, "auto", curve) == 15
+    assert tree_budget(LengthPolicy(FIXED), chances, "auto", curve) == 15
+    assert tree_budget(LengthPolicy(COST, curve), chances, 40, curve) == 40  # a number the user set is kept
+    assert tree_budget(LengthPolicy(FIXED), chances, None, curve) == 2000  # fixed, no budget: every node
+
+
 def test_fixed_keeps_every_token_and_needs_no_curve():
     policy = LengthPolicy(FIXED)
     assert policy.length([0.01, 0.001]) == 2 and policy.worth_drafting([0.001])

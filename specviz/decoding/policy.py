@@ -11,7 +11,7 @@ runs a draft forward per token, 0 for one whose draft is already paid for or fre
 commits 1 token in c(1): its rate is 1/c(1).
 
 Drafting one more token raises the step's expected tokens per second E/T exactly when its value P_{n+1} is worth
-its marginal cost at the rate reached so far:
+its marginal cost at the rate reached so far (where that marginal cost is positive; a measured curve can dip):
 
     P_{n+1} / (c(n + 2) − c(n + 1) + d)  >  E(n) / T(n).
 
@@ -22,7 +22,10 @@ length pays, the draft is empty and the step is one plain forward. Where every c
 verifying (a lookup's continuation, a drafted chain, a tree's ranked nodes), the rule takes the n ≤ m with the
 highest E(n)/T(n) (`best_length`), which also looks past a costly size to a cheaper stretch of the curve behind it.
 Where each further chance costs a draft forward to learn (a draft model), the drafter asks `worth_drafting` before
-each forward, with the next chance estimated from the acceptance measured at that position so far.
+each forward, with the chances ahead estimated from the acceptance measured at those positions so far, looking as
+far ahead as the drafter may draft (so one costly size on the curve does not stop a draft that pays further on).
+Once drafted, the forwards are spent: choosing how many drafted tokens to verify then weighs only the verify cost
+(`spent_s` holds the draft time already paid, the same for every choice).
 
 P_i comes from the drafter's own q where it has one (the product of q along the path, EAGLE-2's path score), and
 from a running per-position acceptance (`RunningAcceptance`) where it has none (prompt lookup).
@@ -53,20 +56,21 @@ def check_k_policy(value: object) -> str:
     return str(value)
 
 
-def step_rate(chances: Sequence[float], n: int, cost: VerifyCost, draft_s: float = 0.0) -> float:
-    """E(n) / T(n): expected tokens per second of a step that drafts the first n of `chances` (cumulative
-    chances of acceptance), each drafted token costing draft_s seconds."""
-    return (1.0 + sum(chances[:n])) / (cost(n + 1) + n * draft_s)
+def step_rate(chances: Sequence[float], n: int, cost: VerifyCost, draft_s: float = 0.0, spent_s: float = 0.0) -> float:
+    """E(n) / T(n): expected tokens per second of a step that verifies the first n of `chances` (cumulative
+    chances of acceptance), each of them costing draft_s seconds to draft, after spent_s already spent drafting."""
+    return (1.0 + sum(chances[:n])) / (cost(n + 1) + n * draft_s + spent_s)
 
 
-def best_length(chances: Sequence[float], cost: VerifyCost, draft_s: float = 0.0) -> int:
+def best_length(chances: Sequence[float], cost: VerifyCost, draft_s: float = 0.0, spent_s: float = 0.0) -> int:
     """The n ≤ len(chances) with the highest expected tokens per second E(n)/T(n) (the module's rule); 0 when no
     draft beats one plain forward. chances: P_1, P_2, ... for a chain, or a tree's nodes ranked best first (each
-    node's path chance; then n is the node budget and c(n + 1) the cost of verifying those nodes and the root)."""
-    best, best_rate, expected = 0, 1.0 / cost(1), 1.0
+    node's path chance; then n is the node budget and c(n + 1) the cost of verifying those nodes and the root).
+    draft_s: the cost of drafting each token still to be drafted; spent_s: drafting already paid for, whatever n."""
+    best, best_rate, expected = 0, 1.0 / (cost(1) + spent_s), 1.0
     for n, chance in enumerate(chances, 1):
         expected += chance
-        rate = expected / (cost(n + 1) + n * draft_s)
+        rate = expected / (cost(n + 1) + n * draft_s + spent_s)
         if rate > best_rate:
             best, best_rate = n, rate
     return best
@@ -82,8 +86,8 @@ def chain_stop(kept: int, found: int, cap: int, cut: str = STOP_COST) -> str:
 
 class RunningAcceptance:
     """Per-position acceptance measured in this run, for a drafter without q: rate(i) estimates the chance that
-    the i-th drafted token is accepted given that the tokens before it were. A running mean (weight `weight` per
-    step that tried the position); a position no step tries drifts back toward the prior by `relax` of the gap a
+    the i-th drafted token is accepted given that the tokens before it were. An exponential moving average (weight
+    `weight` per step that tried the position, so recent steps count most); a position no step tries drifts back toward the prior by `relax` of the gap a
     step, so a drafter that stopped drafting after its acceptance collapsed tries again after a while."""
 
     def __init__(self, prior: float = 0.5, weight: float = 0.2, relax: float = 0.01):
@@ -132,21 +136,30 @@ class LengthPolicy:
         """Does the verify cost size the draft (COST)?"""
         return self.kind == COST
 
-    def length(self, chances: Sequence[float], draft_s: float = 0.0) -> int:
-        """How many of the proposed tokens (or ranked tree nodes) with these chances to verify: all under FIXED."""
+    def length(self, chances: Sequence[float], spent_s: float = 0.0) -> int:
+        """How many of the proposed tokens (or ranked tree nodes) with these chances to verify, their drafting
+        (spent_s) already paid for: all under FIXED."""
         if self.cost is None or self.kind == FIXED:
             return len(chances)
-        return best_length(chances, self.cost, draft_s)
+        return best_length(chances, self.cost, spent_s=spent_s)
 
-    def worth_drafting(self, chances: Sequence[float], draft_s: float = 0.0) -> bool:
-        """Before one more draft forward: would a next token, with the chance the running acceptance at its
-        position gives, raise the best expected rate of the draft so far? Always under FIXED."""
+    def worth_drafting(self, chances: Sequence[float], draft_s: float = 0.0, cap: int | None = None) -> bool:
+        """Before one more draft forward, `chances` drafted so far (each forward draft_s seconds, already spent):
+        would drafting on, to any length up to `cap` tokens in all (one more when None), raise the best expected
+        rate of verifying what is drafted now? The chances ahead are the running acceptance's at their positions.
+        Always under FIXED."""
         if self.cost is None or self.kind == FIXED:
             return True
         n = len(chances)
-        following = (chances[-1] if chances else 1.0) * self.acceptance.rate(n + 1)
-        best = step_rate(chances, best_length(chances, self.cost, draft_s), self.cost, draft_s)
-        return step_rate([*chances, following], n + 1, self.cost, draft_s) > best
+        spent = n * draft_s
+        best = step_rate(chances, best_length(chances, self.cost, spent_s=spent), self.cost, spent_s=spent)
+        ahead, chance = list(chances), chances[-1] if chances else 1.0
+        for position in range(n + 1, max(n + 1, cap or 0) + 1):
+            chance *= self.acceptance.rate(position)
+            ahead.append(chance)
+            if step_rate(ahead, position, self.cost, draft_s, spent) > best:
+                return True
+        return False
 
     def observe(self, drafted: int, accepted: int) -> None:
         self.acceptance.observe(drafted, accepted)

@@ -74,7 +74,7 @@ class DraftModelDrafter(Drafter):
         for _ in range(cap):
             chain = chances[-1] if chances else 1.0
             if (self.adaptive and self.verify_cost is not None and self.token_cost.exceeds(chain * self.verify_cost(1))) \
-                    or not self.policy.worth_drafting(chances, draft_s):
+                    or not self.policy.worth_drafting(chances, draft_s, cap):
                 tree.stop = STOP_COST
                 break
             started = time.perf_counter()
@@ -91,7 +91,7 @@ class DraftModelDrafter(Drafter):
                 self.token_cost.add(time.perf_counter() - started)
             new = [token]
             chances.append(chain * float(shown[token]))
-        kept = self.policy.length(chances, draft_s)
+        kept = self.policy.length(chances, spent_s=len(chances) * draft_s)  # the forwards are spent
         if kept < len(tree):  # its own q says the last tokens are not worth verifying
             tree.keep_first(kept)
             tree.stop = STOP_CONFIDENCE
