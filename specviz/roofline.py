@@ -48,7 +48,8 @@ class Roofline:
         return draft_forwards * self.forward_s(1, self.draft_share * self.params) + self.forward_s(verified)
 
     def step_cost(self, draft_forwards: int, verified: int) -> float:
-        """The step's cost in plain target forwards (the Cost page's step cost): step_s ÷ c(1)."""
+        """The step's cost in plain target forwards, step_s ÷ c(1): the step cost that the Cost page's formula
+        (analysis.predicted_speedup) divides by."""
         return self.step_s(draft_forwards, verified) / self.forward_s(1)
 
     def describe(self) -> str:

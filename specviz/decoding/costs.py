@@ -105,4 +105,5 @@ def interpolate(curve: dict[int, float]) -> Callable[[int], float]:
         a, b = xs[-2], xs[-1]
         return curve[b] + (curve[b] - curve[a]) * (n - b) / (b - a)
 
+    cost.measured_up_to = xs[-1]  # type: ignore[attr-defined]  # the largest size timed: past it, an extrapolation
     return cost

@@ -340,13 +340,20 @@ def tree_budget(policy: LengthPolicy, chances: list[float], total_tokens: int | 
                 verify_cost: VerifyCost | None) -> int:
     """Nodes kept of a tree whose candidates, ranked best first, have these path chances. Cost-aware: the run's
     policy's length, at most total_tokens where it is a number. Fixed: total_tokens (None: every node; "auto":
-    the same rule on verify_cost, as before the policy existed)."""
-    cap = total_tokens if isinstance(total_tokens, int) else len(chances)
+    the same rule on verify_cost, as before the policy existed). A budget the curve sizes stays within the sizes
+    the curve was measured at (root and nodes), never trusting its extrapolation."""
+    if isinstance(total_tokens, int):
+        cap = total_tokens
+    elif policy.sized or isinstance(total_tokens, str):
+        measured = getattr(policy.cost if policy.sized else verify_cost, "measured_up_to", None)
+        cap = len(chances) if measured is None else min(len(chances), measured - 1)
+    else:
+        cap = len(chances)
     if policy.sized:
         return policy.length(chances[:cap])
     if isinstance(total_tokens, str):  # "auto": the cut that maximises expected tokens per second on this machine
         assert verify_cost is not None  # tree_options measures it for "auto"
-        return best_length(chances, verify_cost)
+        return best_length(chances[:cap], verify_cost)
     return cap
 
 
