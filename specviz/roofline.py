@@ -84,10 +84,13 @@ def with_draft_share(clock: Roofline, share: float) -> Roofline:
 
 def draft_forwards(step: dict, drafter: str) -> int:
     """The draft forwards a step took: none for `none` and the n-gram lookup (no model), one for Medusa's heads
-    (one pass gives every depth), else one per depth of what it drafted (a chain's length, a tree's depth)."""
+    (one pass gives every depth), else the forwards the step reports it ran (`draft_forwards`: a draft model's
+    dropped tokens included), or, in a trace without them, one per depth of what it drafted."""
     spec = REGISTRY.get(drafter_name(drafter))
     if drafter_name(drafter) == PLAIN or spec is None or spec.needs is None:
         return 0
+    if step.get("draft_forwards") is not None:
+        return int(step["draft_forwards"])
     if spec.needs == "medusa":
         return 1
     depths = [node["depth"] for node in step.get("nodes") or []]

@@ -188,6 +188,9 @@ def test_a_draft_model_drops_the_tokens_its_own_q_does_not_back(target):
     assert evs[-1].token_ids == hf_greedy(target, REPEATING, 40)
     assert STOP_CONFIDENCE in {s.stop for s in steps}
     assert all(s.drafted < 4 for s in steps if s.stop == STOP_CONFIDENCE)
+    # the forwards whose tokens were dropped are still counted (the modelled clock prices them)
+    assert all(s.draft_forwards >= s.drafted for s in steps)
+    assert any(s.draft_forwards > s.drafted for s in steps if s.stop == STOP_CONFIDENCE)
 
 
 # ---- lossless, and what the events say ----------------------------------------------------------------

@@ -341,4 +341,5 @@ class _Run:
             },
             lossy=self.drafter.lossy,
             stop=tree.stop,
+            draft_forwards=tree.forwards,
         )

@@ -109,6 +109,7 @@ class Step:
     final: dict[str, Any] | None = None  # {"token", "text", "kind", "dist_top"}: the replacement or bonus and its distribution
     lossy: bool = False
     stop: str | None = None  # why the draft stopped: "cost", "confidence", "cap" or "no match" (None: not said)
+    draft_forwards: int | None = None  # draft-model (or head) forwards run to draft, dropped tokens' included (None: not counted)
     type: str = "step"
 
 

@@ -31,6 +31,8 @@ class DraftTree:
     build: list[dict[str, Any]] = field(default_factory=list)
     # Why the draft stopped where it did (one of specviz.decoding.policy.STOPS); None where a drafter does not say.
     stop: str | None = None
+    # Draft-model forwards run to draft it, counting any whose tokens were then dropped (None: not counted)
+    forwards: int | None = None
 
     def add(self, token: int, parent: int, q: float | None = None, q_dist: torch.Tensor | None = None,
             score: float | None = None, q_top: list[list[Any]] | None = None) -> int:

@@ -95,6 +95,7 @@ class DraftModelDrafter(Drafter):
         if kept < len(tree):  # its own q says the last tokens are not worth verifying
             tree.keep_first(kept)
             tree.stop = STOP_CONFIDENCE
+        tree.forwards = len(chances)  # one forward per drafted token, kept or dropped
         return tree
 
     def _reuse(self, ids: list[int]) -> int:

@@ -160,6 +160,7 @@ class EagleDrafter(Drafter):
         build: list[dict[str, Any]] = []
         frontier = self._children(self.last[None], [None], candidates, shape.top_k)
         entries: list[int] = []  # head-cache entry index -> candidate cid, for the tree mask
+        expanded = 0  # head passes past the first (which read the committed text)
         for d in range(1, depth + 1):
             kept = sorted(frontier, key=lambda c: -c.log_score)[: shape.top_k]
             build.append(self._stage(d, frontier, kept))
@@ -170,13 +171,16 @@ class EagleDrafter(Drafter):
                 break
             started = time.perf_counter()
             hidden = self._expand(kept, candidates, entries)  # (k, H) predicted features of the kept nodes
+            expanded += 1
             frontier = self._children(hidden, kept, candidates, shape.top_k)
             self.depth_cost.add(time.perf_counter() - started)
         grafted = self._graft_lookup(request.ids, depth, candidates) if self.lookup else []
         if grafted:
             build.append({"stage": "lookup", "rate": self.lookup_rate,
                           "candidates": [_described(c) for c in grafted], "kept": [c.cid for c in grafted]})
-        return self._rerank(candidates, build, grafted)
+        tree = self._rerank(candidates, build, grafted)
+        tree.forwards = 1 + expanded
+        return tree
 
     def _graft_lookup(self, ids: torch.Tensor, depth: int, candidates: list[Candidate]) -> list[Candidate]:
         """Prompt lookup's continuation of the context as one more branch of the tree. Where it agrees with the

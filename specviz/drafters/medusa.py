@@ -92,6 +92,7 @@ class MedusaDrafter(Drafter):
         if self.feature is None:
             return tree
         hidden = self.heads(self.feature[None, None].to(self.dtype))  # (1, 1, K, H)
+        tree.forwards = 1  # one pass of the heads gives every depth
         if self.project is not None:
             logits = self.project(hidden[0, 0]).float()  # (K, Vd)
         else:

@@ -33,7 +33,7 @@ class NgramDrafter(Drafter):
         return {"k": self.k, "max_ngram": self.max_ngram, "min_ngram": self.min_ngram}
 
     def propose(self, request: DraftRequest) -> DraftTree:
-        tree = DraftTree()
+        tree = DraftTree(forwards=0)  # a lookup runs no model
         cap = min(self.k, request.max_depth)
         found = lookup(request.ids, cap, self.max_ngram, self.min_ngram)
         kept = self.policy.length(self.policy.acceptance.chances(len(found)))
