@@ -5,7 +5,7 @@ each set in. No streamlit here.
 The premise of speculative decoding is that a target forward over a few tokens costs about what one over a single
 token costs, because decoding streams every weight once per forward (memory-bound). Where the arithmetic is the
 bottleneck instead (compute-bound: integer products on a few CPU cores), verifying 8 tokens costs several times
-one, and speculation cannot pay for itself.
+one, and a step that verifies them pays only where it commits more tokens than that.
 """
 from __future__ import annotations
 
@@ -44,17 +44,19 @@ def lane_label(weights: str | None, ratio: float | None) -> str:
 
 
 def regime_sentence(ratios: dict[str, float]) -> str:
-    """One sentence per weight set, chosen from its measured c(8) ÷ c(1): which regime it is in and what that
-    means for speculation."""
+    """One sentence per weight set, chosen from its measured c(8) ÷ c(1): which regime it is in and what a step
+    must commit for speculation to pay there. The ratio sets the break-even, not the outcome: whether a drafter
+    pays is its τ against that, which the race measures."""
     parts = []
     for weights, ratio in ratios.items():
-        head = f"On {weights_words(weights)} ({weights}) a verify of {RATIO_N} tokens costs {ratio:.2f}× one"
+        head = (f"On {weights_words(weights)} ({weights}) a verify of {RATIO_N} tokens costs {ratio:.2f}× one: "
+                f"{regime(ratio)}, so a step verifying {RATIO_N} tokens pays only when it commits more than "
+                f"{ratio:.1f} tokens (more still to pay for its drafting)")
         if ratio < MEMORY_BOUND_BELOW:
-            parts.append(f"{head}: memory-bound, so a step that commits several tokens costs about one forward "
-                         "and speculation pays here.")
+            parts.append(f"{head}; verifying is nearly free, so almost any acceptance pays for the verify.")
         else:
-            parts.append(f"{head}: compute-bound, so every extra token verified costs real time, a step must "
-                         f"commit about {ratio:.1f} tokens just to break even, and speculation does not pay here.")
+            parts.append(f"{head}; every extra token verified costs real time, so a drafter pays on these weights "
+                         "only where its steps commit that many, and shorter drafts cost less to verify.")
     return " ".join(parts)
 
 
