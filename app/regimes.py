@@ -9,8 +9,13 @@ one, and a step that verifies them pays only where it commits more tokens than t
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from specviz.bench.regimes import MEMORY_BOUND_BELOW, RATIO_N, SEPARATOR, cost_ratio, regime
 from specviz.models.quantized import WEIGHT_WORDS
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["MEMORY_BOUND_BELOW", "RATIO_N", "SEPARATOR", "cost_ratio", "regime"]  # what the pages read from here too
 
@@ -61,20 +66,54 @@ def regime_sentence(ratios: dict[str, float]) -> str:
 
 
 def part_share(models, part: str | None) -> float | None:
-    """A draft part's parameters ÷ the target's (a specviz.models.LoadedModels), block linears counted by their
-    shape: the draft size a modelled clock gives a draft of this pair. None where the part is not loaded."""
+    """A draft part's own parameters ÷ the target's (a specviz.models.LoadedModels), block linears counted by their
+    shape: the draft size a modelled clock gives a draft of this pair. The target's embedding and LM head that a
+    draft model holds as its own submodules are the target's, not the draft's (an EAGLE or Medusa head reads them
+    too, and holds none). None where the part is not loaded."""
     module = models.part(part) if part else None
     if module is None:
         return None
-    return parameters(module) / parameters(models.target)
+    return parameters(module, targets_in(module, models.target)) / parameters(models.target)
 
 
-def parameters(module) -> int:
+def storage(tensor: torch.Tensor) -> int:
+    """Where a tensor's data lives: its storage's address, or, for an opaque tensor (a oneDNN-packed weight), which
+    has no storage to ask, the tensor's own identity."""
+    try:
+        return tensor.untyped_storage().data_ptr()
+    except RuntimeError:  # "Cannot access storage of OpaqueTensorImpl"
+        return id(tensor)
+
+
+def targets_in(part: torch.nn.Module, target: torch.nn.Module) -> set[int]:
+    """The storages of `part`'s tensors that are the target's: every tensor it shares with the target, and its
+    embedding and LM head where they are the target's cast to another dtype (models.heads.share_embedding's copies
+    beside a target in another dtype)."""
+    shared = {storage(t) for t in (*target.parameters(), *target.buffers())}
+    theirs = [m.weight for m in embeddings(target)]
+    for weight in (m.weight for m in embeddings(part)):
+        if storage(weight) not in shared and any(
+                weight.shape == t.shape and weight.dtype != t.dtype and bool((weight == t.to(weight.dtype)).all())
+                for t in theirs):
+            shared.add(storage(weight))
+    return shared
+
+
+def embeddings(model: Any) -> list[Any]:
+    """A transformers model's input embedding and output head; none for a module without them (a head)."""
+    return [module for get in ("get_input_embeddings", "get_output_embeddings")
+            if hasattr(model, get) and (module := getattr(model, get)()) is not None]
+
+
+def parameters(module: torch.nn.Module, leave_out: set[int] | None = None) -> int:
+    """The weights of `module` (block linears by their shape), but those whose storage is in `leave_out`."""
     from specviz.kernels.quant import BLOCK_LINEARS
 
-    blocks = [m for m in module.modules() if isinstance(m, BLOCK_LINEARS)]
-    return (sum(p.numel() for p in module.parameters())
-            + sum(m.in_features * m.out_features for m in blocks))
+    leave_out = leave_out or set()
+    blocks = [m for m in module.modules()
+              if isinstance(m, BLOCK_LINEARS) and not any(storage(b) in leave_out for b in m.buffers())]
+    return int(sum(p.numel() for p in module.parameters() if storage(p) not in leave_out)
+               + sum(m.in_features * m.out_features for m in blocks))
 
 
 def measured_in_process(cache: dict) -> dict[str, dict]:

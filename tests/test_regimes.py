@@ -51,6 +51,27 @@ def test_lanes_on_weight_sets_take_the_same_weights_none_as_their_baseline():
     assert lanes.DRAFTER_NAME.fullmatch("eagle2:lookup=4@fp32") and not lanes.DRAFTER_NAME.fullmatch("eagle2@")
 
 
+def test_a_drafts_share_counts_its_own_weights_not_the_targets_embedding_it_holds():
+    """The shipped draft model holds the target's embedding and LM head as its own submodules (shared tensors, or
+    copies in the draft's dtype): its share of the target is its own layers', as an EAGLE head's is."""
+    from specviz.models.heads import share_embedding
+    from specviz.models.loading import LoadedModels
+
+    from tiny import TinyTokenizer, tiny_llama
+
+    for dtype in (None, torch.bfloat16):
+        target, draft = tiny_llama(vocab_size=512, layers=4), tiny_llama(vocab_size=512, layers=1, seed=1)
+        share_embedding(draft, target, dtype)
+        models = LoadedModels("tiny", target, draft, TinyTokenizer(512), target.device, torch.float32)
+        own = sum(p.numel() for name, p in draft.named_parameters()
+                  if "embed_tokens" not in name and not name.startswith("lm_head"))
+        assert regimes.part_share(models, "draft") == pytest.approx(own / sum(p.numel() for p in target.parameters()))
+    head = EagleHead(target.config)  # a head holds no embedding: every weight is its own
+    models.parts["eagle"] = head
+    assert regimes.part_share(models, "eagle") == pytest.approx(
+        sum(p.numel() for p in head.parameters()) / sum(p.numel() for p in target.parameters()))
+
+
 # ------------------------------------------------------------------------------------------ the modelled clock
 
 
