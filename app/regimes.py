@@ -9,7 +9,7 @@ one, and a step that verifies them pays only where it commits more tokens than t
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from specviz.bench.regimes import MEMORY_BOUND_BELOW, RATIO_N, SEPARATOR, cost_ratio, regime
 from specviz.models.quantized import WEIGHT_WORDS
@@ -116,15 +116,27 @@ def parameters(module: torch.nn.Module, leave_out: set[int] | None = None) -> in
                + sum(m.in_features * m.out_features for m in blocks))
 
 
+class RunKey(NamedTuple):
+    """What a race run depends on besides its lane (the race page's cache holds {(RunKey, lane): events})."""
+
+    prompt: str
+    weights: str | None  # the weight set it ran on (None: another engine's own)
+    settings: Any  # the race's app.state.Settings, its drafter cleared
+
+
 def measured_in_process(cache: dict) -> dict[str, dict]:
-    """drafter → {tau, speedup, lane} from this process's finished race runs ({(run key, lane): events}, the race
-    page's cache): each drafter's last run beside a `none` run of the same settings and weights."""
+    """drafter@weights → {drafter, weights, tau, speedup, lane} from this process's finished race runs ({(RunKey,
+    lane): events}, the race page's cache): each drafter's last run on each weight set beside a `none` run of the
+    same settings and weights."""
     rows = {}
     for (key, lane), events in cache.items():
-        drafter, weights = split_lane(lane)
-        base = cache.get((key, lane_name("none", weights)))
+        drafter, named = split_lane(lane)
+        base = cache.get((key, lane_name("none", named)))
         if drafter == "none" or base is None or events[-1]["type"] != "done" or base[-1]["type"] != "done":
             continue
+        weights = named or key.weights
         stats, plain = events[-1]["stats"], base[-1]["stats"]["tokens_per_s"]
-        rows[drafter] = {"tau": stats["tau"], "speedup": stats["tokens_per_s"] / plain if plain else None, "lane": lane}
+        rows[lane_name(drafter, weights)] = {"drafter": drafter, "weights": weights, "tau": stats["tau"],
+                                             "speedup": stats["tokens_per_s"] / plain if plain else None,
+                                             "lane": lane_name(drafter, weights)}
     return rows

@@ -72,6 +72,23 @@ def test_a_drafts_share_counts_its_own_weights_not_the_targets_embedding_it_hold
         sum(p.numel() for p in head.parameters()) / sum(p.numel() for p in target.parameters()))
 
 
+def done_run(tau: float, tokens_per_s: float) -> list[dict]:
+    return [{"type": "start"}, {"type": "done", "stats": {"tau": tau, "tokens_per_s": tokens_per_s}}]
+
+
+def test_measured_here_keeps_a_row_per_drafter_and_weight_set():
+    settings = object()  # the race's settings: the same for every run here
+    cache = {(regimes.RunKey("p", None, settings), lane): done_run(tau, tps) for lane, tau, tps in (
+        ("none@q4q8", 1.0, 10.0), ("eagle2@q4q8", 1.5, 8.0), ("none@fp32", 1.0, 4.0), ("eagle2@fp32", 2.0, 6.0))}
+    # a race on one weight set names its lanes without weights: its key says which set they ran on
+    cache.update({(regimes.RunKey("p", "q4", settings), lane): done_run(tau, tps)
+                  for lane, tau, tps in (("none", 1.0, 5.0), ("eagle2", 1.2, 6.0))})
+    rows = regimes.measured_in_process(cache)
+    assert {lane: (row["drafter"], row["weights"], row["tau"], row["speedup"]) for lane, row in rows.items()} == {
+        "eagle2@q4q8": ("eagle2", "q4q8", 1.5, 0.8), "eagle2@fp32": ("eagle2", "fp32", 2.0, 1.5),
+        "eagle2@q4": ("eagle2", "q4", 1.2, 1.2)}
+
+
 # ------------------------------------------------------------------------------------------ the modelled clock
 
 
@@ -164,6 +181,25 @@ def test_the_preset_races_none_and_eagle2_on_both_weight_sets_with_the_reason(tw
     assert list(table["c(8)/c(1)"]) == [2.67, 2.67, 1.06, 1.06]
     assert list(table["weights"]) == ["q4q8", "q4q8", "fp32", "fp32"]
     assert any("one run of each lane" in c.value for c in at.caption)
+
+
+def test_a_race_on_another_single_weight_set_decodes_anew(two_regimes):
+    """On one weight set the lanes' names carry no weights: the runs kept for a q4q8 race are not replayed as the
+    fp32 race's."""
+    at = race_page(drafters="none", max_tokens="4")
+    assert at.multiselect(key="race_weights").value == ["q4q8"]
+    at.button(key="race_run").click()
+    ok(at.run())
+    at.multiselect(key="race_weights").set_value(["fp32"])
+    ok(at.run())
+    assert at.button(key="race_run").label == "Run the race (1 to decode)"
+    at.button(key="race_run").click()
+    ok(at.run())
+    assert sorted((key.weights, lane) for key, lane in at.session_state["race_cache"]) == [("fp32", "none"),
+                                                                                       ("q4q8", "none")]
+    at.multiselect(key="race_weights").set_value(["q4q8"])
+    ok(at.run())
+    assert at.button(key="race_run").label == "Run the race (replay)"  # the q4q8 run is still kept
 
 
 def test_the_url_names_the_weights_and_a_modelled_clock_says_so(two_regimes):
@@ -315,7 +351,7 @@ def test_measured_here_means_this_process_and_the_cost_page_starts_at_the_best_r
     ok(at.run())
     at.switch_page("app/pages/topologies.py")
     ok(at.run())
-    here = [m for m in at.metric if m.label == "measured here: τ"]
+    here = [m for m in at.metric if m.label == "measured here on q4q8: τ"]  # the race's one weight set
     assert len(here) == 2 and all("This process's race run" in m.help for m in here)
 
     at.switch_page("app/pages/cost.py")

@@ -40,7 +40,7 @@ def measured_runs() -> dict[str, list[dict]]:
     """Finished runs of this session: the race's (for the current settings or any) and the last live run."""
     runs = {}
     for (key, drafter), events in st.session_state.get("race_cache", {}).items():
-        prompt, s = key  # app/pages/race.py's key: the prompt and the race's state.Settings of the run
+        prompt, s = key.prompt, key.settings  # app/pages/race.py's key: an app.regimes.RunKey
         label = f"race: {drafter} on “{prompt[:24]}…”, T {s.temperature}, K {s.k}, {s.max_new_tokens} tokens, seed {s.seed}"
         runs[label if label not in runs else f"{label} ({len(runs)})"] = events  # top-p, top-k or tree differ
     trace, source = state.get_trace()

@@ -389,11 +389,13 @@ cache = st.session_state.setdefault("race_cache", {})  # (run_key(d), d) → eve
 store = finished_runs()
 
 
-def run_key(drafter: str) -> tuple:
-    """What a run depends on besides its drafter: the prompt and the race's settings; the tree settings only
-    for eagle2 (changing them re-runs only the eagle2 runs)."""
-    return prompt, replace(race_settings, drafter="", max_new_tokens=int(max_new),
-                           tree=race_settings.tree_for(regimes.split_lane(drafter)[0]))
+def run_key(drafter: str) -> regimes.RunKey:
+    """What a lane's run depends on besides its name: the prompt, the weight set its backend runs on (a lane's
+    name carries no weights where the race runs one set) and the race's settings; the tree settings only for the
+    tree drafters (changing them re-runs only those runs)."""
+    return regimes.RunKey(prompt, getattr(lanes_of[drafter][0], "weights", None),
+                          replace(race_settings, drafter="", max_new_tokens=int(max_new),
+                                  tree=race_settings.tree_for(regimes.split_lane(drafter)[0])))
 
 
 def store_key(drafter: str) -> tuple:

@@ -23,7 +23,8 @@ elsewhere = "" if not report else (  # where the shipped report's figures were m
 st.header("1. What each drafter reads, needs and gives")
 topologies = teaching.cards()
 for card, t in zip(st.columns(len(topologies)), topologies):
-    here, shipped = here_runs.get(t.drafter), measured.get(t.drafter, {})
+    here = [row for row in here_runs.values() if row["drafter"] == t.drafter]  # a row for each weight set raced on
+    shipped = measured.get(t.drafter, {})
     size = teaching.shipped_weights_mb(t.weights)
     with card.container(border=True):
         st.markdown(f"#### `{t.drafter}`\n**{t.name}**")
@@ -32,10 +33,11 @@ for card, t in zip(st.columns(len(topologies)), topologies):
         st.markdown(f"**Lossless?** {t.lossless}")
         if t.published:
             st.markdown(f"**Published:** {t.published}  \n*Source:* {t.source}")
-        if here:
-            st.metric("measured here: τ", f"{here['tau']:.2f}", None if here["speedup"] is None else
-                      f"{here['speedup']:.2f}× over none", delta_color="off",
-                      help=f"This process's race run `{here['lane']}` beside `none` on the same settings and weights.")
+        for row in here:
+            label = f"measured here on {row['weights']}: τ" if row["weights"] else "measured here: τ"
+            st.metric(label, f"{row['tau']:.2f}", None if row["speedup"] is None else
+                      f"{row['speedup']:.2f}× over none", delta_color="off",
+                      help=f"This process's race run `{row['lane']}` beside `none` on the same settings and weights.")
         if shipped:
             st.metric(f"{elsewhere}: τ", f"{shipped['tau']:.2f}", f"{shipped['speedup']:.2f}× over none",
                       delta_color="off", help="Measured on that machine and weights, not here: the *Topology race* "
