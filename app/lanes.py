@@ -16,6 +16,7 @@ import zipfile
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from app import regimes
 from app.figures import KIND_COLOURS, KIND_LABELS
@@ -33,6 +34,8 @@ MODELLED_SPEEDS = (0.01, 0.02, 0.05, 0.1, 0.25, 1)  # a modelled GPU's race last
 # a spec such as eagle2:lookup=4, on a named weight set where the race runs several (eagle2@fp32)
 DRAFTER_NAME = re.compile(r"[a-z][a-z0-9_]*(:[a-z_]+=[A-Za-z0-9_.]+)*(@[a-z0-9]+)?")
 Regimes = dict  # lane -> {"weights": str | None, "verify_cost_ratio": float | None}: what a lane ran on
+# what a lane from another engine, or of counts only, says under a modelled clock
+MEASURED_ONLY = "measured time: a modelled clock replays only specviz's own steps"
 
 
 @dataclass(frozen=True)
@@ -57,10 +60,19 @@ def temperature_of(runs: dict[str, list[dict]]) -> float:
     return max(events[0]["sampling"]["temperature"] for events in runs.values())
 
 
+def modelled(events: list[dict[str, Any]]) -> bool:
+    """Whether a modelled clock can replay a run: specviz's own steps in full detail (each step's tree or chain,
+    whose draft forwards and verified tokens it prices). Another engine's steps are chunks of committed tokens
+    with at most the drafted and accepted counts."""
+    start = events[0]
+    return bool(start.get("engine", "specviz") == "specviz" and start.get("detail", ev.FULL) == ev.FULL)
+
+
 def build_lanes(runs: dict[str, list[dict]], regimes_of: Regimes | None = None, clock=None) -> list[Lane]:
     """Lanes, in the order of `runs` ({lane: its events}); each run must be finished (end with done). regimes_of:
-    each lane's weights and measured c(8) ÷ c(1), where known. clock: a specviz.roofline.Roofline that times the
-    steps instead of the measured elapsed_s (a modelled clock), or None."""
+    each lane's weights, measured c(8) ÷ c(1) and draft share, where known. clock: a specviz.roofline.Roofline that
+    times the steps instead of the measured elapsed_s (a modelled clock), or None; a lane it cannot replay
+    (`modelled`) keeps its measured time, says so, and has no speedup over a modelled `none`."""
     greedy = temperature_of(runs) == 0
     lanes = []
     for name, events in runs.items():
@@ -69,8 +81,10 @@ def build_lanes(runs: dict[str, list[dict]], regimes_of: Regimes | None = None, 
         base = regimes.baseline_of(name, list(runs), PLAIN)
         regime = (regimes_of or {}).get(name, {})
         weights = regime.get("weights", regimes.split_lane(name)[1])
-        timed = clock if clock is None or "draft_share" not in regime else roofline.with_draft_share(
-            clock, regime["draft_share"])
+        timed = clock if modelled(events) else None
+        if timed is not None and "draft_share" in regime:
+            timed = roofline.with_draft_share(timed, regime["draft_share"])
+        kept = clock is not None and timed is None  # measured time beside modelled lanes
         times = [s["timing"]["elapsed_s"] for s in steps] if timed is None else roofline.step_times(events, timed)
         made = [sum(len(s["committed"]) for s in steps[:i + 1]) for i in range(len(steps))]
         rates = ([s["timing"]["tokens_per_s"] for s in steps] if timed is None
@@ -87,11 +101,17 @@ def build_lanes(runs: dict[str, list[dict]], regimes_of: Regimes | None = None, 
             same_as_none=done["token_ids"] == runs[base][-1]["token_ids"] if greedy and base else None,
             weights=weights,
             label=" · ".join(filter(None, (regimes.lane_label(weights, regime.get("verify_cost_ratio"))
-                                           if regime or weights else "", "" if timed is None else
-                                           f"MODELLED clock: c(8)/c(1) {timed.forward_s(8) / timed.forward_s(1):.2f}"))),
-            baseline=base,
+                                           if regime or weights else "", clock_label(timed, kept)))),
+            baseline=None if kept else base,
         ))
     return lanes
+
+
+def clock_label(clock: roofline.Roofline | None, kept: bool) -> str:
+    """What a lane says of its clock: the modelled one's c(8) ÷ c(1), or that it kept its measured time."""
+    if kept:
+        return MEASURED_ONLY
+    return "" if clock is None else f"MODELLED clock: c(8)/c(1) {clock.forward_s(8) / clock.forward_s(1):.2f}"
 
 
 def first_difference(base: list[dict], other: list[dict]) -> dict | None:

@@ -17,9 +17,9 @@ from streamlit.testing.v1 import AppTest
 from test_bench_llamaserver import PROMPTS, settings
 
 from app import teaching
-from app.lanes import read_race_data
+from app.lanes import MEASURED_ONLY, read_race_data
 from app.state import ENV_BACKEND, ENV_MODEL
-from specviz import bench
+from specviz import bench, roofline
 from specviz.bench import llamaserver
 from specviz.models import LoadedModels
 
@@ -180,4 +180,12 @@ def test_the_race_runs_a_llamacpp_lane_beside_ours(tiny_model_dir, monkeypatch):
         # another engine's greedy text is compared for information, not taken for a failed drafter
         assert not any("failed drafter" in w.value for w in at.warning)
         assert any("llamacpp" in i.value and "llama.cpp" in i.value and "for information" in i.value for i in at.info)
+        # a modelled clock replays our lane; llama.cpp's chunks keep the time measured, and the page says so
+        at.selectbox(key="race_clock").set_value(next(iter(roofline.PRESETS)))
+        ok(at.run())
+        modelled = {lane["drafter"]: lane for lane in read_race_data(at.get("iframe")[0].proto.srcdoc)["lanes"]}
+        assert "MODELLED clock" in modelled["none"]["label"]
+        assert modelled["llamacpp"]["steps"] == shown_lanes["llamacpp"]["steps"]
+        assert modelled["llamacpp"]["label"] == MEASURED_ONLY and modelled["llamacpp"]["baseline"] is None
+        assert any("`llamacpp` keeps the time measured" in w.value for w in at.warning)
         not_called_vllm(at)

@@ -13,6 +13,7 @@ from streamlit.testing.v1 import AppTest
 
 from app import lanes, state
 from specviz import models as m
+from specviz import roofline
 from specviz.backends.local import LocalBackend
 from specviz.decoding.settings import DecodeSettings
 from specviz.errors import SpecvizError
@@ -97,6 +98,24 @@ def test_a_bundle_exported_and_loaded_back_replays_the_same_lanes(runs):
     loaded = lanes.read_bundle(data)
     assert loaded == json.loads(json.dumps(runs))
     assert lanes.build_lanes(loaded) == lanes.build_lanes(runs)
+
+
+def test_a_modelled_clock_replays_only_specvizs_own_steps(runs):
+    """Another engine's lane (a vLLM server's: its chunks as steps, no tree, no draft counts) keeps its measured
+    time under a modelled clock, and says so; our lanes beside it are modelled."""
+    theirs = json.loads(json.dumps(runs["ngram"]))
+    theirs[0].update(engine="vllm", drafter="vllm", detail="counts")
+    for event in theirs:
+        if event["type"] == "step":
+            event.update(nodes=None, drafted=None, accepted=None)
+    clock = roofline.PRESETS[roofline.H100_70B]
+    none, vllm = lanes.build_lanes({"none": runs["none"], "vllm": theirs}, clock=clock)
+    assert [s["t"] for s in none.steps] == roofline.step_times(runs["none"], clock)
+    assert [s["t"] for s in vllm.steps] == [e["timing"]["elapsed_s"] for e in theirs if e["type"] == "step"]
+    assert vllm.tokens_per_s == theirs[-1]["stats"]["tokens_per_s"]
+    assert "MODELLED" not in vllm.label and "measured" in vllm.label and "only specviz's own steps" in vllm.label
+    assert vllm.baseline is None  # no speedup of measured time over a modelled `none`
+    assert vllm.same_as_none is True  # its text is still compared
 
 
 def zipped(files: dict[str, str | bytes]) -> bytes:

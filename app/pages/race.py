@@ -172,7 +172,11 @@ def show_race(runs: dict[str, list[dict]], where: str, presenter: bool, regimes_
         several = len({r.get("weights") for r in regimes_of.values()}) > 1
         st.info(f"**{'Why the lanes differ by weights' if several else 'The regime these lanes ran in'}:** {reason}")
     if clock is not None:
-        st.warning(clocks.modelled_note(clock, regimes_of))
+        kept = [name for name, events in runs.items() if not lanes.modelled(events)]
+        st.warning(clocks.modelled_note(clock, regimes_of) + ("" if not kept else " " + ", ".join(
+            f"`{name}`" for name in kept) + f" keep{'s' if len(kept) == 1 else ''} the time measured as "
+            "decoded, with no speedup over a modelled `none`: a modelled clock replays only specviz's own steps "
+            "in full detail (their trees or chains), and these carry no more than the tokens drafted and accepted."))
     for lane in data["lanes"]:  # another engine's text is compared below, for information, not marked as ours is
         if lane["drafter"] in elsewhere:
             lane["same_as_none"] = None
