@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import regimes, state
+from app import lanes, regimes, state
 from specviz import roofline
 from specviz.drafters import PLAIN, REGISTRY, drafter_name
 
@@ -33,7 +33,7 @@ def pays_preset(sets: list[str], drafters: list[str], container) -> None:
         st.rerun()
 
 
-def lane_regimes(lanes_of: dict, chosen: list[str]) -> regimes.Regimes:
+def lane_regimes(lanes_of: dict, chosen: list[str]) -> lanes.Regimes:
     """Each chosen lane's weights, measured c(8) ÷ c(1) and draft share ({lane: {...}}), for the lanes this
     process decodes."""
     out = {}
@@ -66,14 +66,14 @@ def clock_choice(container) -> roofline.Roofline | None:
     return roofline.Roofline(CUSTOM, params * 1e9, bytes_per, bandwidth * 1e12, tflops * 1e12)
 
 
-def why(regimes_of: regimes.Regimes) -> str | None:
+def why(regimes_of: lanes.Regimes) -> str | None:
     """The regime sentence for the weight sets of a race's lanes, from their measured c(8) ÷ c(1)."""
     ratios = {r["weights"]: r["verify_cost_ratio"] for r in regimes_of.values()
               if r.get("weights") and r.get("verify_cost_ratio") is not None}
     return regimes.regime_sentence(ratios) if ratios else None
 
 
-def modelled_note(clock: roofline.Roofline, regimes_of: regimes.Regimes) -> str:
+def modelled_note(clock: roofline.Roofline, regimes_of: lanes.Regimes) -> str:
     shares = {lane: r["draft_share"] for lane, r in regimes_of.items() if "draft_share" in r}
     return (f"**MODELLED** clock: {clock.describe()}. {roofline.FORMULA}; each draft's share is this pair's part "
             "(its parameters ÷ the target's" + ("" if not shares else ": " + ", ".join(

@@ -33,7 +33,9 @@ SPEEDS = (0.25, 0.5, 1, 2, 4)
 MODELLED_SPEEDS = (0.01, 0.02, 0.05, 0.1, 0.25, 1)  # a modelled GPU's race lasts a fraction of a second: slowed
 # a spec such as eagle2:lookup=4, on a named weight set where the race runs several (eagle2@fp32)
 DRAFTER_NAME = re.compile(r"[a-z][a-z0-9_]*(:[a-z_]+=[A-Za-z0-9_.]+)*(@[a-z0-9]+)?")
-Regimes = dict  # lane -> {"weights": str | None, "verify_cost_ratio": float | None}: what a lane ran on
+# lane -> {"weights": str | None, "verify_cost_ratio": float | None, "draft_share": float}: what a lane ran on
+Regimes = dict
+REGIME_KEYS = ("weights", "verify_cost_ratio", "draft_share")
 # what a lane from another engine, or of counts only, says under a modelled clock
 MEASURED_ONLY = "measured time: a modelled clock replays only specviz's own steps"
 
@@ -340,13 +342,13 @@ def lane_file(index: int, drafter: str) -> str:
 
 def write_bundle(runs: dict[str, list[dict]], regimes_of: Regimes | None = None, about: dict | None = None) -> bytes:
     """The race as a zip: one trace per lane (events.write_trace's JSONL) and manifest.json naming them, with each
-    lane's weights and measured c(8) ÷ c(1) where known (regimes_of) and where the race was measured (about:
-    machine, date, command)."""
+    lane's weights, measured c(8) ÷ c(1) and draft share where known (regimes_of) and where the race was measured
+    (about: machine, date, command)."""
     manifest = {"format": BUNDLE_FORMAT, "version": BUNDLE_VERSION, "schema_version": ev.SCHEMA_VERSION,
                 "prompt": next(iter(runs.values()))[0]["prompt_text"] if runs else "",
                 **({"about": about} if about else {}),
                 "lanes": [{"drafter": d, "trace": lane_file(i, d), "new_tokens": events[-1]["stats"]["new_tokens"],
-                           **(regimes_of or {}).get(d, {})}
+                           **{k: v for k, v in (regimes_of or {}).get(d, {}).items() if k in REGIME_KEYS}}
                           for i, (d, events) in enumerate(runs.items(), 1)]}
     buffer = io.BytesIO()
     with tempfile.TemporaryDirectory() as tmp, zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as zf:
@@ -388,11 +390,12 @@ def read_bundle(data: bytes, name: str = "bundle") -> dict[str, list[dict]]:
 
 
 def bundle_about(data: bytes) -> tuple[Regimes, dict]:
-    """A bundle's lanes' weights and c(8) ÷ c(1) (as build_lanes takes them) and where it was measured (its
-    manifest's `about`: machine, date, command; empty where it says nothing). Read after read_bundle checked it."""
+    """A bundle's lanes' weights, c(8) ÷ c(1) and draft shares (as build_lanes takes them) and where it was
+    measured (its manifest's `about`: machine, date, command; empty where it says nothing). Read after read_bundle
+    checked it."""
     with zipfile.ZipFile(io.BytesIO(data)) as zf:
         manifest = json.loads(zf.read("manifest.json"))
-    regimes_of = {lane["drafter"]: {key: lane[key] for key in ("weights", "verify_cost_ratio") if key in lane}
+    regimes_of = {lane["drafter"]: {key: lane[key] for key in REGIME_KEYS if key in lane}
                   for lane in manifest["lanes"]}
     about = manifest.get("about")
     return {k: v for k, v in regimes_of.items() if v}, about if isinstance(about, dict) else {}

@@ -100,6 +100,12 @@ def test_a_bundle_exported_and_loaded_back_replays_the_same_lanes(runs):
     assert lanes.build_lanes(loaded) == lanes.build_lanes(runs)
 
 
+def test_a_bundle_keeps_each_lanes_weights_verify_cost_and_draft_share(runs):
+    regimes_of = {"none": {"weights": "q4q8", "verify_cost_ratio": 2.67},
+                  "draft": {"weights": "q4q8", "verify_cost_ratio": 2.67, "draft_share": 0.08}}
+    assert lanes.bundle_about(lanes.write_bundle(runs, regimes_of))[0] == regimes_of
+
+
 def test_a_modelled_clock_replays_only_specvizs_own_steps(runs):
     """Another engine's lane (a vLLM server's: its chunks as steps, no tree, no draft counts) keeps its measured
     time under a modelled clock, and says so; our lanes beside it are modelled."""
