@@ -122,6 +122,16 @@ def test_the_modelled_clock_gives_the_cost_pages_speedup_for_the_same_alpha_and_
     assert roofline.modelled_tokens_per_s(run, model) / plain == pytest.approx(formula, rel=1e-12)
 
 
+def test_the_modelled_clock_counts_the_draft_forwards_a_step_ran():
+    """A step that says how many draft forwards it ran is priced by that (a draft model's dropped tokens, a tree
+    whose grafted lookup nodes are deeper than the head went); a trace without the count, by its depth."""
+    nodes = [{"depth": 1}, {"depth": 2}]
+    assert roofline.draft_forwards({"nodes": nodes, "drafted": 2, "draft_forwards": 4}, "draft") == 4
+    assert roofline.draft_forwards({"nodes": nodes + [{"depth": 4}], "draft_forwards": 2}, "eagle2:lookup=4") == 2
+    assert roofline.draft_forwards({"nodes": nodes, "drafted": 2}, "draft") == 2
+    assert roofline.draft_forwards({"nodes": nodes, "draft_forwards": 0}, "ngram") == 0
+
+
 def test_the_h100_70b_clock_is_memory_bound_and_a_tree_step_costs_about_one_forward():
     model = roofline.PRESETS[roofline.H100_70B]
     assert model.forward_s(1) == pytest.approx(70e9 * 2 / (8 * 3.35e12))  # the Cost page's node: 5.2 ms a token
