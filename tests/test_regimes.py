@@ -290,6 +290,19 @@ def test_the_bench_runs_every_drafter_on_each_weight_set_in_one_interleaved_run(
     assert "## The regime of each weight set" in text and "speedup vs none@q4q8" in text and "`draft@fp32`" in text
 
 
+def test_the_bench_runs_both_draft_length_policies_on_each_weight_set():
+    """--weights with --k-policy cost,fixed: every drafter under each policy on each set (the policies were dropped)."""
+    from specviz import bench
+    from specviz.bench import regimes as bench_regimes
+
+    settings = bench.quick_settings(drafters=("ngram",), k_policies=("cost", "fixed"), max_new_tokens=4,
+                                    verify_sizes=(1, 2), cost_repeats=1, bandwidth_mb=8, bandwidth_repeats=1,
+                                    context_len=16)
+    report = bench_regimes.run_regimes(tiny_sets(), [bench.Prompt("a", "abc abc abc abc")], settings)
+    assert list(report["methods"]) == [f"{d}@{w}" for w in ("q4q8", "fp32")
+                                       for d in ("none", "ngram:k_policy=cost", "ngram:k_policy=fixed")]
+
+
 def test_the_bench_takes_several_weight_sets_and_refuses_unknown_ones(capsys):
     from specviz.bench.cli import build_bench_parser
 

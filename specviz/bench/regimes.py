@@ -72,7 +72,7 @@ def run_regimes(loaded: dict, prompts: list, settings, progress: ProgressCallbac
     warm-up of each; then each set's verify-cost curve. Returns the report (JSON-ready)."""
     sets = list(loaded)
     first = loaded[sets[0]]
-    drafters = chosen_drafters(first, settings.drafters)
+    drafters = chosen_drafters(first, settings.drafters, settings.k_policies)
     for models in loaded.values():
         chosen_drafters(models, settings.drafters)  # every set offers them
         for name in drafters:
