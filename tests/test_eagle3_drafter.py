@@ -223,3 +223,28 @@ def test_a_drafter_reused_for_a_new_prompt_drafts_as_a_fresh_one():
         first_a, first_b = (s.build[0]["candidates"] if s.build else [] for s in (a, b))
         assert [c["token"] for c in first_a] == [c["token"] for c in first_b], a.step
         assert [c["q"] for c in first_a] == pytest.approx([c["q"] for c in first_b], abs=1e-6), a.step
+
+
+@torch.no_grad()
+def test_after_steps_it_was_not_asked_to_draft_the_head_catches_up_on_all_of_them():
+    """When the run skips asking for a draft (drafting has been slower than plain steps), the head still gets every
+    committed token's features: each draft it makes afterwards has the q of the head run afresh over the whole text."""
+    target = tiny_target("llama")
+    head = random_head(target)
+    embed, lm_head, ids = target.get_input_embeddings(), target.lm_head.weight, head.draft_ids()
+    drafter = Eagle3Drafter(head, target, TreeShape(depth=3, top_k=3, total_tokens=9))
+    asks = iter([True, False, False, True, False, True, True, False, False, False] * 10)
+    drafter.policy.draft_now = lambda: next(asks)
+    tokens, steps = run(target, drafter, PROMPT, decode_settings(30))
+    assert tokens == hf_greedy(target, PROMPT, 30)
+    sequence, checked = list(PROMPT), 0
+    for step in steps:
+        if step.build:
+            L = len(sequence)
+            h, _ = head(fused(target, sequence[:-1])[None], embed(torch.tensor([sequence[1:]])), torch.arange(L - 1)[None])
+            q = torch.softmax(head.logits(h[0, -1], lm_head), -1)
+            for c in step.build[0]["candidates"]:
+                assert c["q"] == pytest.approx(float(q[(ids == c["token"]).nonzero()[0, 0]]), abs=2e-6), step.step
+            checked += 1
+        sequence += [c.token for c in step.committed]
+    assert checked >= 4 and any(not s.build for s in steps)

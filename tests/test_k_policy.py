@@ -112,6 +112,50 @@ def test_a_tree_budget_stays_where_the_curve_was_measured():
     assert tree_budget(LengthPolicy(FIXED), chances, None, curve) == 2000  # fixed, no budget: every node
 
 
+def test_steps_stop_drafting_while_drafting_steps_are_the_slower_but_for_a_probe():
+    from specviz.decoding.policy import PROBE_EVERY, StepRates
+
+    rates = StepRates(plain_s=1.0)  # one plain forward: 1 token a second
+    assert rates.draft_now()  # nothing seen of drafting yet
+    rates.observe(True, 3.0, 2)  # a drafting step: 0.67 tokens a second
+    asked = [rates.draft_now() for _ in range(2 * PROBE_EVERY)]
+    assert asked == ([False] * (PROBE_EVERY - 1) + [True]) * 2  # a probe every PROBE_EVERY steps
+    for _ in range(6):
+        rates.observe(True, 1.0, 3)  # drafting now commits 3 tokens a second
+    assert all(rates.draft_now() for _ in range(PROBE_EVERY))
+
+
+def test_a_drafter_that_only_costs_is_asked_only_to_probe(target):
+    """A lookup whose every drafted token is wrong and that takes 5 ms a step: under COST (a flat curve, so the
+    chance estimates alone would keep drafting) the engine soon stops asking it, but for a probe every PROBE_EVERY
+    steps, and says so (stop "cost", nothing drafted); FIXED asks every step. The output is the target's."""
+    import time as _time
+
+    from specviz.decoding.policy import PROBE_EVERY
+
+    reference = hf_greedy(target, REPEATING, 48)
+    never = next(t for t in range(1, 64) if t not in reference)
+
+    class Wrong(NgramDrafter):
+        asked = 0
+
+        def propose(self, request):
+            self.asked += 1
+            _time.sleep(0.005)
+            tree = super().propose(request)
+            tree.tokens[:] = [never] * len(tree)
+            return tree
+
+    drafter = with_policy(Wrong(k=4), COST, lambda n: 0.001)  # flat, in seconds (the plain rate starts from c(1))
+    evs, steps = steps_of(target, drafter, max_new_tokens=48)
+    assert evs[-1].token_ids == reference
+    assert drafter.asked <= 4 + len(steps) // PROBE_EVERY + 1, drafter.asked
+    assert sum(1 for s in steps if s.stop == STOP_COST and not s.drafted) >= len(steps) // 2
+    fixed = with_policy(Wrong(k=4), FIXED)
+    steps_of(target, fixed, max_new_tokens=48)
+    assert fixed.asked == 48  # every step: none accepted, one token a step
+
+
 def test_fixed_keeps_every_token_and_needs_no_curve():
     policy = LengthPolicy(FIXED)
     assert policy.length([0.01, 0.001]) == 2 and policy.worth_drafting([0.001])

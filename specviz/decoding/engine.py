@@ -15,6 +15,7 @@ from specviz.decoding import sampling
 from specviz.decoding.costs import synchronize
 from specviz.decoding.drafter import Drafter, DraftRequest, Outcome
 from specviz.decoding.metrics import Metrics
+from specviz.decoding.policy import STOP_COST
 from specviz.decoding.settings import DecodeSettings
 from specviz.decoding.target import Target
 from specviz.decoding.tree import DraftTree
@@ -185,15 +186,18 @@ class _Run:
         while stop_reason is None:
             step_started = self._now()
             budget = self.settings.max_new_tokens - len(generated)
-            tree = self.drafter.propose(
-                DraftRequest(
-                    ids=torch.tensor(ids),
-                    max_depth=budget - 1,  # the step always adds a replacement or bonus token too
-                    sampling=self.settings.sampling,
-                    generator=self.generator,
-                    n_top=self.settings.n_top,
+            if self.drafter.policy.draft_now():
+                tree = self.drafter.propose(
+                    DraftRequest(
+                        ids=torch.tensor(ids),
+                        max_depth=budget - 1,  # the step always adds a replacement or bonus token too
+                        sampling=self.settings.sampling,
+                        generator=self.generator,
+                        n_top=self.settings.n_top,
+                    )
                 )
-            )
+            else:  # drafting has been slower than plain steps in this run: a plain step (policy.StepRates)
+                tree = DraftTree(stop=STOP_COST, forwards=0)
             drafted = self._now()
             past_len = len(ids) - 1
             hidden, p, verdict = self._verify(ids[-1], tree, past_len)
@@ -218,6 +222,7 @@ class _Run:
                 draft_s=drafted - step_started,
                 verify_s=verified - drafted,
             )
+            self.drafter.policy.observe_step(time.perf_counter() - step_started, len(new))
             yield self._step_event(tree, p, verdict, new, kinds, past_len, step_started, drafted, verified, started)
         wall = time.perf_counter() - started
         yield ev.Done(

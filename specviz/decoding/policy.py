@@ -27,6 +27,12 @@ far ahead as the drafter may draft (so one costly size on the curve does not sto
 Once drafted, the forwards are spent: choosing how many drafted tokens to verify then weighs only the verify cost
 (`spent_s` holds the draft time already paid, the same for every choice).
 
+Every estimate above can be wrong, and a drafter's own work each step (a lookup, Medusa's heads, a draft model
+catching up) is not in c. So the run also keeps the tokens per second it actually got from the steps where the
+drafter was asked for a draft and from plain steps (`StepRates`); while drafting steps have been the slower, the
+drafter is not asked (the step is a plain forward, stop "cost") but for one probe every PROBE_EVERY steps, so a
+drafter never costs a run more than that probe's share of the gap.
+
 P_i comes from the drafter's own q where it has one (the product of q along the path, EAGLE-2's path score), and
 from a running per-position acceptance (`RunningAcceptance`) where it has none (prompt lookup).
 The chance estimates only decide how many tokens are proposed; verification is unchanged, so the output is too.
@@ -119,6 +125,37 @@ class RunningAcceptance:
                 self.rates[i] += self.relax * (self.prior - self.rates[i])
 
 
+PROBE_EVERY = 8  # while drafting steps are the slower, one step in this many still drafts, to see whether it pays again
+
+
+class StepRates:
+    """Tokens per second of a run's steps that drafted (the drafter was asked, all its costs counted) and of its
+    plain ones, each a discounted mean over recent steps (`decay` a step of its kind). The plain rate starts from
+    `plain_s`, one plain forward's seconds on the measured curve, until plain steps are seen."""
+
+    def __init__(self, plain_s: float | None = None, decay: float = 0.8):
+        self.decay = decay
+        self.seconds = {True: 0.0, False: plain_s or 0.0}
+        self.tokens = {True: 0.0, False: 1.0 if plain_s else 0.0}
+        self.waited = 0  # steps not drafted since the last drafting step
+
+    def rate(self, drafting: bool) -> float | None:
+        return self.tokens[drafting] / self.seconds[drafting] if self.seconds[drafting] > 0 else None
+
+    def observe(self, drafting: bool, seconds: float, tokens: int) -> None:
+        self.seconds[drafting] = self.decay * self.seconds[drafting] + seconds
+        self.tokens[drafting] = self.decay * self.tokens[drafting] + tokens
+
+    def draft_now(self) -> bool:
+        """Draft this step? Yes unless drafting steps have been the slower; then once every PROBE_EVERY steps."""
+        drafting, plain = self.rate(True), self.rate(False)
+        if drafting is None or plain is None or drafting >= plain or self.waited + 1 >= PROBE_EVERY:
+            self.waited = 0
+            return True
+        self.waited += 1
+        return False
+
+
 class LengthPolicy:
     """A drafter's draft-length policy for one run: FIXED (draft what the drafter's settings say: K tokens, the
     whole tree or its own node budget) or COST (the module's rule, with `cost` the measured verify-cost curve)."""
@@ -130,6 +167,8 @@ class LengthPolicy:
         self.kind = kind
         self.cost = cost
         self.acceptance = RunningAcceptance()
+        self.rates = StepRates(cost(1) if cost is not None else None)
+        self.asked = True  # was the drafter asked for this step's draft
 
     @property
     def sized(self) -> bool:
@@ -160,6 +199,16 @@ class LengthPolicy:
             if step_rate(ahead, position, self.cost, draft_s, spent) > best:
                 return True
         return False
+
+    def draft_now(self) -> bool:
+        """Ask the drafter for a draft this step? Always under FIXED; under COST unless steps that drafted have
+        committed tokens more slowly than plain steps (then one probe every PROBE_EVERY steps)."""
+        self.asked = self.kind == FIXED or self.cost is None or self.rates.draft_now()
+        return self.asked
+
+    def observe_step(self, seconds: float, tokens: int) -> None:
+        """The step just done: its seconds, from asking for the draft to committing, and the tokens it committed."""
+        self.rates.observe(self.asked, seconds, tokens)
 
     def observe(self, drafted: int, accepted: int) -> None:
         self.acceptance.observe(drafted, accepted)

@@ -127,7 +127,11 @@ class EagleDrafter(Drafter):
     def observe(self, outcome: Outcome) -> None:
         # The root and each accepted node now have true features; pair them with the tokens that follow them.
         assert outcome.features is not None  # needs_features: the loop passes them
-        self.pending = (outcome.features, outcome.committed)
+        if self.pending is None:
+            self.pending = (outcome.features, outcome.committed)
+        else:  # a step that did not ask for a draft: the head catches up on both at its next draft
+            features, tokens = self.pending
+            self.pending = (torch.cat([features, outcome.features]), tokens + outcome.committed)
         if self.grafted:
             hits, tries = accepted_along(self.grafted, outcome)
             self.lookup_hits += hits
