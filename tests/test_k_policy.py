@@ -117,7 +117,10 @@ def test_steps_stop_drafting_while_drafting_steps_are_the_slower_but_for_a_probe
 
     rates = StepRates(plain_s=1.0)  # one plain forward: 1 token a second
     assert rates.draft_now()  # nothing seen of drafting yet
-    rates.observe(True, 3.0, 2)  # a drafting step: 0.67 tokens a second
+    rates.observe(True, 100.0, 1)  # the first drafting step reads the prompt: not counted
+    for _ in range(rates.evidence):
+        assert rates.draft_now()  # too few drafting steps seen to judge
+        rates.observe(True, 3.0, 2)  # a drafting step: 0.67 tokens a second
     asked = [rates.draft_now() for _ in range(2 * PROBE_EVERY)]
     assert asked == ([False] * (PROBE_EVERY - 1) + [True]) * 2  # a probe every PROBE_EVERY steps
     for _ in range(6):
@@ -149,7 +152,7 @@ def test_a_drafter_that_only_costs_is_asked_only_to_probe(target):
     drafter = with_policy(Wrong(k=4), COST, lambda n: 0.001)  # flat, in seconds (the plain rate starts from c(1))
     evs, steps = steps_of(target, drafter, max_new_tokens=48)
     assert evs[-1].token_ids == reference
-    assert drafter.asked <= 4 + len(steps) // PROBE_EVERY + 1, drafter.asked
+    assert drafter.asked <= 6 + len(steps) // PROBE_EVERY + 1, drafter.asked
     assert sum(1 for s in steps if s.stop == STOP_COST and not s.drafted) >= len(steps) // 2
     fixed = with_policy(Wrong(k=4), FIXED)
     steps_of(target, fixed, max_new_tokens=48)

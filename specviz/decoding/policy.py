@@ -131,25 +131,33 @@ PROBE_EVERY = 8  # while drafting steps are the slower, one step in this many st
 class StepRates:
     """Tokens per second of a run's steps that drafted (the drafter was asked, all its costs counted) and of its
     plain ones, each a discounted mean over recent steps (`decay` a step of its kind). The plain rate starts from
-    `plain_s`, one plain forward's seconds on the measured curve, until plain steps are seen."""
+    `plain_s`, one plain forward's seconds on the measured curve, until plain steps are seen. The run's first
+    drafting step is not counted (a drafter reads the whole prompt then), and drafting is judged only after
+    `evidence` drafting steps."""
 
-    def __init__(self, plain_s: float | None = None, decay: float = 0.8):
-        self.decay = decay
+    def __init__(self, plain_s: float | None = None, decay: float = 0.9, evidence: int = 3):
+        self.decay, self.evidence = decay, evidence
         self.seconds = {True: 0.0, False: plain_s or 0.0}
         self.tokens = {True: 0.0, False: 1.0 if plain_s else 0.0}
+        self.drafted = 0  # drafting steps seen, the uncounted first included
         self.waited = 0  # steps not drafted since the last drafting step
 
     def rate(self, drafting: bool) -> float | None:
         return self.tokens[drafting] / self.seconds[drafting] if self.seconds[drafting] > 0 else None
 
     def observe(self, drafting: bool, seconds: float, tokens: int) -> None:
+        if drafting:
+            self.drafted += 1
+            if self.drafted == 1:
+                return
         self.seconds[drafting] = self.decay * self.seconds[drafting] + seconds
         self.tokens[drafting] = self.decay * self.tokens[drafting] + tokens
 
     def draft_now(self) -> bool:
         """Draft this step? Yes unless drafting steps have been the slower; then once every PROBE_EVERY steps."""
         drafting, plain = self.rate(True), self.rate(False)
-        if drafting is None or plain is None or drafting >= plain or self.waited + 1 >= PROBE_EVERY:
+        if self.drafted <= self.evidence or drafting is None or plain is None or drafting >= plain \
+                or self.waited + 1 >= PROBE_EVERY:
             self.waited = 0
             return True
         self.waited += 1
