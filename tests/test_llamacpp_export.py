@@ -277,16 +277,24 @@ def test_a_head_with_other_sizes_is_refused(tmp_path):
 # 17 in the median, elsewhere sooner) and from there each drafter is measured on different text.
 PROMPTS, MAX_TOKENS, STRIDE = 3, 48, 2
 # On the same context the two steps differ only where a near-tie flips the target's greedy token or the drafter's
-# top token in one engine and not the other (the EAGLE-3 head also reads features the two targets round
-# differently). The draft model's steps agreed on 138 of 144 contexts on an AVX2 host (docs/llamacpp.md, Parity);
-# a drafter llama.cpp read wrongly (d2t as offsets, rows in the wrong order) agrees only where both accept nothing.
-# The EAGLE-3 head's agreed on 104 of 142, llama.cpp accepting more: a known gap of specviz's first step after a
-# prompt, recorded as such while llama.cpp still reads the head.
-AGREE = 0.75
+# top token in one engine and not the other (each rounds activations to 8 bits and sums in its own order; the EAGLE-3
+# head also reads features the two targets round differently). On 6 questions, a context every 2 answer tokens, on an
+# AVX2 host (docs/results/llamacpp-parity.md), the draft model's steps differed on 6 of 144 contexts and the EAGLE-3
+# head's on 10 of 144. NEAR_TIE bounds that rate at about twice the larger, for CPUs that round otherwise; a
+# test differing on more contexts than Binomial(compared, NEAR_TIE) gives with chance ALPHA fails. A drafter llama.cpp
+# read wrongly (d2t as offsets, rows in the wrong order) agrees only where both accept nothing.
+NEAR_TIE = 0.15
 # Flips go either way, so on each position the contexts where only one engine accepted split evenly between the
 # engines; McNemar's exact test rejects a one-sided split (a drafter that is systematically better or worse in one
 # engine) at this level.
 ALPHA = 0.001
+
+
+def most_differing(compared: int) -> int:
+    """The most contexts of `compared` on which the two engines' steps may differ by near-ties alone."""
+    from scipy.stats import binom
+
+    return int(binom.ppf(1 - ALPHA, compared, NEAR_TIE))
 
 
 def parity():
@@ -336,11 +344,7 @@ def test_llama_server_accepts_what_specviz_accepts(server_binary, exported, ours
     assert sum(result["per_position"]["llama"]) > 0, said  # a head llama.cpp read wrongly accepts nothing
     first = result["per_position"]
     assert first["llama"][0] >= 0.5 * first["ours"][0], said  # nor much less than ours
-    same = result["same"] >= AGREE * result["compared"] and min(result["p_values"]) >= ALPHA
-    if drafter == "eagle3" and not same and first["llama"][0] > first["ours"][0]:
-        pytest.xfail(f"known: on the same text llama.cpp's EAGLE-3 steps accept more than specviz's (one-sided; "
-                     f"docs/llamacpp.md, Parity): {said}")
-    assert result["same"] >= AGREE * result["compared"], said
+    assert result["compared"] - result["same"] <= most_differing(result["compared"]), said
     assert min(result["p_values"]) >= ALPHA, said
 
 
@@ -351,10 +355,10 @@ def test_the_paired_comparison_catches_a_drafter_that_accepts_less():
     ours = [(a % 4, 3) for a in range(80)]
     assert module.paired(ours, ours, 3)["same"] == 80
     worse = module.paired([(max(0, a - 1), n) for a, n in ours], ours, 3)
-    assert worse["same"] < AGREE * 80 and min(worse["p_values"]) < ALPHA
+    assert 80 - worse["same"] > most_differing(80) and min(worse["p_values"]) < ALPHA
     flips = [(a ^ 1 if i % 10 == 0 else a, n) for i, (a, n) in enumerate(ours)]
     even = module.paired(flips, ours, 3)
-    assert even["same"] >= AGREE * 80 and min(even["p_values"]) >= ALPHA
+    assert 80 - even["same"] <= most_differing(80) and min(even["p_values"]) >= ALPHA
 
 
 @pytest.mark.slow
