@@ -101,3 +101,36 @@ def test_a_prepared_race_link_replays_the_lanes_at_their_measured_timings(server
             print(f"\nscreenshots: {SHOTS}" + (", docs/img/race.png" if readme else ""))
         finally:
             browser.close()
+
+
+def test_the_reference_race_loads_in_one_click_and_shows_both_regimes(server):  # noqa: F811
+    """The shipped reference race (assets/race-regimes.zip, scripts/reference_race.py): one click in the bundle
+    expander replays `none` and eagle2 on both weight sets, each lane named with its weights, and the page says where
+    and when it was measured. With SPECVIZ_README_SHOT=1 it is also the README's picture, docs/img/race-regimes.png."""
+    from playwright.sync_api import expect, sync_playwright
+
+    assert (ROOT / "assets" / "race-regimes.zip").is_file(), "the reference race is shipped in assets/"
+    SHOTS.mkdir(exist_ok=True)
+    with sync_playwright() as pw:
+        browser, page = open_browser(pw)
+        try:
+            page.goto(f"{server}/race")
+            expect(sidebar(page).get_by_text("Drafter", exact=True)).to_be_visible(timeout=300_000)
+            expect_idle(page)
+            main(page).get_by_text("Replay a saved race bundle").click()
+            main(page).get_by_role("button", name=re.compile("Load the reference race")).click()
+            expect_idle(page)
+            frame = race_frame(page)
+            data = frame.evaluate(DATA_JS)
+            names = [lane["drafter"] for lane in data["lanes"]]
+            assert sorted(names) == sorted(f"{d}@{w}" for d in ("none", "eagle2") for w in ("q4q8", "fp32")), names
+            expect(main(page).get_by_text(re.compile("measured on machine: .*cores")).first).to_be_visible()
+            end = max(lane["finish_s"] for lane in data["lanes"])
+            sample_replay(page, frame, end)
+            page.set_viewport_size({"width": 1400, "height": 1500})
+            page.wait_for_timeout(700)
+            readme = os.environ.get("SPECVIZ_README_SHOT") == "1"
+            target = ROOT / "docs" / "img" / "race-regimes.png" if readme else SHOTS / "race-regimes.png"
+            main(page).screenshot(path=str(target))
+        finally:
+            browser.close()
