@@ -35,7 +35,10 @@ def stripped(event: dict) -> dict:
     return event
 
 
-@pytest.mark.parametrize("drafter,temperature", [("none", 0.0), ("ngram", 0.0), ("ngram", 1.0)])
+# fixed K: under the default cost-aware policy which steps draft depends on each run's own timings
+# (specviz.decoding.policy.StepRates), so two runs of one request need not draft alike
+@pytest.mark.parametrize("drafter,temperature", [("none", 0.0), ("ngram:k_policy=fixed", 0.0),
+                                                 ("ngram:k_policy=fixed", 1.0)])
 def test_a_remote_run_gives_the_events_of_the_same_local_run(served, tiny_models, drafter, temperature):
     kwargs = dict(drafter=drafter, max_new_tokens=24, temperature=temperature, seed=5)
     local = [stripped(ev.to_dict(e)) for e in api.stream("abc abc abc abc", models=tiny_models, **kwargs)]
@@ -362,3 +365,13 @@ def test_a_run_nobody_listens_to_is_cancelled(tiny_models):
         while httpx.get(f"{running.url}/v1/runs/{run_id}").json()["state"] != "cancelled":
             assert time.monotonic() < deadline, "an unclaimed run kept the device"
             time.sleep(0.05)
+
+
+def test_a_client_may_ask_for_either_draft_length_policy(served):
+    """k_policy is every drafter's option, a service's clients' too; a value it does not know is a 400."""
+    events = list(Client(served.url).stream("abc abc abc abc", model="tiny", drafter="ngram:k_policy=fixed",
+                                            max_new_tokens=4))
+    assert events[0].k_policy == "fixed"
+    with pytest.raises(SpecvizError, match="k_policy must be one of cost, fixed") as refused:
+        list(Client(served.url).stream("abc", model="tiny", drafter="ngram:k_policy=sometimes", max_new_tokens=2))
+    assert "sometimes" in str(refused.value)

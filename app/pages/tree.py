@@ -49,7 +49,8 @@ def side_by_side() -> None:
     if not both:
         st.info("This needs a model with both an EAGLE-2 and an EAGLE-3 head (the embedded model ships both).")
     else:
-        st.caption("Both drafters decode the prompt above at temperature 0 with the sidebar's tree settings, so they "
+        st.caption("Both drafters decode the prompt above at temperature 0 with the sidebar's tree settings as set "
+                   "(`k_policy=fixed`: no step's tree is cut or skipped for this machine's cost), so they "
                    "commit the same text (the target's greedy text, up to floating-point near-ties) and meet the same contexts; pick a position where "
                    "both drafted, and compare the two trees grown from it.")
         if st.button("Draft with both", key="tree_both_run"):
@@ -57,7 +58,7 @@ def side_by_side() -> None:
             for name in ("eagle2", "eagle3"):
                 with st.spinner(f"decoding with {name}…"):
                     runs[name] = state.run_decode(shared, st.session_state.get("tree_prompt", state.DEFAULT_PROMPT),
-                                                  settings, drafter=name, temperature=0.0)
+                                                  settings, drafter=f"{name}:k_policy=fixed", temperature=0.0)
             if all(runs.values()):
                 st.session_state["tree_both"] = runs
         runs = st.session_state.get("tree_both")

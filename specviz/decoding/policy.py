@@ -31,7 +31,9 @@ Every estimate above can be wrong, and a drafter's own work each step (a lookup,
 catching up) is not in c. So the run also keeps the tokens per second it actually got from the steps where the
 drafter was asked for a draft and from plain steps (`StepRates`); while drafting steps have been the slower, the
 drafter is not asked (the step is a plain forward, stop "cost") but for one probe every PROBE_EVERY steps, so a
-drafter never costs a run more than that probe's share of the gap.
+drafter never costs a run more than that probe's share of the gap. This reads wall-clock time, so under COST two runs
+of one request can draft on different steps: the output is the same at T = 0 (and distributed the same at T > 0),
+the trees and, at T > 0, the sampled text need not be. FIXED drafts the same every run.
 
 P_i comes from the drafter's own q where it has one (the product of q along the path, EAGLE-2's path score), and
 from a running per-position acceptance (`RunningAcceptance`) where it has none (prompt lookup).
