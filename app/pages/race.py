@@ -330,8 +330,9 @@ with box:
 if loaded is not None:
     name, runs, bundle_regimes, about = loaded
     start = next(iter(runs.values()))[0]
-    measured_on = "; ".join(f"{k.replace('_', ' ')}: " + (f"`{about[k]}`" if "`" not in str(about[k]) else plain(str(about[k])))
-                            for k in ("machine", "date", "command", "load_average") if k in about)
+    said = {k: f"{v:.1f}" if isinstance(v, float) else v for k, v in about.items()}  # a load average to one decimal
+    measured_on = "; ".join(f"{k.replace('_', ' ')}: " + (f"`{said[k]}`" if "`" not in str(said[k]) else plain(str(said[k])))
+                            for k in ("machine", "date", "command", "load_average") if k in said)
     st.caption(f"Replaying the bundle {name}: model {figures.md_code(start['model'])}, {len(runs)} lanes"
                + (f", measured on {measured_on}" if measured_on else "") + ". "
                + ("Remove the file above" if st.session_state.get("race_upload") is not None else "Press *Back to "
