@@ -44,6 +44,8 @@ def prefill_slices(n: int) -> Iterator[slice]:
         end = min(start + prefill_chunk(start), n)
         yield slice(start, end)
         start = end
+
+
 TREE_ROOM = 160  # cache positions reserved past the prompt and the budget for a step's draft tree (at most 129 served)
 
 
