@@ -40,11 +40,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MT_BENCH = ROOT.parent / "shared" / "data" / "mt_bench.jsonl"
 
-# (label, exported file, llama-server --spec-type, specviz drafter, its options, tokens per draft)
+# (label, exported file, llama-server --spec-type, specviz drafter, its options, tokens per draft); specviz runs
+# them at k_policy=fixed, as llama.cpp drafts its full length every step
 RUNS = [
     ("EAGLE-3 chain, depth 3", "eagle3", "draft-eagle3", "eagle3",
-     {"depth": 3, "top_k": 1, "total_tokens": 3, "k_policy": "fixed"}, 3),
-    ("draft model, K = 4", "draft", "draft-simple", "draft", {"draft_vocab": "full", "k_policy": "fixed"}, 4),
+     {"depth": 3, "top_k": 1, "total_tokens": 3}, 3),
+    ("draft model, K = 4", "draft", "draft-simple", "draft", {"draft_vocab": "full"}, 4),
 ]
 DRAFTS = "llamacpp:spec_decode_num_drafts_total"
 PER_POSITION = re.compile(r'^llamacpp:spec_decode_num_accepted_tokens_per_pos_total\{position="(\d+)"\}\s+(\S+)$')
@@ -111,7 +112,7 @@ def run_ours(models, prompts: list[dict], drafter: str, options: dict, k: int, m
     started = time.perf_counter()
     for n, p in enumerate(prompts, 1):
         print(f"specviz {drafter}: prompt {n}/{len(prompts)}", file=sys.stderr, flush=True)
-        the_drafter = make_drafter(drafter, models, k=k, options=dict(options))
+        the_drafter = make_drafter(drafter, models, k=k, options={"k_policy": "fixed", **options})
         events = list(engine.decode(models.target, models.tokenizer, the_drafter, p["prompt_ids"], settings,
                                     models.name, "", models.vocab_size))
         stats, first = events[-1].stats, next(e for e in events if e.type == "step")
@@ -186,7 +187,7 @@ def forced_ours(models, drafter: str, options: dict, k: int, contexts: list[list
     from specviz.drafters import make_drafter
 
     settings = DecodeSettings(max_new_tokens=k + 1, temperature=0.0, k=k, n_top=0)
-    the_drafter = make_drafter(drafter, models, k=k, options=dict(options))  # each run starts it afresh
+    the_drafter = make_drafter(drafter, models, k=k, options={"k_policy": "fixed", **options})  # each run starts it afresh
     steps: list[tuple[int, int] | None] = []
     for n, ids in enumerate(contexts, 1):
         if n % 16 == 1:

@@ -61,7 +61,9 @@ def run_vllm(target: Path, method: str, spec_model: Path, tokens: int, prompts_f
 
 
 def run_ours(models, prompts: list[dict], drafter: str, options: dict, k: int, max_new: int) -> dict:
-    """specviz on the same prompt ids: per-position acceptance over steps that drafted, and the outputs."""
+    """specviz on the same prompt ids: per-position acceptance over steps that drafted, and the outputs. The draft
+    length is the fixed k vLLM drafts (k_policy=fixed unless the options say otherwise): the default cost policy
+    shortens or skips drafts by this machine's timings, which would count different steps than vLLM's."""
     from specviz.decoding import engine
     from specviz.decoding.settings import DecodeSettings
     from specviz.drafters import make_drafter
@@ -73,7 +75,7 @@ def run_ours(models, prompts: list[dict], drafter: str, options: dict, k: int, m
     started = time.perf_counter()
     for p in prompts:
         done = None
-        the_drafter = make_drafter(drafter, models, k=k, options=dict(options))
+        the_drafter = make_drafter(drafter, models, k=k, options={"k_policy": "fixed", **options})
         for done in engine.decode(models.target, models.tokenizer, the_drafter, p["prompt_ids"], settings, models.name,
                                   "", models.vocab_size):
             pass
