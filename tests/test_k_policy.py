@@ -98,6 +98,14 @@ def test_the_next_draft_forward_looks_past_one_costly_size():
     assert not LengthPolicy(COST, steep).worth_drafting([], cap=8)  # a steep curve pays at no length
 
 
+def test_the_next_draft_forward_is_charged_once():
+    """Drafting one more token costs its forward, not again the forwards already run: with a flat curve, after one
+    token at q 0.9 (1.9 expected in 1.2 s), a second at 0.5 gives 2.35 expected in 1.4 s and is worth its forward."""
+    flat = lambda n: 1.0  # noqa: E731
+    assert LengthPolicy(COST, flat).worth_drafting([0.9], draft_s=0.2, cap=2)
+    assert not LengthPolicy(COST, flat).worth_drafting([0.9], draft_s=0.5, cap=2)  # 2.35 in 2.0 < 1.9 in 1.5
+
+
 def test_a_tree_budget_stays_where_the_curve_was_measured():
     """A curve measured up to 16 tokens and nearly flat there, extrapolated, would price a 2,000-node tree as
     cheap; the cost-aware and `auto` budgets keep at most the 15 nodes the curve's last size verifies."""

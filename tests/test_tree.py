@@ -165,6 +165,23 @@ def test_bf16_heads_against_an_fp32_target_stay_lossless(fast, monkeypatch):
         assert sum(len(e.nodes) for e in evs[1:-1]) > 0
 
 
+def test_a_grafted_path_is_scored_once_on_the_step_that_verified_it():
+    """A step the drafter was not asked for (the cost policy skipped it) drafted no grafted path: the path of the step
+    before is not scored again as a miss."""
+    from specviz.decoding.drafter import Outcome
+
+    target = tiny_llama(scale=3.0)
+    eagle, _ = tiny_heads(target)
+    drafter = EagleDrafter(eagle, target, TreeShape(depth=3, top_k=2, total_tokens=8), lookup=4)
+    drafter.start(torch.tensor([1, 2, 3]), None)
+    width = target.config.hidden_size
+    drafter.grafted = [7, 8]
+    drafter.observe(Outcome(accepted=1, committed=[7, 9], features=torch.zeros(2, width)))
+    assert (drafter.lookup_hits, drafter.lookup_tries) == (1 + 1, 2 + 2)  # 7 accepted, 8 tried and rejected
+    drafter.observe(Outcome(accepted=0, committed=[5], features=torch.zeros(1, width)))  # a plain step
+    assert (drafter.lookup_hits, drafter.lookup_tries) == (2, 4)
+
+
 def test_prompt_lookup_grafted_onto_the_eagle_tree_keeps_the_output_and_learns_its_rate():
     from app import figures
     from specviz.decoding import events

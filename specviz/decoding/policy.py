@@ -206,7 +206,7 @@ class LengthPolicy:
         for position in range(n + 1, max(n + 1, cap or 0) + 1):
             chance *= self.acceptance.rate(position)
             ahead.append(chance)
-            if step_rate(ahead, position, self.cost, draft_s, spent) > best:
+            if step_rate(ahead, position, self.cost, spent_s=position * draft_s) > best:  # every forward to here
                 return True
         return False
 

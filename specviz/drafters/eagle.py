@@ -132,10 +132,11 @@ class EagleDrafter(Drafter):
         else:  # a step that did not ask for a draft: the head catches up on both at its next draft
             features, tokens = self.pending
             self.pending = (torch.cat([features, outcome.features]), tokens + outcome.committed)
-        if self.grafted:
+        if self.grafted:  # scored once, on the step that verified them
             hits, tries = accepted_along(self.grafted, outcome)
             self.lookup_hits += hits
             self.lookup_tries += tries
+            self.grafted = []
 
     @torch.inference_mode()
     def _catch_up(self) -> None:
