@@ -112,7 +112,9 @@ def test_a_tree_budget_stays_where_the_curve_was_measured():
     from specviz.decoding.costs import interpolate
     from specviz.drafters.eagle import tree_budget
 
-    curve = interpolate({1: 1.0, 8: 1.02, 16: 1.01})  # falls past 8: its extrapolation gets cheaper with size
+    curve = interpolate({1: 1.0, 8: 1.02, 16: 1.01})  # falls past 8, so a straight line goes on falling past 16
+    assert curve(2000) == curve(16) == 1.01 and curve.measured_up_to == 16  # it is held flat there
+    assert interpolate({1: 1.0, 16: 2.5})(31) == 4.0  # a rising curve goes on rising
     chances = [0.5] * 2000
     assert tree_budget(LengthPolicy(COST, curve), chances, "auto", curve) == 15
     assert tree_budget(LengthPolicy(FIXED), chances, "auto", curve) == 15

@@ -1,4 +1,5 @@
 """Tree verification: mask and positions, cache gather, greedy identity, statistical losslessness."""
+import math
 import random
 
 import pytest
@@ -9,7 +10,7 @@ from specviz.decoding import verify as verify_module
 from specviz.decoding.costs import AUTO_SIZES, interpolate
 from specviz.decoding.sampling import Sampling
 from specviz.decoding.tree import DraftTree
-from specviz.drafters.eagle import EagleDrafter, TreeShape, best_budget
+from specviz.drafters.eagle import EagleDrafter, TreeShape
 from specviz.drafters.medusa import MedusaDrafter, check_tree
 from specviz.errors import SpecvizError
 from specviz.kernels.kvcache import keep_cache_entries
@@ -253,6 +254,13 @@ def test_eagle_build_stages_describe_the_tree():
         assert step.nodes[node].token == by_cid[cid]["token"]
     scores = sorted((c["score"] for c in by_cid.values()), reverse=True)
     assert sorted((n.score for n in step.nodes), reverse=True) == pytest.approx(scores[:5], rel=1e-5)
+
+
+def best_budget(log_scores: list[float], cost) -> int:
+    """The "auto" budget of nodes with these log path scores: best_length on their chances."""
+    from specviz.decoding.policy import best_length
+
+    return best_length([math.exp(s) for s in log_scores], cost)
 
 
 def test_auto_budget_stops_where_extra_nodes_cost_more_than_they_bring():

@@ -2,10 +2,9 @@
 curve): the bench reports it, and the tree drafters' "auto" budget is chosen from it."""
 from __future__ import annotations
 
-import functools
 import statistics
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -88,22 +87,36 @@ def verify_curve(models: Any) -> dict[int, float]:
     return curve
 
 
-def interpolate(curve: dict[int, float]) -> Callable[[int], float]:
-    """n -> seconds, linear between measured sizes, extrapolated linearly past the last one (a curve of one
-    size is flat). Each n is computed once (a tree budget asks for every n up to its candidate count each step)."""
-    xs = sorted(curve)
-    if not xs:
-        raise ValueError("an empty cost curve")
+class CostCurve:
+    """n -> seconds, linear between measured sizes, extrapolated past the last one along the last segment's slope
+    (never falling: a noisy last size must not price larger forwards as cheaper; a curve of one size is flat).
+    `measured_up_to`: the largest size timed, past which it is an extrapolation. Each n is computed once (a tree
+    budget asks for every n up to its candidate count each step)."""
 
-    @functools.lru_cache(maxsize=1024)
-    def cost(n: int) -> float:
+    def __init__(self, curve: dict[int, float]):
+        if not curve:
+            raise ValueError("an empty cost curve")
+        self.curve, self.sizes = curve, sorted(curve)
+        self.measured_up_to = self.sizes[-1]
+        self.memo: dict[int, float] = {}
+
+    def __call__(self, n: int) -> float:
+        cost = self.memo.get(n)
+        if cost is None:
+            cost = self.memo[n] = self._at(n)
+        return cost
+
+    def _at(self, n: int) -> float:
+        xs, curve = self.sizes, self.curve
         if n <= xs[0] or len(xs) == 1:
             return curve[xs[0]]
         for a, b in zip(xs, xs[1:]):
             if n <= b:
                 return curve[a] + (curve[b] - curve[a]) * (n - a) / (b - a)
         a, b = xs[-2], xs[-1]
-        return curve[b] + (curve[b] - curve[a]) * (n - b) / (b - a)
+        return curve[b] + max(0.0, curve[b] - curve[a]) * (n - b) / (b - a)
 
-    cost.measured_up_to = xs[-1]  # type: ignore[attr-defined]  # the largest size timed: past it, an extrapolation
-    return cost
+
+def interpolate(curve: dict[int, float]) -> CostCurve:
+    """The measured curve as a function of n (CostCurve)."""
+    return CostCurve(curve)

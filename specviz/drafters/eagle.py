@@ -337,33 +337,19 @@ def _described(c: Candidate) -> dict[str, Any]:
             "score": round(math.exp(c.log_score), 8)}
 
 
-def best_budget(log_scores: list[float], verify_cost: VerifyCost) -> int:
-    """The number of nodes N that maximises expected tokens per second: (1 + Σ top-N path scores) / cost(N + 1).
-
-    The path score (product of q along the path) estimates the chance that the node is accepted, so the sum
-    over the tree estimates the accepted length (EAGLE-2's argument); +1 for the replacement/bonus token."""
-    return best_length([math.exp(s) for s in log_scores], verify_cost)
-
-
 def tree_budget(policy: LengthPolicy, chances: list[float], total_tokens: int | str | None,
                 verify_cost: VerifyCost | None) -> int:
     """Nodes kept of a tree whose candidates, ranked best first, have these path chances. Cost-aware: the run's
     policy's length, at most total_tokens where it is a number. Fixed: total_tokens (None: every node; "auto":
-    the same rule on verify_cost, as before the policy existed). A budget the curve sizes stays within the sizes
-    the curve was measured at (root and nodes), never trusting its extrapolation."""
-    if isinstance(total_tokens, int):
-        cap = total_tokens
-    elif policy.sized or isinstance(total_tokens, str):
-        measured = getattr(policy.cost if policy.sized else verify_cost, "measured_up_to", None)
-        cap = len(chances) if measured is None else min(len(chances), measured - 1)
-    else:
-        cap = len(chances)
+    the same rule on verify_cost, as before the policy existed). A budget the curve sizes with no number set stays
+    within the sizes the curve was measured at (root and nodes), never trusting its extrapolation."""
+    cap = total_tokens if isinstance(total_tokens, int) else len(chances)
+    curve = policy.cost if policy.sized else verify_cost if isinstance(total_tokens, str) else None
+    if curve is not None and not isinstance(total_tokens, int):
+        cap = min(cap, getattr(curve, "measured_up_to", cap + 1) - 1)
     if policy.sized:
         return policy.length(chances[:cap])
-    if isinstance(total_tokens, str):  # "auto": the cut that maximises expected tokens per second on this machine
-        assert verify_cost is not None  # tree_options measures it for "auto"
-        return best_length(chances[:cap], verify_cost)
-    return cap
+    return cap if curve is None else best_length(chances[:cap], curve)
 
 
 def build(models: LoadedModels, k: int, options: dict[str, Any]) -> EagleDrafter:
