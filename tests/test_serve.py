@@ -375,3 +375,8 @@ def test_a_client_may_ask_for_either_draft_length_policy(served):
     with pytest.raises(SpecvizError, match="k_policy must be one of cost, fixed") as refused:
         list(Client(served.url).stream("abc", model="tiny", drafter="ngram:k_policy=sometimes", max_new_tokens=2))
     assert "sometimes" in str(refused.value)
+    with pytest.raises(SpecvizError, match="k_policy must be one of cost, fixed") as refused:  # echoed, cut short
+        list(Client(served.url).stream("abc", model="tiny", drafter="ngram:k_policy=" + "9" * 200, max_new_tokens=2))
+    assert "9" * 80 not in str(refused.value)
+    plain = list(Client(served.url).stream("abc", model="tiny", drafter="none:k_policy=fixed", max_new_tokens=2))
+    assert plain[0].k_policy == "fixed" and plain[-1].type == "done"  # `none` takes it too, as a local run does

@@ -14,9 +14,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Union
 
-from specviz.decoding.policy import K_POLICIES
 from specviz.decoding.settings import DECODE_FIELDS, DecodeSettings
-from specviz.drafters import PLAIN, REGISTRY, check_named, parse_spec
+from specviz.drafters import REGISTRY, check_named, parse_spec
 from specviz.drafters.spec import K
 from specviz.errors import SpecvizError, shown
 
@@ -103,14 +102,12 @@ def drafter_of(drafter: str | None, options: Mapping[str, Any] | None, k: int = 
     if served:
         check_sent(merged)
         if spec is not None:
-            takes = [o.name for o in spec.options if o.served] + (["k_policy"] if name != PLAIN else [])
+            takes = [o.name for o in spec.options if o.served] + ["k_policy"]  # every drafter takes it, as locally
             unknown = sorted(set(merged) - set(takes))
             if unknown:  # said here, so that the names a client sent are echoed within ECHO_CHARS in all
                 raise SpecvizError(f"{name} option(s) {shown(', '.join(unknown))} are not offered by the service; "
                                    f"it takes: {', '.join(takes) or 'no options'}")
             K.check(name, merged.get("k", k), served=True)
-            if "k_policy" in merged and merged["k_policy"] not in K_POLICIES:
-                raise SpecvizError(f"k_policy must be one of {', '.join(K_POLICIES)}, got {shown(str(merged['k_policy']))}")
     if spec is not None:
         check_named(name, merged, served)
     return name, merged

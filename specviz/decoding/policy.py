@@ -57,10 +57,10 @@ VerifyCost = Callable[[int], float]  # n tokens -> seconds of one verify forward
 
 
 def check_k_policy(value: object) -> str:
-    from specviz.errors import SpecvizError
+    from specviz.errors import SpecvizError, shown
 
     if value not in K_POLICIES:
-        raise SpecvizError(f"k_policy must be one of {', '.join(K_POLICIES)}, got {value!r}")
+        raise SpecvizError(f"k_policy must be one of {', '.join(K_POLICIES)}, got {shown(value)}")
     return str(value)
 
 
