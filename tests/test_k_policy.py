@@ -16,6 +16,7 @@ from specviz.decoding.policy import (
     STOP_CONFIDENCE,
     STOP_COST,
     STOP_NO_MATCH,
+    STOP_SLOWER,
     STOPS,
     LengthPolicy,
     RunningAcceptance,
@@ -141,7 +142,7 @@ def test_steps_stop_drafting_while_drafting_steps_are_the_slower_but_for_a_probe
 def test_a_drafter_that_only_costs_is_asked_only_to_probe(target):
     """A lookup whose every drafted token is wrong and that takes 5 ms a step: under COST (a flat curve, so the
     chance estimates alone would keep drafting) the engine soon stops asking it, but for a probe every PROBE_EVERY
-    steps, and says so (stop "cost", nothing drafted); FIXED asks every step. The output is the target's."""
+    steps, and says so (stop "slower", nothing drafted); FIXED asks every step. The output is the target's."""
     import time as _time
 
     from specviz.decoding.policy import PROBE_EVERY
@@ -163,7 +164,7 @@ def test_a_drafter_that_only_costs_is_asked_only_to_probe(target):
     evs, steps = steps_of(target, drafter, max_new_tokens=48)
     assert evs[-1].token_ids == reference
     assert drafter.asked <= 6 + len(steps) // PROBE_EVERY + 1, drafter.asked
-    assert sum(1 for s in steps if s.stop == STOP_COST and not s.drafted) >= len(steps) // 2
+    assert sum(1 for s in steps if s.stop == STOP_SLOWER and not s.drafted) >= len(steps) // 2
     fixed = with_policy(Wrong(k=4), FIXED)
     steps_of(target, fixed, max_new_tokens=48)
     assert fixed.asked == 48  # every step: none accepted, one token a step

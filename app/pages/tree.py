@@ -50,7 +50,7 @@ def side_by_side() -> None:
         st.info("This needs a model with both an EAGLE-2 and an EAGLE-3 head (the embedded model ships both).")
     else:
         st.caption("Both drafters decode the prompt above at temperature 0 with the sidebar's tree settings as set "
-                   "(`k_policy=fixed`: no step's tree is cut or skipped for this machine's cost), so they "
+                   "(`k_policy=fixed`: no step is skipped for this run's timings), so they "
                    "commit the same text (the target's greedy text, up to floating-point near-ties) and meet the same contexts; pick a position where "
                    "both drafted, and compare the two trees grown from it.")
         if st.button("Draft with both", key="tree_both_run"):

@@ -15,7 +15,7 @@ from specviz.decoding import sampling
 from specviz.decoding.costs import synchronize
 from specviz.decoding.drafter import Drafter, DraftRequest, Outcome
 from specviz.decoding.metrics import Metrics
-from specviz.decoding.policy import STOP_COST
+from specviz.decoding.policy import STOP_SLOWER
 from specviz.decoding.settings import DecodeSettings
 from specviz.decoding.target import Target
 from specviz.decoding.tree import DraftTree
@@ -199,7 +199,7 @@ class _Run:
                     )
                 )
             else:  # drafting has been slower than plain steps in this run: a plain step (policy.StepRates)
-                tree = DraftTree(stop=STOP_COST, forwards=0)
+                tree = DraftTree(stop=STOP_SLOWER, forwards=0)
             drafted = self._now()
             past_len = len(ids) - 1
             hidden, p, verdict = self._verify(ids[-1], tree, past_len)

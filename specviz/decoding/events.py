@@ -14,8 +14,8 @@ from specviz.atomic import replacing
 from specviz.decoding.policy import K_POLICIES, STOPS
 
 SCHEMA_VERSION = 1  # traces of the same major version load; a minor one adds fields with defaults
-SCHEMA_MINOR = 3  # 1: Start.detail, Step.drafted and Step.accepted; Step's detail fields optional. 2: Test.rule, .threshold
-# 3: Start.k_policy, Step.stop
+SCHEMA_MINOR = 4  # 1: Start.detail, Step.drafted and Step.accepted; Step's detail fields optional. 2: Test.rule, .threshold
+# 3: Start.k_policy, Step.stop. 4: Step.draft_forwards, stop "slower"
 # the rule that decided a test: x drawn from q (α = min(1, p/q)); x picked, q = δx (α = p′(x)); p's argmax
 # (temperature 0); Medusa's lossy threshold (specviz.decoding.verify.Typical)
 CHAIN, POINT_MASS, GREEDY, TYPICAL = "chain", "point mass", "greedy", "typical"
@@ -308,6 +308,7 @@ SCHEMA = {
                 "drafted": {"type": ["integer", "null"]},
                 "accepted": {"type": ["integer", "null"]},
                 "stop": {"enum": [*STOPS, None]},
+                "draft_forwards": {"type": ["integer", "null"]},
             },
             required=("type", "step", "position", "committed", "text_delta", "timing"),
         ),

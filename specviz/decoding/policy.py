@@ -30,10 +30,12 @@ Once drafted, the forwards are spent: choosing how many drafted tokens to verify
 Every estimate above can be wrong, and a drafter's own work each step (a lookup, Medusa's heads, a draft model
 catching up) is not in c. So the run also keeps the tokens per second it actually got from the steps where the
 drafter was asked for a draft and from plain steps (`StepRates`); while drafting steps have been the slower, the
-drafter is not asked (the step is a plain forward, stop "cost") but for one probe every PROBE_EVERY steps, so a
+drafter is not asked (the step is a plain forward, stop "slower") but for one probe every PROBE_EVERY steps, so a
 drafter never costs a run more than that probe's share of the gap. This reads wall-clock time, so under COST two runs
 of one request can draft on different steps: the output is the same at T = 0 (and distributed the same at T > 0),
-the trees and, at T > 0, the sampled text need not be. FIXED drafts the same every run.
+the trees and, at T > 0, the sampled text need not be. FIXED never skips a step or cuts a draft for this run's
+timings (a tree's `auto` node budget still reads this machine's verify curve, and its early stop the head's own
+timings).
 
 P_i comes from the drafter's own q where it has one (the product of q along the path, EAGLE-2's path score), and
 from a running per-position acceptance (`RunningAcceptance`) where it has none (prompt lookup).
@@ -51,7 +53,8 @@ STOP_COST = "cost"  # one more token would not pay under the verify cost (the ch
 STOP_CONFIDENCE = "confidence"  # the drafter's own q made its drafted tokens not worth verifying: they were dropped
 STOP_CAP = "cap"  # K (or the tree's depth, or the tokens left to generate) reached
 STOP_NO_MATCH = "no match"  # the drafter had nothing more to propose (a lookup found no earlier match)
-STOPS = (STOP_COST, STOP_CONFIDENCE, STOP_CAP, STOP_NO_MATCH)
+STOP_SLOWER = "slower"  # not asked to draft: this run's drafting steps have committed tokens more slowly (StepRates)
+STOPS = (STOP_COST, STOP_CONFIDENCE, STOP_CAP, STOP_NO_MATCH, STOP_SLOWER)
 
 VerifyCost = Callable[[int], float]  # n tokens -> seconds of one verify forward
 
