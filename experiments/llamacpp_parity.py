@@ -187,11 +187,11 @@ def forced_ours(models, drafter: str, options: dict, k: int, contexts: list[list
     from specviz.drafters import make_drafter
 
     settings = DecodeSettings(max_new_tokens=k + 1, temperature=0.0, k=k, n_top=0)
-    the_drafter = make_drafter(drafter, models, k=k, options={"k_policy": "fixed", **options})  # each run starts it afresh
     steps: list[tuple[int, int] | None] = []
     for n, ids in enumerate(contexts, 1):
         if n % 16 == 1:
             print(f"specviz {drafter}: context {n}/{len(contexts)}", file=sys.stderr, flush=True)
+        the_drafter = make_drafter(drafter, models, k=k, options={"k_policy": "fixed", **options})  # one per run
         run = engine.decode(models.target, models.tokenizer, the_drafter, ids, settings, models.name, "",
                             models.vocab_size)
         first = next(e for e in run if e.type == "step")

@@ -291,7 +291,7 @@ def test_the_bench_runs_every_drafter_on_each_weight_set_in_one_interleaved_run(
 
 
 def test_the_bench_runs_both_draft_length_policies_on_each_weight_set():
-    """--weights with --k-policy cost,fixed: every drafter under each policy on each set (the policies were dropped)."""
+    """--weights with --k-policy cost,fixed: every drafter under each policy on each set."""
     from specviz import bench
     from specviz.bench import regimes as bench_regimes
 

@@ -158,8 +158,9 @@ def to_markdown(report: dict) -> str:
         [f"{w} ({s['words']})", fmt(_at(s, 1)), fmt(_at(s, RATIO_N)), fmt(s["c8_over_c1"]), s["regime"]]
         for w, s in report["weight_sets"].items()])
     lines += ["", "c(n): one tree-shaped verify forward over n tokens (median ms). Memory-bound (c(8)/c(1) near 1): "
-              "verifying several tokens costs about one forward, so speculation can pay; compute-bound: it costs "
-              "several, and it does not.", "", "## Every method", ""]
+              "verifying several tokens costs about one forward, so almost any acceptance pays for the verify; "
+              "compute-bound: it costs several, so a drafter pays only where its steps commit more than c(8)/c(1) "
+              "tokens, and shorter drafts cost less to verify.", "", "## Every method", ""]
     lines += table(["method", "weights", "τ", "tokens/s", "speedup vs none (same weights)",
                     f"speedup vs {report['first_none']}", "output = none (same weights)"], [
         [f"`{name}`", m["weights"], fmt(m["tau"]), fmt(m["tokens_per_s"], ".1f"),
