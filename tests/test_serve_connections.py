@@ -2,6 +2,7 @@
 from being served within a second nor hold the service's sockets past the header deadline."""
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -108,9 +109,11 @@ def test_bodies_that_never_come_neither_lock_others_out_nor_stay(tiny_models):
             answered = [reply(s, 0.5) for s in slow]
             late = [a.startswith(b"HTTP/1.1 408") and (b"bytes/s" in a or b"another client" in a) for a in answered]
             busy = [a.startswith(b"HTTP/1.1 503") and b"retry-after: 2" in a.lower() for a in answered]
-            # the cap's 16 got the 408 (the byte-rate floor's, or the one a body that gave way to a newcomer gets);
-            # the 24 past the cap, whose headers came whole, were told to come back at once
-            assert sum(late) == 16 and sum(busy) == 24, answered
+            # the cap's 16 get the 408 (the byte-rate floor's, or the one a body that gave way to a newcomer gets);
+            # the 24 past the cap, whose headers came whole, are told to come back at once. On a loaded host the loop
+            # may read one of the cap's only after FRESH_S: it gives way unanswered, to one past the cap (which then
+            # gets its 408) or to the two newcomers. So never more 408s than the cap holds, and at most two unanswered
+            assert 14 <= sum(late) <= 16 and sum(late) + sum(busy) >= 38, answered
         finally:
             for s in slow:
                 s.close()
@@ -397,3 +400,45 @@ def test_bodies_trickled_above_the_floor_give_way_to_a_newcomer(tiny_models):
             for t in threads:
                 t.join(10)
         assert any(a.startswith(b"HTTP/1.1 408") and b"another client" in a for a in answers), answers
+
+
+class HeldBody:
+    """A stand-in service whose POSTs read their body only once `release` is set (as when the app is busy
+    elsewhere): past 64 KB buffered, uvicorn pauses reading the connection. Anything else is answered at once."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    async def app(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return
+        if scope["method"] == "POST":
+            while not self.release.is_set():
+                await asyncio.sleep(0.02)
+            while (await receive()).get("more_body"):
+                pass
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    def server_config(self, host: str, port: int, **limits):
+        return connections_module.server_config(self.app, host, port, interface="asgi3", **limits)
+
+
+def test_a_body_the_service_stopped_reading_does_not_give_way_as_stalled():
+    """A body that stopped arriving only because the service paused reading it is not the client's fault: at the
+    cap the newcomer is told to come back, and the body, once read, is answered, not cut with a 408 saying no more
+    of it came."""
+    held = HeldBody()
+    head = b"POST /upload HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 200000\r\n\r\n"
+    with Running(held, max_connections=1, header_timeout_s=5.0) as running:
+        with raw(port_of(running), head + b" " * 100_000) as s:  # past uvicorn's 64 KB: its reading is paused
+            time.sleep(connections_module.STALLED_S + 0.2)  # < UPLOAD_S: only a stalled body would give way
+            assert connections_module.STALLED_S + 0.2 < connections_module.UPLOAD_S
+            try:
+                newcomer = httpx.get(running.url + "/healthz", timeout=5).status_code
+            finally:
+                held.release.set()
+            assert newcomer == 503, reply(s, 0.5)
+            s.sendall(b" " * 100_000)
+            s.settimeout(5.0)
+            assert s.recv(12) == b"HTTP/1.1 200"

@@ -7,15 +7,16 @@ uvicorn's own `limit_concurrency` counts such connections too and answers everyo
 thousand half-open sockets would shut real clients out. Here, past the cap, room is made for the newcomer:
 first the connection that has waited longest without a request in progress is closed (one that sent part of a
 request's headers, or an idle keep-alive one), then one that has sent nothing for FRESH_S or more, then a body
-that stopped arriving STALLED_S or more ago (408, send it again), then the response its client has left unread
-longest, for STALLED_S or more (an event stream's viewer resumes with Last-Event-ID), and last a body still
-arriving UPLOAD_S after its headers, however fast (408: bodies trickled just above the byte-rate floor would hold
-the cap). A connection that has sent nothing for less than FRESH_S is never closed to make room: a burst of whole
-requests is accepted before any of them is read. When no connection can give way, the newcomer is answered 503
-with Retry-After once its request's headers arrive. Two groups of newcomers wait past the cap, each of at most
-REFUSING_MAX (past it the one waiting longest is closed): those not read yet, and those read and waiting for
-their headers to be answered 503; so open sockets stay within the cap plus twice REFUSING_MAX. Each kind of
-connection is kept oldest first (Room): making room costs the same whether ten or ten thousand are open."""
+that stopped arriving STALLED_S or more ago (408, send it again; one stopped only because the service paused
+reading it has not stalled), then the response its client has left unread longest, for STALLED_S or more (an
+event stream's viewer resumes with Last-Event-ID), and last a body still arriving UPLOAD_S after its headers,
+however fast (408: bodies trickled just above the byte-rate floor would hold the cap). A connection that has
+sent nothing for less than FRESH_S is never closed to make room: a burst of whole requests is accepted before any
+of them is read. When no connection can give way, the newcomer is answered 503 with Retry-After once its
+request's headers arrive. Two groups of newcomers wait past the cap, each of at most REFUSING_MAX (past it the
+one waiting longest is closed): those not read yet, and those read and waiting for their headers to be answered
+503; so open sockets stay within the cap plus twice REFUSING_MAX. Each kind of connection is kept oldest first
+(Room): making room costs the same whether ten or ten thousand are open."""
 from __future__ import annotations
 
 import asyncio
@@ -24,6 +25,7 @@ from collections import OrderedDict
 
 import h11
 import uvicorn
+from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 MAX_CONNECTIONS = 512  # open connections at most (each viewer's event stream is one)
@@ -95,6 +97,25 @@ class Room:
         return None
 
 
+class Flow(FlowControl):
+    """uvicorn's flow control of one connection, telling the guard when the service pauses reading it (past 64 KB
+    of a body the app has not taken yet) and resumes."""
+
+    def __init__(self, transport: asyncio.Transport, connection: GuardedH11Protocol) -> None:
+        super().__init__(transport)
+        self.connection = connection
+
+    def pause_reading(self) -> None:
+        super().pause_reading()
+        self.connection._reading_paused()
+
+    def resume_reading(self) -> None:
+        paused = self.read_paused
+        super().resume_reading()
+        if paused:
+            self.connection._reading_resumed()
+
+
 class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with the cap, the deadlines and the write timeout (subclassed per server by
     server_config, each subclass with its own Room)."""
@@ -120,6 +141,7 @@ class GuardedH11Protocol(H11Protocol):
             type(self).room = Room()
         self.rooms: Room = type(self).room
         super().connection_made(transport)
+        self.flow = Flow(transport, self)
         self._await_headers()
         self._be(self.rooms.fresh)
         if self._counted() > self.max_connections:
@@ -154,25 +176,22 @@ class GuardedH11Protocol(H11Protocol):
     def _make_room(self) -> bool:
         """Close the connection that gives way to this one; False when none may."""
         room = self.rooms
-        victim = room.oldest(room.waiting, 0.0) or room.oldest(room.fresh, FRESH_S)
-        if victim is not None and victim is not self:
-            victim._close(abort=victim in room.unread)  # what is buffered for one not reading is dropped
-            return True
-        stalled = room.oldest(room.bodies, STALLED_S)
-        if stalled is not None and stalled is not self:
-            stalled._body_late(f"no more of the request body came for {STALLED_S:g} s and the service needed the "
-                               "connection for another client; send it again")
-            return True
-        unread = room.oldest(room.unread, STALLED_S)
-        if unread is not None and unread is not self:
-            unread._close(abort=True)  # what is buffered for a client not reading is dropped
-            return True
+        stalled = (f"no more of the request body came for {STALLED_S:g} s and the service needed the connection "
+                   "for another client; send it again")
         # bodies trickled just above the byte-rate floor would hold the cap until their deadline
-        slow = room.oldest(room.uploads, UPLOAD_S)
-        if slow is not None and slow is not self:
-            slow._body_late(f"the request body was still arriving after {UPLOAD_S:g} s and the service needed the "
-                            "connection for another client; send it again")
-            return True
+        slow = (f"the request body was still arriving after {UPLOAD_S:g} s and the service needed the connection "
+                "for another client; send it again")
+        # who gives way, in this order: kind, after how long, the 408's message (None: closed without an answer)
+        for kind, older_than, message in ((room.waiting, 0.0, None), (room.fresh, FRESH_S, None),
+                                          (room.bodies, STALLED_S, stalled), (room.unread, STALLED_S, None),
+                                          (room.uploads, UPLOAD_S, slow)):
+            victim = room.oldest(kind, older_than)
+            if victim is not None and victim is not self:
+                if message is None:
+                    victim._close(abort=victim in room.unread)  # what is buffered for a client not reading is dropped
+                else:
+                    victim._body_late(message)
+                return True
         return False
 
     def _refuse(self) -> None:
@@ -247,7 +266,8 @@ class GuardedH11Protocol(H11Protocol):
             if self.conn.their_state is h11.SEND_BODY and not self.refusing:  # and its body is to come
                 self.body_since = self.loop.time()
                 self.body_bytes = 0
-                self._be(self.rooms.bodies)
+                if not self.flow.read_paused:  # paused by what came with its headers: not awaited until resumed
+                    self._be(self.rooms.bodies)
                 self.rooms.uploads[self] = self.body_since
                 self.body_timer = self.loop.call_later(BODY_CHECK_S, self._check_body)
 
@@ -277,6 +297,14 @@ class GuardedH11Protocol(H11Protocol):
             if elapsed >= BODY_GRACE_S and self.body_bytes < self.min_body_rate * elapsed:
                 return self._body_late(f"the request body arrived slower than {self.min_body_rate:,} bytes/s")
         self.body_timer = self.loop.call_later(BODY_CHECK_S, self._check_body)
+
+    def _reading_paused(self) -> None:
+        if self.kind is self.rooms.bodies:
+            self._be(None)  # the service is not reading its body: it has not stalled, and does not give way as if so
+
+    def _reading_resumed(self) -> None:
+        if self.body_since is not None and self.kind is None and not self.transport.is_closing():
+            self._be(self.rooms.bodies)  # the rest of its body is awaited from now
 
     def _body_late(self, message: str) -> None:
         """408 when nothing was answered yet, then closed."""
