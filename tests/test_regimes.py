@@ -129,7 +129,8 @@ def test_the_modelled_clock_counts_the_draft_forwards_a_step_ran():
     assert roofline.draft_forwards({"nodes": nodes, "drafted": 2, "draft_forwards": 4}, "draft") == 4
     assert roofline.draft_forwards({"nodes": nodes + [{"depth": 4}], "draft_forwards": 2}, "eagle2:lookup=4") == 2
     assert roofline.draft_forwards({"nodes": nodes, "drafted": 2}, "draft") == 2
-    assert roofline.draft_forwards({"nodes": nodes, "draft_forwards": 0}, "ngram") == 0
+    assert roofline.draft_forwards({"nodes": nodes, "draft_forwards": 0}, "medusa") == 0  # a step the policy skipped
+    assert roofline.draft_forwards({"nodes": nodes}, "medusa") == 1 and roofline.draft_forwards({"nodes": nodes}, "ngram") == 0
 
 
 def test_the_h100_70b_clock_is_memory_bound_and_a_tree_step_costs_about_one_forward():
