@@ -1,9 +1,11 @@
-"""A prompt is prefilled in chunks (engine.prefill_chunk: 256 tokens, fewer past 1,024 cached) with the run's cancel flag read between them: the
-chunks cache what one forward over the prompt caches (the same bits on the 4-bit path, the same greedy output on
-fp32), a cancel ends the run within one chunk, and through the service a DELETE frees the engine for the next
-run within one chunk's time however long the prompt."""
+"""A prompt is prefilled in chunks (engine.prefill_slices: 256 tokens, then each sized to the first one's time) with the
+run's cancel flag read between them: the chunks cache what one forward over the prompt caches (the same bits on the
+4-bit path, the same greedy output on fp32), a cancel ends the run within one chunk, chunks stay as fast as the
+first while a token's attention grows with the prompt, and through the service a DELETE frees the engine for the
+next run within about the first chunk's time however long the prompt."""
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 import time
@@ -110,49 +112,90 @@ def test_a_cancel_is_read_between_chunks_and_ends_the_run_there():
     finally:
         Target.forward = target_forward
     assert [type(e) for e in events] == [ev.Start]  # no step, no done
-    assert forwards == [engine.PREFILL_CHUNK] * 2 and reads == [0, 1, 2]
+    assert forwards == [engine.PREFILL_CHUNK, engine.PREFILL_CHUNK // 2] and reads == [0, 1, 2]
 
 
 
-def test_chunks_shrink_as_the_cached_prompt_grows(tiny_models, monkeypatch):
-    """Past SHRINK_PAST cached positions each chunk takes fewer tokens, in proportion (its attention then stays what
-    a first-size chunk's is), down to MIN_PREFILL_CHUNK; the engine's forwards follow prefill_chunk."""
-    assert [engine.prefill_chunk(p) for p in (0, 1024, 2048, 4096, 8192, 10**6)] == [256, 256, 128, 64, 32, 32]
-    monkeypatch.setattr(engine, "SHRINK_PAST", 64)
+def modelled_chunks(n: int, ms_per_token) -> list[tuple[int, int, float]]:
+    """(start, tokens, seconds) of each slice prefill_slices gives when a chunk's tokens take ms_per_token(its middle
+    position) each on its clock."""
+    now = [0.0]
+    chunks = []
+    for part in engine.prefill_slices(n, lambda: now[0]):
+        tokens = part.stop - part.start
+        seconds = tokens * ms_per_token((part.start + part.stop) / 2) / 1e3
+        now[0] += seconds
+        chunks.append((part.start, tokens, seconds))
+    return chunks
+
+
+def test_chunks_shrink_to_the_first_ones_time_as_attention_grows():
+    """A token's time grows with the cached positions before it: after a half-size second chunk each takes as many
+    tokens as fit in the first chunk's time (at 1 ms a token plus 1 ms per 1,024 cached, 256 tokens would take 8 times
+    the first's by 8,000), never fewer than MIN_PREFILL_CHUNK; the slices cover the prompt once, in order."""
+    chunks = modelled_chunks(8000, lambda position: 1 + position / 1024)
+    first = chunks[0][2]
+    assert [t for _, t, _ in chunks[:2]] == [engine.PREFILL_CHUNK, engine.PREFILL_CHUNK // 2]
+    assert [start for start, *_ in chunks] == [0] + list(itertools.accumulate(t for _, t, _ in chunks[:-1]))
+    assert sum(t for _, t, _ in chunks) == 8000
+    assert max(s for *_, s in chunks) <= 1.05 * first  # each about the first's time ...
+    assert chunks[len(chunks) // 2][1] < engine.PREFILL_CHUNK / 4  # ... by taking fewer tokens
+    steep = modelled_chunks(8000, lambda position: 1 + position / 64)  # past what MIN_PREFILL_CHUNK tokens can keep to
+    assert min(t for _, t, _ in steep[:-1]) == engine.MIN_PREFILL_CHUNK
+
+
+def test_chunks_keep_their_size_when_a_token_costs_the_same_or_a_chunk_is_quick():
+    flat = modelled_chunks(1000, lambda position: 1.0)
+    assert [t for _, t, _ in flat] == [256, 128, 256, 256, 104]
+    quick = modelled_chunks(2000, lambda position: 0.01 * (1 + position / 256))  # 3 ms a first chunk, 20 ms the last
+    assert all(t == engine.PREFILL_CHUNK for _, t, _ in quick[2:-1])  # under PREFILL_FLOOR_S: not worth shrinking
+
+
+def test_the_engines_prefill_and_the_bench_size_chunks_by_their_own_clocks(tiny_models, monkeypatch):
+    """The engine sizes its prefill chunks by its own clock over each forward, and the prefill bench by the clock it is
+    given: forwards that take longer per token as the cache grows come out shorter, the same in both."""
     monkeypatch.setattr(engine, "PREFILL_CHUNK", 64)
     monkeypatch.setattr(engine, "MIN_PREFILL_CHUNK", 8)
-    forwards = []
+    monkeypatch.setattr(engine, "PREFILL_FLOOR_S", 0.01)
+    now, forwards = [0.0], []
     forward = Target.forward
-    monkeypatch.setattr(Target, "forward", lambda self, ids, *a, **k: forwards.append(len(ids)) or forward(self, ids, *a, **k))
-    ids = tiny_models.tokenizer("a b c d e f g h " * 40)["input_ids"][:601]
+
+    def slower_as_it_grows(self, ids, cache, *a, **k):  # on the modelled clock: 1 ms a token, once more per 64 cached
+        forwards.append(len(ids))
+        now[0] += len(ids) * (1 + (cache.get_seq_length() + len(ids) / 2) / 64) / 1000
+        return forward(self, ids, cache, *a, **k)
+
+    monkeypatch.setattr(Target, "forward", slower_as_it_grows)
+    monkeypatch.setattr(engine._Run, "_now", lambda self: now[0])
+    ids = tiny_models.tokenizer("a b c d e f g h " * 40)["input_ids"]
+    assert len(ids) > 300
     list(engine.decode(tiny_models.target, tiny_models.tokenizer, NgramDrafter(3), ids, DecodeSettings(max_new_tokens=1)))
     prefill = forwards[: len(forwards) - 1]  # the last forward is the step's
-    assert sum(prefill) == len(ids) - 1
-    starts = [sum(prefill[:i]) for i in range(len(prefill))]
-    assert prefill[:-1] == [engine.prefill_chunk(s) for s in starts[:-1]] and prefill[0] == 64 and min(prefill) < 32
-    # the prefill bench times the same forwards the engine makes
+    assert sum(prefill) == len(ids) - 1 and prefill[:2] == [64, 32] and min(prefill[:-1]) < 24
     from specviz.bench.prefill import prefill_ours
 
     forwards.clear()
-    timed = prefill_ours(Target(tiny_models.target), ids[:-1])
+    timed = prefill_ours(Target(tiny_models.target), ids[:-1], lambda: now[0])
     assert [n for n, _ in timed] == forwards == prefill
 
 
 @pytest.fixture
 def slow_prefill(monkeypatch):
-    """The tiny model's forwards made as slow as a real model's on a CPU: 1 ms a token."""
+    """The tiny model's forwards made as slow as a real model's on a CPU: 1 ms a token, and 1 ms more per 256
+    positions cached before it (its attention)."""
     forward = Target.forward
 
-    def slow(self, ids, *args, **kwargs):
-        time.sleep(len(ids) / 1000)
-        return forward(self, ids, *args, **kwargs)
+    def slow(self, ids, cache, *args, **kwargs):
+        time.sleep(len(ids) * (1 + (cache.get_seq_length() + len(ids) / 2) / 256) / 1000)
+        return forward(self, ids, cache, *args, **kwargs)
 
     monkeypatch.setattr(Target, "forward", slow)
 
 
 def test_delete_frees_the_engine_within_a_chunk_of_a_long_prompt(tiny_models, slow_prefill):
-    prompt = "the" + " the" * 1899  # 1,900 tokens: eight chunks, 1.9 s of prefill
-    assert len(tiny_models.tokenizer.encode(prompt)) == 1900
+    """Late in the prompt, where 256 tokens would take 1.3 s, a chunk still takes about the first's 0.38 s."""
+    prompt = "the" + " the" * 1299  # 1,300 tokens: 4.6 s of prefill
+    assert len(tiny_models.tokenizer.encode(prompt)) == 1300
     with Running(Service({"tiny": tiny_models})) as running:
         owner = httpx.Client(base_url=running.url, headers={"X-Specviz-Client": "long"}, timeout=30)
         created = owner.post("/v1/runs", json={"prompt": prompt, "model": "tiny", "chat": False, "max_new_tokens": 4})
@@ -175,7 +218,7 @@ def test_delete_frees_the_engine_within_a_chunk_of_a_long_prompt(tiny_models, sl
         while owner.get(f"/v1/runs/{long_id}").json()["state"] != "running":
             assert time.monotonic() < deadline
             time.sleep(0.02)
-        time.sleep(0.4)  # well into the prefill
+        time.sleep(2.0)  # well into the prefill, where a 256-token chunk would take 1.15 s
         deleted = time.monotonic()
         assert owner.delete(f"/v1/runs/{long_id}").status_code == 200
         while owner.get(f"/v1/runs/{long_id}").json()["state"] != "cancelled":
@@ -183,22 +226,23 @@ def test_delete_frees_the_engine_within_a_chunk_of_a_long_prompt(tiny_models, sl
             time.sleep(0.01)
         freed = time.monotonic() - deleted
         short.join(10)
-        chunk_s = engine.PREFILL_CHUNK / 1000
+        chunk_s = engine.PREFILL_CHUNK * 1.5 / 1000  # the first chunk's time
         assert freed < chunk_s + 0.35, f"the engine was freed {freed:.2f} s after DELETE"
         assert started and started[0] - deleted < chunk_s + 0.5  # the next run was decoding by then
         assert owner.get(f"/v1/runs/{long_id}").json()["events"] == 1  # its start only: no step ran
 
 
 def test_the_prefill_bench_times_the_engines_chunks_and_tabulates_them(tiny_models, monkeypatch):
-    """specviz.bench.prefill: one forward per engine chunk over the whole prompt, and a table row per length."""
+    """specviz.bench.prefill: one forward per engine chunk over the whole prompt, each round's figures from its own
+    chunks, and a table row per length."""
     from specviz.bench import prefill
 
-    monkeypatch.setattr(engine, "SHRINK_PAST", 64)
     monkeypatch.setattr(engine, "PREFILL_CHUNK", 64)
-    monkeypatch.setattr(engine, "MIN_PREFILL_CHUNK", 8)
     chunks = prefill.prefill_ours(Target(tiny_models.target), prefill.prompt_ids(300, 64))
-    sizes = [n for n, _ in chunks]
-    assert sizes[:4] == [64, 64, 32, 25] and sum(sizes) == 300 and all(s > 0 for _, s in chunks)
+    assert [n for n, _ in chunks][:2] == [64, 32] and sum(n for n, _ in chunks) == 300 and all(s > 0 for _, s in chunks)
+    figures = prefill.summary(300, [(64, 0.2), (32, 0.1), (32, 0.3), (172, 0.4)])
+    assert figures == pytest.approx({"ours_tokens_per_s": 300, "chunks": 4, "first_chunk_ms": 200, "slowest_chunk_ms": 400,
+                       "slowest_chunk_vs_first": 2, "slowest_token_vs_first": 3})
     row = {"tokens": 300, "ours_tokens_per_s": 1234.5, "chunks": len(chunks), "first_chunk_ms": 2.0,
            "slowest_chunk_ms": 3.0, "slowest_chunk_vs_first": 1.5, "slowest_token_vs_first": 2.25,
            "llama_tokens_per_s": {1: 999.0}}

@@ -1,8 +1,9 @@
 """`specviz prefill-bench`: how fast a prompt is read, by its length, in specviz and in llama-server on the same GGUF.
 
-Ours: the target's prefill as the engine runs it (engine.prefill_chunk tokens a forward, into one cache), on random
-token ids of each length; tokens/s over the whole prompt, and each chunk's time per token against the first chunk's
-(a chunk's attention grows with what is cached before it; its products do not). llama-server: the same ids as a
+Ours: the target's prefill as the engine runs it (engine.prefill_slices' chunks, sized by their times, into one
+cache), on random token ids of each length; tokens/s over the whole prompt, each chunk's time against the first
+chunk's, and its time per token against the first's (a token's attention grows with what is cached before it; its
+products do not). llama-server: the same ids as a
 prompt with one token to generate (`n_predict` 1, no prompt cache), timed by llama.cpp itself (its response's
 `timings.prompt_per_second`). Each length is measured `rounds` times, ours and llama.cpp's alternated; medians.
 """
@@ -13,7 +14,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -27,8 +28,8 @@ def prompt_ids(length: int, vocab: int, seed: int = 0) -> list[int]:
     return torch.randint(vocab, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-def prefill_ours(target, ids: list[int]) -> list[tuple[int, float]]:
-    """(tokens, seconds) of each forward of one prefill of `ids`, chunked as the engine chunks a prompt."""
+def prefill_ours(target, ids: list[int], clock: Callable[[], float] = time.perf_counter) -> list[tuple[int, float]]:
+    """(tokens, seconds) of each forward of one prefill of `ids`, chunked as the engine chunks a prompt, by `clock`."""
     from specviz.decoding.engine import prefill_slices
 
     cache = target.new_cache()
@@ -36,11 +37,21 @@ def prefill_ours(target, ids: list[int]) -> list[tuple[int, float]]:
     if reserve is not None:
         reserve(len(ids))
     chunks = []
-    for part in prefill_slices(len(ids)):
-        started = time.perf_counter()
+    for part in prefill_slices(len(ids), clock):
+        started = clock()
         target.forward(ids[part], cache, logits=False)
-        chunks.append((part.stop - part.start, time.perf_counter() - started))
+        chunks.append((part.stop - part.start, clock() - started))
     return chunks
+
+
+def summary(length: int, chunks: list[tuple[int, float]]) -> dict[str, float]:
+    """One prefill's figures: tokens/s, chunks, the first and the slowest chunk's ms, the slowest chunk's time and the
+    slowest time per token against the first chunk's."""
+    seconds = [s for _, s in chunks]
+    per_token = [s / n for n, s in chunks]
+    return {"ours_tokens_per_s": length / sum(seconds), "chunks": len(chunks), "first_chunk_ms": 1e3 * seconds[0],
+            "slowest_chunk_ms": 1e3 * max(seconds), "slowest_chunk_vs_first": max(seconds) / seconds[0],
+            "slowest_token_vs_first": max(per_token) / per_token[0]}
 
 
 def prefill_llama(server, ids: list[int]) -> float:
@@ -89,14 +100,8 @@ def measure(model: str, lengths: tuple[int, ...], rounds: int, llama_threads: tu
                 ours.append(prefill_ours(target, ids))
                 for threads, server in servers.items():
                     theirs[threads].append(prefill_llama(server, ids))
-            seconds = [statistics.median(s for _, s in chunk) for chunk in zip(*ours)]
-            sizes = [n for n, _ in ours[0]]
-            per_token = [s / n for s, n in zip(seconds, sizes)]
-            rows.append({"tokens": length, "ours_tokens_per_s": length / sum(seconds),
-                         "chunks": len(sizes), "first_chunk_ms": 1e3 * seconds[0],
-                         "slowest_chunk_ms": 1e3 * max(seconds),
-                         "slowest_chunk_vs_first": max(seconds) / seconds[0],
-                         "slowest_token_vs_first": max(per_token) / per_token[0],
+            per_round = [summary(length, chunks) for chunks in ours]  # chunk sizes follow timings: summed per round
+            rows.append({"tokens": length, **{key: statistics.median(r[key] for r in per_round) for key in per_round[0]},
                          "llama_tokens_per_s": {t: statistics.median(v) for t, v in theirs.items()}})
     return {"model": model, "weights": loaded.weights, "rounds": rounds, "threads": torch.get_num_threads(),
             "rows": rows}
@@ -112,12 +117,13 @@ def to_markdown(result: dict, command: str) -> str:
     for row in result["rows"]:
         cells = [str(row["tokens"]), f"{row['ours_tokens_per_s']:.0f}"]
         cells += [f"{row['llama_tokens_per_s'][t]:.0f}" for t in threads]
-        cells += [str(row["chunks"]), f"{row['first_chunk_ms']:.0f}", f"{row['slowest_chunk_ms']:.0f}",
+        cells += [f"{row['chunks']:.0f}", f"{row['first_chunk_ms']:.0f}", f"{row['slowest_chunk_ms']:.0f}",
                   f"{row['slowest_chunk_vs_first']:.2f}", f"{row['slowest_token_vs_first']:.2f}"]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "specviz: the engine's prefill (256-token chunks, fewer past 1,024 cached positions), wall time. "
-              "llama-server: its own `timings.prompt_per_second` for the same ids. Slowest chunk / first: time; "
-              "slowest token / first: time per token (a chunk's attention grows with the positions before it)."]
+    lines += ["", "specviz: the engine's prefill (256 tokens, then chunks sized to the first one's time), wall time; "
+              "a cancel waits at most about the slowest chunk. llama-server: its own `timings.prompt_per_second` for "
+              "the same ids. Slowest chunk / first: time; slowest token / first: time per token (a token's attention "
+              "grows with the positions before it)."]
     return "\n".join(lines) + "\n"
 
 

@@ -23,26 +23,41 @@ from specviz.decoding.verify import Verdict, top_n
 from specviz.errors import SpecvizError
 from specviz.kernels.kvcache import keep_cache_entries
 
-# Prompt tokens per prefill forward. A run's cancel flag is read between them, so a long prompt holds the engine for
-# at most one chunk's time after a cancel; the products of a chunk this long already run at full speed.
+# Prompt tokens in the first prefill forward. A run's cancel flag is read between forwards, so a long prompt holds the
+# engine for at most one chunk's time after a cancel; the products of a chunk this long already run at full speed.
 PREFILL_CHUNK = 256
-# Past this many cached positions a chunk's attention (T new tokens × past keys) outgrows its products, so chunks
-# shrink in proportion to keep each one's attention what a first-size chunk's is here, and a cancel's wait bounded:
-# 128 tokens after 2,048, 64 after 4,096, never fewer than MIN_PREFILL_CHUNK.
-SHRINK_PAST, MIN_PREFILL_CHUNK = 1024, 32
+# Later chunks are sized to take the first one's time (never under PREFILL_FLOOR_S): a token's time grows with the
+# positions cached before it, by its attention (over 8,000 of them, 135M parameters on 2 cores, the attention
+# outweighs the token's products 4 to 1), so chunks of one size would each be slower than the last, and so would a
+# cancel's wait. Never fewer than MIN_PREFILL_CHUNK tokens, twice the most the one-op path takes (forwards that short
+# attend in it, slower over a long past: specviz.kernels.fastdecoder.ONE_OP_MAX_TOKENS); at that floor a chunk can
+# take longer than the first (over 8,000 positions here, about as long).
+MIN_PREFILL_CHUNK = 32
+PREFILL_FLOOR_S = 0.1  # chunks quicker than this are not shrunk: a cancel waits no longer than a person notices
 
 
-def prefill_chunk(past: int) -> int:
-    """How many prompt tokens the prefill forward after `past` cached positions takes."""
-    return max(MIN_PREFILL_CHUNK, PREFILL_CHUNK * SHRINK_PAST // max(SHRINK_PAST, past))
-
-
-def prefill_slices(n: int) -> Iterator[slice]:
-    """The forwards that cache n prompt tokens: consecutive slices of prefill_chunk(start) tokens each."""
-    start = 0
+def prefill_slices(n: int, clock: Callable[[], float] = time.perf_counter) -> Iterator[slice]:
+    """The forwards that cache n prompt tokens, as consecutive slices. The first takes PREFILL_CHUNK tokens, the
+    second half as many (a second point on the line below); each later one as many as fit in the first's time, a
+    token's time taken as a straight line in its position (its products, plus attention over the positions before
+    it) through the first chunk's time per token and the last one's. Each chunk is timed by `clock` from its yield
+    to the request for the next slice, over the consumer's forward, so the sizes follow this machine's speed (what
+    is cached hardly does: the 4-bit path caches the same bits in any chunks up to fastdecoder.LONG_PAST positions,
+    and past them, and on fp32, the same to rounding)."""
+    start, size = 0, PREFILL_CHUNK
+    first: tuple[float, float] | None = None  # the first chunk's middle position and time per token
+    budget = 0.0  # seconds a chunk may take
     while start < n:
-        end = min(start + prefill_chunk(start), n)
+        end = min(start + size, n)
+        began = clock()
         yield slice(start, end)
+        middle, per_token = (start + end) / 2, max(clock() - began, 1e-9) / (end - start)
+        if first is None:
+            first, budget, size = (middle, per_token), max(per_token * PREFILL_CHUNK, PREFILL_FLOOR_S), size // 2
+        else:
+            slope = max(0.0, (per_token - first[1]) / (middle - first[0]))
+            ahead = per_token + slope * (end + size / 2 - middle)  # a token's time in the next chunk, this one's size
+            size = max(MIN_PREFILL_CHUNK, min(PREFILL_CHUNK, round(budget / ahead)))
         start = end
 
 
@@ -224,7 +239,7 @@ class _Run:
                 draft_s=drafted - step_started,
                 verify_s=verified - drafted,
             )
-            self.drafter.policy.observe_step(time.perf_counter() - step_started, len(new))
+            self.drafter.policy.observe_step(self._now() - step_started, len(new))
             yield self._step_event(tree, p, verdict, new, kinds, past_len, step_started, drafted, verified, started)
         wall = time.perf_counter() - started
         yield ev.Done(
@@ -242,13 +257,13 @@ class _Run:
         return time.perf_counter()
 
     def _prefill(self, ids: list[int]) -> bool:
-        """Cache every prompt token but the last (the last is the root of the first step), prefill_chunk tokens a
-        forward, reading the cancel flag between them; False when the run was cancelled."""
+        """Cache every prompt token but the last (the last is the root of the first step), in prefill_slices' chunks,
+        reading the cancel flag between them; False when the run was cancelled."""
         reserve = getattr(self.cache, "reserve", None)  # room for the whole run at once: no doubling, no copy
         if reserve is not None:
             reserve(len(ids) + self.settings.max_new_tokens + TREE_ROOM)
         chunks = []  # (T, H) features of each chunk, for a drafter that drafts from them
-        for part in prefill_slices(len(ids) - 1):
+        for part in prefill_slices(len(ids) - 1, self._now):
             if self.cancelled():
                 return False
             hidden = self.target.forward(ids[part], self.cache, logits=False, layers=self.drafter.feature_layers)[0]
