@@ -87,7 +87,7 @@ test-avx2: fetch
 	ONEDNN_MAX_CPU_ISA=AVX2 $(PY) -m pytest -q -m "not qwen" tests/test_heads.py tests/test_fastlinear.py tests/test_fastdecoder.py tests/test_extension.py
 
 test: lint typecheck fetch
-	$(PY) -m pytest -m "not qwen and not llamacpp" --ignore=tests/test_vllm.py --ignore=tests/test_browser_vllm.py tests
+	$(PY) -m pytest --durations=30 -m "not qwen and not llamacpp" --ignore=tests/test_vllm.py --ignore=tests/test_browser_vllm.py tests
 	$(MAKE) --no-print-directory test-avx2
 
 # A room of 30 Chromium pages watching one shared run (make test opens 5; about 3 minutes on 2 cores; CI runs it).
