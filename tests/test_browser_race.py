@@ -1,6 +1,7 @@
 """The topology race in a real browser: `streamlit run app.py` with the embedded SmolLM2 model (the server of
 tests/test_browser.py), a prepared race link opened and started in Chromium, the lanes sampled as they replay.
-Saves screenshots to screenshots/; with SPECVIZ_README_SHOT=1 also the README's picture, docs/img/race.png."""
+Saves screenshots to screenshots/; with SPECVIZ_README_SHOT=1 also the README's picture of the reference race,
+docs/img/race-regimes.png."""
 import os
 import re
 import urllib.parse
@@ -96,9 +97,8 @@ def test_a_prepared_race_link_replays_the_lanes_at_their_measured_timings(server
             shot(page, "race-2-presenter")
             page.set_viewport_size({"width": 1400, "height": 1500})  # all of it on screen: an iframe off screen is not painted
             page.wait_for_timeout(700)
-            readme = os.environ.get("SPECVIZ_README_SHOT") == "1"  # a test run leaves the tracked picture alone
-            main(page).screenshot(path=str(ROOT / "docs" / "img" / "race.png") if readme else str(SHOTS / "race-3-readme.png"))
-            print(f"\nscreenshots: {SHOTS}" + (", docs/img/race.png" if readme else ""))
+            main(page).screenshot(path=str(SHOTS / "race-3-whole.png"))
+            print(f"\nscreenshots: {SHOTS}")
         finally:
             browser.close()
 
