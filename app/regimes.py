@@ -73,7 +73,10 @@ def part_share(models, part: str | None) -> float | None:
     module = models.part(part) if part else None
     if module is None:
         return None
-    return parameters(module, targets_in(module, models.target)) / parameters(models.target)
+    key = (part, id(module))  # each loaded part once: comparing embeddings reads the whole of both
+    if key not in models.part_shares:
+        models.part_shares[key] = parameters(module, targets_in(module, models.target)) / parameters(models.target)
+    return models.part_shares[key]
 
 
 def storage(tensor: torch.Tensor) -> int:

@@ -70,6 +70,10 @@ def test_a_drafts_share_counts_its_own_weights_not_the_targets_embedding_it_hold
     models.parts["eagle"] = head
     assert regimes.part_share(models, "eagle") == pytest.approx(
         sum(p.numel() for p in head.parameters()) / sum(p.numel() for p in target.parameters()))
+    models.parts["eagle"] = other = EagleHead(target.config, fc_bias=False)  # computed once per loaded part ...
+    assert regimes.part_share(models, "eagle") == pytest.approx(  # ... so a part replaced is counted anew
+        sum(p.numel() for p in other.parameters()) / sum(p.numel() for p in target.parameters()))
+    assert sum(p.numel() for p in other.parameters()) < sum(p.numel() for p in head.parameters())
 
 
 def done_run(tau: float, tokens_per_s: float) -> list[dict]:

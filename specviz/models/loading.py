@@ -48,6 +48,8 @@ class LoadedModels:
     other_heads: dict = field(default_factory=dict)  # (kind, folder) -> a head loaded by head() (a drafter's head=)
     # n -> seconds of one tree-shaped verify forward: specviz.decoding.costs.verify_curve measures it once
     verify_curve: dict | None = None
+    # (part name, id of the module) -> its parameters over the target's: app.regimes.part_share computes each once
+    part_shares: dict = field(default_factory=dict)
     weights: str = "fp32"  # the target's projections: "fp32", "q4" (the GGUF's 4-bit blocks; models.quantized), "q4q8"
 
     def __post_init__(self, draft, eagle, medusa, eagle3) -> None:
