@@ -107,7 +107,7 @@ SERVED_REFUSALS = [  # (drafter, options, the service's message)
     ("ngram:x", {}, "drafter 'ngram:x' is not NAME or NAME:KEY=VALUE:KEY=VALUE..."),
     ("ngram", {"x" * 40: 1}, f"drafter option {'x' * 40!r}: names and values are at most 32 characters"),
     ("ngram:" + "k" * 300, {}, "a drafter with its options is at most 256 characters here, got 'ngram:kkkkkkkkkkkkkk"),
-    ("none", {"depth": 3}, "none option(s) 'depth' are not offered by the service; it takes: no options"),
+    ("none", {"depth": 3}, "none option(s) 'depth' are not offered by the service; it takes: k_policy"),
 ]
 
 

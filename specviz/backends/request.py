@@ -106,7 +106,7 @@ def drafter_of(drafter: str | None, options: Mapping[str, Any] | None, k: int = 
             unknown = sorted(set(merged) - set(takes))
             if unknown:  # said here, so that the names a client sent are echoed within ECHO_CHARS in all
                 raise SpecvizError(f"{name} option(s) {shown(', '.join(unknown))} are not offered by the service; "
-                                   f"it takes: {', '.join(takes) or 'no options'}")
+                                   f"it takes: {', '.join(takes)}")
             K.check(name, merged.get("k", k), served=True)
     if spec is not None:
         check_named(name, merged, served)
