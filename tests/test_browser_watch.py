@@ -2,7 +2,7 @@
 a run from the Live page, and Chromium pages that open the watch link (ten at a time, all kept open). Every
 viewer sees the presenter's text, and the service decoded once.
 
-`make test` opens 5 viewer pages; `make test-room` (CI runs it) a room of 30, as SPECVIZ_TEST_VIEWERS=30: on two
+`make test` opens 3 viewer pages; `make test-room` (CI runs it) a room of 30, as SPECVIZ_TEST_VIEWERS=30: on two
 cores a page costs about 5 s of the run."""
 import os
 import re
@@ -11,7 +11,7 @@ import sys
 import httpx
 from test_browser import SHOTS, expect_idle, free_port, main, open_browser, process, pytestmark, sidebar, streamlit, wait_for  # noqa: F401
 
-VIEWERS = int(os.environ.get("SPECVIZ_TEST_VIEWERS", "5"))
+VIEWERS = int(os.environ.get("SPECVIZ_TEST_VIEWERS", "3"))
 BATCH = 10  # pages opened at once: thirty Streamlit pages loading together starve a 2-core machine
 TOKENS_JS = "() => [...document.querySelectorAll('.specviz-token')].map(t => t.textContent).join('')"
 FINISHED = re.compile(r"stopped: (eos|max_new_tokens)")
