@@ -215,9 +215,9 @@ BENCH_SCHEMA = {
 
 def validate(report: dict) -> None:
     """Raise jsonschema.ValidationError when the report does not match BENCH_SCHEMA."""
-    import jsonschema
+    from specviz.schemacheck import check
 
-    jsonschema.validate(report, BENCH_SCHEMA)
+    check(report, BENCH_SCHEMA)
 
 
 def parse_json(text: str | bytes, schema: dict, source: str, kind: str) -> dict:
@@ -225,9 +225,11 @@ def parse_json(text: str | bytes, schema: dict, source: str, kind: str) -> dict:
     it departs from it when it is not one."""
     import jsonschema
 
+    from specviz.schemacheck import check
+
     try:
         document = json.loads(text)
-        jsonschema.validate(document, schema)
+        check(document, schema)
     except UnicodeDecodeError:
         raise SpecvizError(f"{source} is not a text file") from None
     except json.JSONDecodeError as err:

@@ -18,6 +18,10 @@ def cmd_generate(args) -> int:
     if args.trace:
         check_writable(args.trace)  # before the decode, not after it
     run = Run.of(args.prompt, args.drafter, settings=DecodeSettings(**decode_settings(args)), chat=not args.raw)
+    if run.drafter is not None and (not args.backend or args.backend.startswith("local:")):
+        from specviz.drafters import spec_of
+
+        spec_of(run.drafter)  # an unknown name is said before the model loads (a remote engine has its own names)
     backend = open_backend(args.backend or f"local:{args.model}", token=os.environ.get(api.TOKEN_ENV),
                            model=args.model if args.backend and args.model != DEFAULT_MODEL else None,
                            **local_options(args))

@@ -342,6 +342,6 @@ SCHEMA = {
 
 def validate(event: Event | dict[str, Any]) -> None:
     """Raise jsonschema.ValidationError when an event does not follow the documented schema."""
-    import jsonschema
+    from specviz.schemacheck import check
 
-    jsonschema.validate(event if isinstance(event, dict) else to_dict(event), SCHEMA)
+    check(event if isinstance(event, dict) else to_dict(event), SCHEMA)
