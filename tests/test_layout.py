@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LIBRARY = ROOT / "specviz"
 
 # Leaves everyone may use, which import only each other.
-LEAVES = {"specviz.errors", "specviz.atomic", "specviz.paths"}
+LEAVES = {"specviz.errors", "specviz.atomic", "specviz.paths", "specviz.schemacheck"}
 # layer -> the layers it may import besides itself and the leaves, bottom to top. A module belongs to the longest key
 # naming it or a package above it; "specviz" is the package's own __init__ only.
 BELOW_BACKENDS = {"specviz.kernels", "specviz.models", "specviz.decoding", "specviz.drafters", "specviz.analysis"}
