@@ -90,12 +90,14 @@ test-avx2: fetch
 	else echo "test-avx2: this CPU has no AVX-512, so the tests above already ran its AVX2 paths"; fi
 
 test: lint typecheck fetch
-	$(PY) -m pytest --durations=30 -m "not qwen and not llamacpp" --ignore=tests/test_vllm.py --ignore=tests/test_browser_vllm.py tests
+	$(PY) -m pytest --durations=30 -m "not qwen and not llamacpp" --ignore=tests/test_vllm.py --ignore=tests/test_browser_vllm.py \
+	  --ignore=tests/test_browser_watch.py --ignore=tests/test_serve_soak.py tests
 	$(MAKE) --no-print-directory test-avx2
 
-# A room of 30 Chromium pages watching one shared run (make test opens 3; about 3 minutes on 2 cores; CI runs it).
+# The room-sized tests (CI runs them after make test; about 4 minutes on 2 cores): 30 Chromium pages watching one
+# shared run, and 300 varied runs against one service with its memory, threads and files read after each.
 test-room: fetch
-	SPECVIZ_TEST_VIEWERS=30 $(PY) -m pytest -rs tests/test_browser_watch.py
+	SPECVIZ_TEST_VIEWERS=30 $(PY) -m pytest -rs tests/test_browser_watch.py tests/test_serve_soak.py
 
 # Our draft model and EAGLE-3 head loaded in vLLM, decoding, with the same acceptance as in specviz (about 3 minutes
 # after `make vllm`; CI runs it after `make test`). -rs prints the reason of any skip.

@@ -2,8 +2,8 @@
 a run from the Live page, and Chromium pages that open the watch link (ten at a time, all kept open). Every
 viewer sees the presenter's text, and the service decoded once.
 
-`make test` opens 3 viewer pages; `make test-room` (CI runs it) a room of 30, as SPECVIZ_TEST_VIEWERS=30: on two
-cores a page costs about 5 s of the run."""
+Run alone it opens 3 viewer pages; `make test-room` (CI runs it; `make test` leaves it out) a room of 30, as
+SPECVIZ_TEST_VIEWERS=30: on two cores a page costs about 5 s of the run."""
 import os
 import re
 import sys
